@@ -1,0 +1,44 @@
+"""The intent log: orders and requests, actions and their audit trail, agents, follow-ups.
+
+Split by subject so that each file stays readable; everything is importable from
+``actions.models``.
+"""
+
+from __future__ import annotations
+
+from actions.models.actions import Action, ActionEvent, ActionKind, ActionStatus, ActorKind, ReasonCode
+from actions.models.agents import Agent, AgentToken
+from actions.models.attempts import Attempt, AttemptKind
+from actions.models.followups import (
+    Discrepancy,
+    DiscrepancyKind,
+    DiscrepancyStatus,
+    FollowUpStatus,
+    OwnerGroup,
+    Remedy,
+    RemedyKind,
+)
+from actions.models.orders import Order, RefundRequest, RequestSource
+
+__all__ = [
+    "Action",
+    "ActionEvent",
+    "ActionKind",
+    "ActionStatus",
+    "ActorKind",
+    "Agent",
+    "AgentToken",
+    "Attempt",
+    "AttemptKind",
+    "Discrepancy",
+    "DiscrepancyKind",
+    "DiscrepancyStatus",
+    "FollowUpStatus",
+    "Order",
+    "OwnerGroup",
+    "ReasonCode",
+    "RefundRequest",
+    "Remedy",
+    "RemedyKind",
+    "RequestSource",
+]

@@ -1,0 +1,377 @@
+"""The action: one intended effect on the outside world, and its append-only audit trail.
+
+The status is a protected FSM field. Transitions are verbs that only change fields: no I/O and
+no saves. Services in ``actions.services`` and ``approvals.services`` run them inside a
+transaction and write the ActionEvent in that same transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+from uuid import UUID
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
+
+
+class ActionKind(models.TextChoices):
+    REFUND = "refund", "Refund"
+
+
+class ActionStatus(models.TextChoices):
+    # NEW only exists in memory, between building an Action and its first transition; a
+    # check constraint keeps it out of the table.
+    NEW = "NEW", "New"
+    PROPOSED = "PROPOSED", "Proposed"
+    REJECTED = "REJECTED", "Rejected"
+    AUTHORIZED = "AUTHORIZED", "Authorized"
+    STALE = "STALE", "Stale"
+    CANCELLED = "CANCELLED", "Cancelled"
+    SUBMITTING = "SUBMITTING", "Submitting"
+    SETTLING = "SETTLING", "Settling"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED_FINAL = "FAILED_FINAL", "Failed (final)"
+    UNKNOWN = "UNKNOWN", "Unknown"
+    NEEDS_REVIEW = "NEEDS_REVIEW", "Needs review"
+
+
+S = ActionStatus
+
+# Statuses in which the order's reserved amount includes this action's amount.
+RESERVING_STATUSES = frozenset({S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REVIEW})
+# Statuses from which nothing can happen any more.
+TERMINAL_STATUSES = frozenset({S.REJECTED, S.CANCELLED, S.SUCCEEDED, S.FAILED_FINAL})
+# Statuses whose effect is unresolved: the finance review queue watches these.
+UNRESOLVED_STATUSES = frozenset({S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REVIEW})
+
+
+class ReasonCode(models.TextChoices):
+    DUPLICATE_CHARGE = "duplicate_charge", "Duplicate charge"
+    NOT_RECEIVED = "not_received", "Goods not received"
+    DAMAGED = "damaged", "Damaged or defective"
+    NOT_AS_DESCRIBED = "not_as_described", "Not as described"
+    CANCELLED_ORDER = "cancelled_order", "Order cancelled"
+    LATE_DELIVERY = "late_delivery", "Late delivery"
+    GOODWILL = "goodwill", "Goodwill gesture"
+
+
+class ActorKind(models.TextChoices):
+    USER = "user", "User"
+    AGENT = "agent", "Agent"
+    SYSTEM = "system", "System"
+
+
+class MaterialFieldChanged(Exception):
+    """Raised when code tries to save a change to an action's material fields."""
+
+
+class Action(ConcurrentTransitionMixin, models.Model):
+    # Fields that define the business action. They never change after the proposal
+    # (invariant 4): save() refuses, and on PostgreSQL a trigger refuses too.
+    MATERIAL_FIELDS: ClassVar[tuple[str, ...]] = (
+        "action_id",
+        "kind",
+        "idempotency_key",
+        "payload",
+        "payload_hash",
+        "order_id",
+        "refund_request_id",
+        "amount",
+        "currency",
+        "reason_code",
+    )
+
+    action_id = models.CharField(max_length=255, unique=True)
+    kind = models.CharField(max_length=32, choices=ActionKind.choices)
+    idempotency_key = models.CharField(max_length=255, unique=True)
+    payload = models.JSONField(help_text="The material payload, as proposed.")
+    payload_hash = models.CharField(max_length=80, help_text="sha256 of the payload's canonical JSON.")
+    order = models.ForeignKey("actions.Order", on_delete=models.PROTECT, null=True, blank=True, related_name="actions")
+    refund_request = models.ForeignKey(
+        "actions.RefundRequest", on_delete=models.PROTECT, null=True, blank=True, related_name="actions"
+    )
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    reason_code = models.CharField(max_length=64, choices=ReasonCode.choices)
+    evidence = models.TextField(blank=True, help_text="The proposer's explanation for the manager.")
+
+    proposed_by_agent = models.ForeignKey(
+        "actions.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="actions"
+    )
+    # The person accountable for the proposal: the console user who proposed it, or the owner
+    # of the proposing agent. Four eyes compare the approver with this user.
+    proposed_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="proposed_actions",
+    )
+
+    status = FSMField(default=S.NEW, choices=ActionStatus.choices, protected=True)
+    rejection_reasons = models.JSONField(default=list, blank=True)
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="owned_actions",
+        help_text="The named person who must resolve this action when it needs review.",
+    )
+    due_at = models.DateTimeField(null=True, blank=True)
+
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    attempt_count = models.PositiveIntegerField(default=0)
+    first_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    reconcile_failures = models.PositiveIntegerField(default=0)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    provider_reference = models.CharField(max_length=255, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    status_changed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [
+            ("propose_action", "Can propose actions"),
+            ("decide_action", "Can approve or reject proposed actions"),
+            ("cancel_action", "Can cancel actions before submission"),
+            ("resolve_action", "Can resolve actions that need review"),
+            ("correct_action", "Can correct actions through the admin"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=~Q(status=S.NEW), name="action_status_not_new"),
+            models.CheckConstraint(condition=Q(amount__gt=0), name="action_amount_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="action_status_lease_idx"),
+            models.Index(fields=["status", "next_reconcile_at"], name="action_status_reconcile_idx"),
+            models.Index(fields=["owner", "status"], name="action_owner_status_idx"),
+            models.Index(fields=["status", "created_at"], name="action_status_created_idx"),
+            # The review queue and the dispatcher only look at a handful of live statuses:
+            # a partial index keeps those scans small however many resolved actions pile up.
+            models.Index(
+                fields=["status", "created_at"],
+                name="action_live_idx",
+                condition=Q(status__in=["AUTHORIZED", "SUBMITTING", "UNKNOWN", "SETTLING", "NEEDS_REVIEW"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.action_id
+
+    # --- material immutability -------------------------------------------------------------
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        loaded = getattr(self, "_loaded_material", None)
+        if loaded is not None:
+            current = self._material_values()
+            changed = sorted(name for name, value in loaded.items() if current.get(name) != value)
+            if changed:
+                raise MaterialFieldChanged(
+                    f"{self.action_id}: material fields cannot change after the proposal: {', '.join(changed)}"
+                )
+        super().save(*args, **kwargs)
+        self._loaded_material = self._material_values()
+
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> Action:
+        instance = super().from_db(db, field_names, values, **kwargs)
+        instance._loaded_material = instance._material_values()
+        return instance
+
+    def _material_values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.MATERIAL_FIELDS if name in self.__dict__}
+
+    # --- derived --------------------------------------------------------------------------
+
+    @property
+    def holds_reservation(self) -> bool:
+        return self.status in RESERVING_STATUSES
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    # --- transitions (DESIGN.md section 4): fields only, no I/O, no saves ---------------
+
+    @transition(field=status, source=S.NEW, target=S.PROPOSED)
+    def propose(self) -> None:
+        """Validation passed; the proposal waits for a decision."""
+
+    @transition(field=status, source=S.NEW, target=S.REJECTED)
+    def reject_proposal(self, *, reasons: list[dict[str, str]]) -> None:
+        """Validation failed; the proposal is recorded with its reasons."""
+        self.rejection_reasons = reasons
+
+    @transition(field=status, source=S.PROPOSED, target=S.AUTHORIZED, permission="actions.decide_action")
+    def approve(self) -> None:
+        """A manager within limit, or the auto-approval policy, approved it."""
+
+    @transition(field=status, source=S.PROPOSED, target=S.REJECTED, permission="actions.decide_action")
+    def reject(self, *, note: str) -> None:
+        self.rejection_reasons = [{"code": "rejected_by_manager", "message": note}]
+
+    @transition(field=status, source=S.AUTHORIZED, target=S.SUBMITTING)
+    def begin_submission(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
+        self._take_lease(lease_token=lease_token, lease_expires_at=lease_expires_at, started_at=started_at)
+
+    @transition(field=status, source=S.AUTHORIZED, target=S.STALE)
+    def invalidate(self) -> None:
+        """The approval no longer matches the order, or it expired."""
+
+    @transition(field=status, source=S.STALE, target=S.PROPOSED, permission="actions.decide_action")
+    def reopen(self) -> None:
+        """Ask for a new decision on the same, unchanged action."""
+
+    @transition(
+        field=status,
+        source=[S.PROPOSED, S.AUTHORIZED, S.STALE],
+        target=S.CANCELLED,
+        permission="actions.cancel_action",
+    )
+    def cancel(self) -> None:
+        pass
+
+    @transition(field=status, source=S.SUBMITTING, target=S.SUCCEEDED)
+    def record_success(self, *, provider_reference: str) -> None:
+        self.provider_reference = provider_reference
+        self._drop_lease()
+
+    @transition(field=status, source=S.SUBMITTING, target=S.SETTLING)
+    def record_pending(self, *, provider_reference: str) -> None:
+        self.provider_reference = provider_reference
+        self._drop_lease()
+
+    @transition(field=status, source=S.SUBMITTING, target=S.FAILED_FINAL)
+    def record_failure(self, *, provider_reference: str = "") -> None:
+        if provider_reference:
+            self.provider_reference = provider_reference
+        self._drop_lease()
+
+    @transition(field=status, source=S.SUBMITTING, target=S.UNKNOWN)
+    def mark_unknown(self, *, next_reconcile_at: datetime) -> None:
+        """Timeout, 5xx, dropped connection, rate limit or an expired lease."""
+        self.next_reconcile_at = next_reconcile_at
+        self._drop_lease()
+
+    @transition(
+        field=status,
+        source=S.UNKNOWN,
+        target=RETURN_VALUE(S.SUCCEEDED, S.SETTLING, S.FAILED_FINAL),  # type: ignore[arg-type]
+    )
+    def reconcile_found(self, *, outcome: str, provider_reference: str) -> str:
+        """The receiver has a record of the effect: take its status."""
+        if outcome not in (S.SUCCEEDED, S.SETTLING, S.FAILED_FINAL):
+            raise ValueError(f"not a reconciliation outcome: {outcome}")
+        self.provider_reference = provider_reference
+        self.next_reconcile_at = None
+        return outcome
+
+    @transition(field=status, source=S.UNKNOWN, target=S.SUBMITTING)
+    def retry(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
+        """Authoritative not-found (or a replay inside key retention): same key, new lease."""
+        self.next_reconcile_at = None
+        self._take_lease(lease_token=lease_token, lease_expires_at=lease_expires_at, started_at=started_at)
+
+    @transition(field=status, source=[S.UNKNOWN, S.SUBMITTING], target=S.NEEDS_REVIEW)
+    def escalate(self, *, owner: Any, due_at: datetime) -> None:
+        self.owner = owner
+        self.due_at = due_at
+        self.next_reconcile_at = None
+        self._drop_lease()
+
+    @transition(
+        field=status,
+        source=S.SETTLING,
+        target=RETURN_VALUE(S.SUCCEEDED, S.FAILED_FINAL),  # type: ignore[arg-type]
+    )
+    def settle(self, *, succeeded: bool) -> str:
+        self.next_reconcile_at = None
+        return S.SUCCEEDED if succeeded else S.FAILED_FINAL
+
+    @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUCCEEDED, permission="actions.resolve_action")
+    def resolve_succeeded(self, *, provider_reference: str) -> None:
+        self.provider_reference = provider_reference
+
+    @transition(field=status, source=S.NEEDS_REVIEW, target=S.FAILED_FINAL, permission="actions.resolve_action")
+    def resolve_failed(self) -> None:
+        pass
+
+    @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUBMITTING, permission="actions.resolve_action")
+    def resolve_retry(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
+        self._take_lease(lease_token=lease_token, lease_expires_at=lease_expires_at, started_at=started_at)
+
+    # --- helpers used by the transitions above ---------------------------------------------
+
+    def _take_lease(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
+        self.lease_token = lease_token
+        self.lease_expires_at = lease_expires_at
+        self.attempt_count += 1
+        self.last_attempt_at = started_at
+        if self.first_attempt_at is None:
+            self.first_attempt_at = started_at
+
+    def _drop_lease(self) -> None:
+        self.lease_token = None
+        self.lease_expires_at = None
+
+
+class ActionEventQuerySet(models.QuerySet["ActionEvent"]):
+    def update(self, **kwargs: Any) -> int:
+        raise AuditTrailIsAppendOnly("audit events cannot be updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AuditTrailIsAppendOnly("audit events cannot be deleted")
+
+
+class AuditTrailIsAppendOnly(Exception):
+    pass
+
+
+class ActionEvent(models.Model):
+    """One line of the append-only audit trail (invariant 9).
+
+    Written by the service in the same transaction as the change it records. Python refuses
+    updates and deletes, and on PostgreSQL a trigger refuses them too.
+    """
+
+    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="events")
+    transition = models.CharField(max_length=64)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    actor_kind = models.CharField(max_length=8, choices=ActorKind.choices)
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    actor_agent = models.ForeignKey("actions.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    actor_label = models.CharField(max_length=200, help_text="Who acted, as shown in the trail.")
+    reason = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+
+    objects = ActionEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["action", "created_at"], name="event_action_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AuditTrailIsAppendOnly("audit events cannot be updated")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AuditTrailIsAppendOnly("audit events cannot be deleted")

@@ -1,0 +1,96 @@
+"""Work for people: remedies for failed refunds, discrepancies found by the ledger audit, and
+which group owns which kind of action."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.db import models
+
+
+class FollowUpStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    IN_PROGRESS = "in_progress", "In progress"
+    DONE = "done", "Done"
+
+
+class RemedyKind(models.TextChoices):
+    UNDECIDED = "undecided", "Not decided yet"
+    STORE_CREDIT = "store_credit", "Store credit"
+    MANUAL_TRANSFER = "manual_transfer", "Manual bank transfer"
+    CHEQUE = "cheque", "Cheque"
+    NONE = "none", "None (with a reason)"
+
+
+class Remedy(models.Model):
+    """A follow-up for a refund that failed for good: the customer still expects their money."""
+
+    action = models.ForeignKey("actions.Action", on_delete=models.PROTECT, related_name="remedies")
+    kind = models.CharField(max_length=32, choices=RemedyKind.choices, default=RemedyKind.UNDECIDED)
+    status = models.CharField(max_length=16, choices=FollowUpStatus.choices, default=FollowUpStatus.OPEN)
+    amount = models.DecimalField(max_digits=14, decimal_places=2, help_text="What the customer expects back.")
+    currency = models.CharField(max_length=3)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="remedies"
+    )
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "remedies"
+        indexes = [models.Index(fields=["status", "created_at"], name="remedy_status_idx")]
+
+    def __str__(self) -> str:
+        return f"remedy for {self.action_id} ({self.get_status_display()})"
+
+
+class DiscrepancyKind(models.TextChoices):
+    EFFECT_WITHOUT_ACTION = "effect_without_action", "Effect with no action"
+    DUPLICATE_EFFECT = "duplicate_effect", "Two effects for one action"
+    AMOUNT_MISMATCH = "amount_mismatch", "Amount or currency differs"
+    SUCCEEDED_WITHOUT_EFFECT = "succeeded_without_effect", "Succeeded with no effect"
+
+
+class DiscrepancyStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    IN_PROGRESS = "in_progress", "In progress"
+    EXPLAINED = "explained", "Explained"
+    CORRECTED = "corrected", "Corrected"
+
+
+class Discrepancy(models.Model):
+    """A difference between the receiver's ledger and the console's records."""
+
+    kind = models.CharField(max_length=32, choices=DiscrepancyKind.choices)
+    action = models.ForeignKey(
+        "actions.Action", on_delete=models.PROTECT, null=True, blank=True, related_name="discrepancies"
+    )
+    provider_reference = models.CharField(max_length=255, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=DiscrepancyStatus.choices, default=DiscrepancyStatus.OPEN)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="discrepancies"
+    )
+    note = models.TextField(blank=True)
+    detected_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-detected_at"]
+        verbose_name_plural = "discrepancies"
+        indexes = [models.Index(fields=["status", "detected_at"], name="discrepancy_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()}: {self.provider_reference or self.action_id}"
+
+
+class OwnerGroup(models.Model):
+    """Which group owns escalated actions of a kind (finance by default)."""
+
+    kind = models.CharField(max_length=32, unique=True)
+    group = models.ForeignKey(Group, on_delete=models.PROTECT, related_name="+")
+
+    def __str__(self) -> str:
+        return f"{self.kind} -> {self.group.name}"

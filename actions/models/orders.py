@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import models
+from django.db.models import F, Q
+
+
+class Order(models.Model):
+    """A paid order whose captured amount refunds are drawn from.
+
+    ``version`` is bumped by every change to the order's money, so an approval bound to a
+    version is invalidated by any reservation, refund or correction made since.
+    """
+
+    number = models.CharField(max_length=32, unique=True)
+    customer_name = models.CharField(max_length=200)
+    customer_email = models.EmailField(blank=True)
+    currency = models.CharField(max_length=3)
+    captured_amount = models.DecimalField(max_digits=14, decimal_places=2)
+    refunded_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+    reserved_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+    version = models.PositiveIntegerField(default=1)
+    charge_reference = models.CharField(max_length=255, blank=True, help_text="The provider's charge id.")
+    paid_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-paid_at"]
+        constraints = [
+            # Invariant 5 at the database level: no code path can over-refund an order.
+            models.CheckConstraint(
+                condition=Q(refunded_amount__gte=0)
+                & Q(reserved_amount__gte=0)
+                & Q(captured_amount__gte=F("refunded_amount") + F("reserved_amount")),
+                name="order_money_adds_up",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"order-{self.number}"
+
+    @property
+    def refundable_amount(self) -> Decimal:
+        return self.captured_amount - self.refunded_amount - self.reserved_amount
+
+
+class RequestSource(models.TextChoices):
+    TICKET = "ticket", "Support ticket"
+    EMAIL = "email", "Customer email"
+    AGENT = "agent", "Agent"
+    CONSOLE = "console", "Console"
+
+
+class RefundRequest(models.Model):
+    """The customer's request for money back, numbered per order (request-1, request-2...)."""
+
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="refund_requests")
+    number = models.PositiveIntegerField()
+    external_reference = models.CharField(
+        max_length=100, null=True, blank=True, unique=True, help_text="E.g. the support ticket's id."
+    )
+    source = models.CharField(max_length=16, choices=RequestSource.choices, default=RequestSource.TICKET)
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["order", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["order", "number"], name="refund_request_number_per_order"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.order}:request-{self.number}"

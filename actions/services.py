@@ -1,0 +1,459 @@
+"""Writes to the intent log. Every state change goes through a function here (or in
+``approvals.services`` / ``actions.execution``), runs in one transaction and writes its audit
+event in that same transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from actions.models import (
+    Action,
+    ActionEvent,
+    ActionKind,
+    ActionStatus,
+    ActorKind,
+    Agent,
+    Order,
+    ReasonCode,
+    RefundRequest,
+)
+from actions.providers.base import validate_idempotency_key
+from actions.providers.money import currency_exponent
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+S = ActionStatus
+
+# Order numbers and references end up in action ids and idempotency keys, so they are held to
+# the key's safe character set from the start.
+REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$")
+MAX_EVIDENCE_LENGTH = 4000
+MAX_AMOUNT_DIGITS = 12  # whole-unit digits: far above any real refund, well inside the column
+
+
+# --- who acts ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who caused a change: a console user, an agent, or the system (a worker or a policy)."""
+
+    kind: ActorKind
+    label: str
+    user: Any = None
+    agent: Agent | None = None
+
+    @classmethod
+    def for_user(cls, user: AbstractBaseUser | AnonymousUser) -> Actor:
+        return cls(kind=ActorKind.USER, label=user.get_username(), user=user)
+
+    @classmethod
+    def for_agent(cls, agent: Agent) -> Actor:
+        return cls(kind=ActorKind.AGENT, label=f"agent:{agent.name}", agent=agent)
+
+    @classmethod
+    def system(cls, name: str) -> Actor:
+        return cls(kind=ActorKind.SYSTEM, label=f"system:{name}")
+
+    @property
+    def accountable_user(self) -> Any:
+        """The person four eyes compare with: the user, or the agent's owner."""
+        if self.user is not None:
+            return self.user
+        if self.agent is not None:
+            return self.agent.owner
+        return None
+
+
+# --- the audit trail ----------------------------------------------------------------------
+
+
+def event_record(
+    *,
+    action: Action,
+    transition: str,
+    from_state: str,
+    actor: Actor,
+    reason: str = "",
+    evidence: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> ActionEvent:
+    """Append one audit event. Call it inside the transaction that made the change."""
+    return ActionEvent.objects.create(
+        action=action,
+        transition=transition,
+        from_state=from_state,
+        to_state=action.status,
+        actor_kind=actor.kind,
+        actor_user=actor.user if actor.kind == ActorKind.USER else None,
+        actor_agent=actor.agent,
+        actor_label=actor.label,
+        reason=reason,
+        evidence=evidence or {},
+        created_at=now or timezone.now(),
+    )
+
+
+def action_transition(
+    *,
+    action: Action,
+    transition: str,
+    actor: Actor,
+    reason: str = "",
+    evidence: dict[str, Any] | None = None,
+    now: datetime | None = None,
+    **kwargs: Any,
+) -> ActionEvent:
+    """Run one FSM transition, save it and write its audit event.
+
+    Must run inside a transaction. The save is the conditional UPDATE of
+    ConcurrentTransitionMixin (``WHERE status = <old>``): if another process moved the action
+    first it raises ConcurrentTransition and the caller's transaction rolls back.
+    """
+    now = now or timezone.now()
+    from_state = action.status
+    getattr(action, transition)(**kwargs)
+    action.status_changed_at = now
+    action.save()
+    return event_record(
+        action=action,
+        transition=transition,
+        from_state=from_state,
+        actor=actor,
+        reason=reason,
+        evidence=evidence,
+        now=now,
+    )
+
+
+# --- proposals ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    field: str
+    code: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"field": self.field, "code": self.code, "message": self.message}
+
+
+class ProposalInvalid(Exception):
+    """Bad input: nothing was written. Each problem names its field."""
+
+    def __init__(self, problems: list[FieldProblem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{p.field}: {p.message}" for p in problems))
+
+
+class ProposalConflict(Exception):
+    """The action id exists with a different material payload: a different business action."""
+
+    def __init__(self, action: Action, differing: dict[str, dict[str, Any]]) -> None:
+        self.action = action
+        self.differing = differing
+        names = ", ".join(sorted(differing))
+        super().__init__(
+            f"{action.action_id} already exists with a different {names}. A different amount or "
+            "reason is a different business action: open a new refund request for it."
+        )
+
+
+@dataclass
+class ProposalResult:
+    action: Action
+    created: bool
+    problems: list[FieldProblem] = field(default_factory=list)
+
+
+def payload_canonical_json(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def payload_hash(payload: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(payload_canonical_json(payload).encode()).hexdigest()
+
+
+def refund_action_id(*, order_number: str, request_number: int) -> str:
+    """The action id names the business action; it is composed here and nowhere else."""
+    return f"{ActionKind.REFUND}:order-{order_number}:request-{request_number}"
+
+
+def _parse_amount(raw: object, currency: str | None, problems: list[FieldProblem]) -> Decimal | None:
+    if isinstance(raw, float | bool):
+        problems.append(FieldProblem("amount", "invalid_type", 'Give the amount as a decimal string, e.g. "12.50".'))
+        return None
+    try:
+        amount = Decimal(str(raw).strip())
+    except (InvalidOperation, ValueError):
+        problems.append(FieldProblem("amount", "invalid", f"{str(raw)[:40]!r} is not a decimal amount."))
+        return None
+    if not amount.is_finite():
+        problems.append(FieldProblem("amount", "invalid", "The amount must be a finite number."))
+        return None
+    if amount <= 0:
+        problems.append(FieldProblem("amount", "not_positive", "The amount must be greater than zero."))
+        return None
+    if amount.adjusted() >= MAX_AMOUNT_DIGITS:
+        problems.append(FieldProblem("amount", "too_large", "The amount is implausibly large."))
+        return None
+    if currency is not None:
+        exponent = currency_exponent(currency)
+        if -amount.normalize().as_tuple().exponent > exponent:  # type: ignore[operator]
+            problems.append(
+                FieldProblem(
+                    "amount", "too_many_decimals", f"{currency} amounts have at most {exponent} decimal places."
+                )
+            )
+            return None
+        return amount.quantize(Decimal(1).scaleb(-exponent))
+    return amount
+
+
+def _check_currency(raw: object, problems: list[FieldProblem]) -> str | None:
+    currency = str(raw or "").strip().upper()
+    if currency not in settings.CONSOLE_CURRENCIES:
+        problems.append(
+            FieldProblem(
+                "currency",
+                "unknown_currency",
+                f"{str(raw)[:10]!r} is not a currency the console accepts "
+                f"({', '.join(settings.CONSOLE_CURRENCIES)}).",
+            )
+        )
+        return None
+    return currency
+
+
+def _check_reference(name: str, raw: object, problems: list[FieldProblem]) -> str | None:
+    value = str(raw if raw is not None else "").strip()
+    if not value:
+        problems.append(FieldProblem(name, "required", "This field is required."))
+        return None
+    if not REFERENCE_PATTERN.match(value):
+        problems.append(
+            FieldProblem(
+                name,
+                "invalid_reference",
+                "Use 1 to 32 characters: letters, digits, '.', '_' or '-', starting with a letter or digit.",
+            )
+        )
+        return None
+    return value
+
+
+def _check_request_number(raw: object, problems: list[FieldProblem]) -> int | None:
+    if isinstance(raw, bool):
+        raw = None
+    try:
+        number = int(str(raw))
+    except (TypeError, ValueError):
+        problems.append(FieldProblem("request_number", "invalid", "The refund request number must be a whole number."))
+        return None
+    if not 1 <= number <= 1_000_000:
+        problems.append(FieldProblem("request_number", "out_of_range", "The refund request number must be at least 1."))
+        return None
+    return number
+
+
+def _check_reason_code(raw: object, problems: list[FieldProblem]) -> str | None:
+    value = str(raw or "")
+    if value not in ReasonCode.values:
+        problems.append(
+            FieldProblem(
+                "reason_code",
+                "unknown_reason_code",
+                f"Unknown reason code. Use one of: {', '.join(ReasonCode.values)}.",
+            )
+        )
+        return None
+    return value
+
+
+def _check_evidence(raw: object, problems: list[FieldProblem]) -> str:
+    value = str(raw or "")
+    if len(value) > MAX_EVIDENCE_LENGTH:
+        problems.append(
+            FieldProblem("evidence", "too_long", f"Keep the evidence under {MAX_EVIDENCE_LENGTH} characters.")
+        )
+    if "\x00" in value:
+        problems.append(FieldProblem("evidence", "invalid_characters", "The evidence contains a NUL character."))
+    return value
+
+
+def _differing_fields(existing: dict[str, Any], proposed: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    keys = set(existing) | set(proposed)
+    return {
+        key: {"existing": existing.get(key), "proposed": proposed.get(key)}
+        for key in sorted(keys)
+        if existing.get(key) != proposed.get(key)
+    }
+
+
+def _existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) -> ProposalResult:
+    if action.payload_hash == digest:
+        return ProposalResult(action=action, created=False)
+    raise ProposalConflict(action, _differing_fields(action.payload, payload))
+
+
+def action_propose_refund(
+    *,
+    order_number: object,
+    request_number: object,
+    amount: object,
+    currency: object,
+    reason_code: object,
+    evidence: object = "",
+    proposer: Actor,
+    now: datetime | None = None,
+) -> ProposalResult:
+    """Validate a refund proposal deterministically and record it.
+
+    - Bad input raises ProposalInvalid and writes nothing (invariant 11).
+    - The same action id with the same payload returns the existing action (``created`` False).
+    - The same action id with another payload raises ProposalConflict naming the fields.
+    - A proposal that is well-formed but against policy (refund window past) is recorded as
+      REJECTED with its reasons.
+    - An auto-approvable proposal is authorized in the same transaction (one commit).
+    """
+    now = now or timezone.now()
+    problems: list[FieldProblem] = []
+    order_ref = _check_reference("order_number", order_number, problems)
+    number = _check_request_number(request_number, problems)
+    currency_code = _check_currency(currency, problems)
+    money = _parse_amount(amount, currency_code, problems)
+    reason = _check_reason_code(reason_code, problems)
+    evidence_text = _check_evidence(evidence, problems)
+    if problems:
+        raise ProposalInvalid(problems)
+    assert order_ref is not None and number is not None and currency_code is not None
+    assert money is not None and reason is not None
+
+    with transaction.atomic(durable=True):
+        order = Order.objects.filter(number=order_ref).first()
+        if order is None:
+            raise ProposalInvalid([FieldProblem("order_number", "not_found", f"There is no order {order_ref}.")])
+        request = RefundRequest.objects.filter(order=order, number=number).first()
+        if request is None:
+            raise ProposalInvalid(
+                [FieldProblem("request_number", "not_found", f"Order {order_ref} has no refund request {number}.")]
+            )
+        if currency_code != order.currency:
+            raise ProposalInvalid(
+                [
+                    FieldProblem(
+                        "currency",
+                        "currency_mismatch",
+                        f"Order {order_ref} was paid in {order.currency}, not {currency_code}.",
+                    )
+                ]
+            )
+
+        action_id = refund_action_id(order_number=order.number, request_number=request.number)
+        validate_idempotency_key(action_id)
+        payload = {
+            "kind": ActionKind.REFUND.value,
+            "order": order.number,
+            "request": request.number,
+            "charge": order.charge_reference,
+            "amount": str(money),
+            "currency": currency_code,
+            "reason_code": reason,
+        }
+        digest = payload_hash(payload)
+
+        # An identical retry returns what exists, before any check that the first proposal's
+        # own reservation could now fail (over-balance).
+        existing = Action.objects.filter(action_id=action_id).first()
+        if existing is not None:
+            return _existing_or_conflict(existing, payload, digest)
+
+        if money > order.refundable_amount:
+            raise ProposalInvalid(
+                [
+                    FieldProblem(
+                        "amount",
+                        "over_refundable_balance",
+                        f"{money} {currency_code} is more than the refundable balance of order {order_ref} "
+                        f"({order.refundable_amount} {currency_code}: captured {order.captured_amount}, "
+                        f"refunded {order.refunded_amount}, reserved {order.reserved_amount}).",
+                    )
+                ]
+            )
+
+        policy_reasons: list[dict[str, str]] = []
+        window = timedelta(days=settings.REFUND_WINDOW_DAYS)
+        if order.paid_at + window < now:
+            policy_reasons.append(
+                {
+                    "code": "refund_window_past",
+                    "message": f"The refund window of {window.days} days ended on {(order.paid_at + window):%Y-%m-%d}.",
+                }
+            )
+
+        actor_user = proposer.accountable_user
+        action = Action(
+            action_id=action_id,
+            kind=ActionKind.REFUND,
+            idempotency_key=action_id,
+            payload=payload,
+            payload_hash=digest,
+            order=order,
+            refund_request=request,
+            amount=money,
+            currency=currency_code,
+            reason_code=reason,
+            evidence=evidence_text,
+            proposed_by_agent=proposer.agent,
+            proposed_by_user=actor_user if getattr(actor_user, "pk", None) else None,
+        )
+        if policy_reasons:
+            action.reject_proposal(reasons=policy_reasons)
+        else:
+            action.propose()
+        action.status_changed_at = now
+        try:
+            # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
+            # transaction usable for reading the winner's row.
+            with transaction.atomic():
+                action.save()
+        except IntegrityError:
+            winner = Action.objects.get(action_id=action_id)
+            return _existing_or_conflict(winner, payload, digest)
+
+        event_record(
+            action=action,
+            transition="propose" if not policy_reasons else "reject_proposal",
+            from_state="",
+            actor=proposer,
+            reason="; ".join(r["message"] for r in policy_reasons) or "Validation passed.",
+            evidence={"payload": payload, "payload_hash": digest, "evidence": evidence_text},
+            now=now,
+        )
+
+        if action.status == S.PROPOSED:
+            # Imported here: approvals builds on actions, not the other way round.
+            from approvals.services import approval_apply_auto_policy
+
+            approval_apply_auto_policy(action=action, order=order, now=now)
+        return ProposalResult(action=action, created=True)
+
+
+def action_cancel(*, action_pk: int, actor: Actor, reason: str) -> Action:
+    """Cancel an action before any reservation was made."""
+    with transaction.atomic(durable=True):
+        action = Action.objects.select_for_update().get(pk=action_pk)
+        action_transition(action=action, transition="cancel", actor=actor, reason=reason)
+    return action

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class ConsoleConfig(AppConfig):
+    name = "console"
+    verbose_name = "Effect console"
+
+    def ready(self) -> None:
+        from console.roles import ensure_roles
+
+        # Roles are part of the schema: (re)applied after every migrate and flush, including
+        # the test database's. post_migrate is sent per app that has models; approvals comes
+        # last in INSTALLED_APPS, so every permission exists by the time it is sent for it.
+        post_migrate.connect(ensure_roles, dispatch_uid="console.ensure_roles")

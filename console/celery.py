@@ -1,0 +1,13 @@
+"""The Celery app: dispatch, reconciliation and sweep tasks run in worker processes."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+app = Celery("console")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["actions"])

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+
+from console.roles import user_roles
+
+
+def roles(request: HttpRequest) -> dict[str, Any]:
+    """Which navigation the base layout shows."""
+    names = user_roles(request.user)
+    return {
+        "roles": names,
+        "is_manager": "manager" in names,
+        "is_finance": "finance" in names,
+        "is_console_admin": "admin" in names or getattr(request.user, "is_superuser", False),
+    }

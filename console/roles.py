@@ -1,0 +1,92 @@
+"""Roles are Django groups with fixed permissions, created after every migrate.
+
+- agent: proposes actions (agents themselves use API tokens; the group is for console users
+  who propose by hand).
+- manager: approves, rejects, cancels and reopens proposals.
+- finance: resolves actions that need review; works remedies and discrepancies.
+- admin: corrects through the admin site.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import Group, Permission
+
+AGENT, MANAGER, FINANCE, ADMIN = "agent", "manager", "finance", "admin"
+ROLES = (AGENT, MANAGER, FINANCE, ADMIN)
+
+_VIEW = [
+    "actions.view_order",
+    "actions.view_refundrequest",
+    "actions.view_action",
+    "actions.view_actionevent",
+    "actions.view_attempt",
+    "approvals.view_approval",
+]
+
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    AGENT: ["actions.propose_action", "actions.view_order", "actions.view_action"],
+    MANAGER: [*_VIEW, "actions.decide_action", "actions.cancel_action"],
+    FINANCE: [
+        *_VIEW,
+        "actions.resolve_action",
+        "actions.view_remedy",
+        "actions.change_remedy",
+        "actions.view_discrepancy",
+        "actions.change_discrepancy",
+    ],
+    ADMIN: [
+        *_VIEW,
+        "actions.correct_action",
+        "actions.cancel_action",
+        "actions.change_order",
+        "actions.add_order",
+        "actions.add_refundrequest",
+        "actions.change_refundrequest",
+        "actions.view_agent",
+        "actions.add_agent",
+        "actions.change_agent",
+        "actions.view_agenttoken",
+        "actions.add_agenttoken",
+        "actions.change_agenttoken",
+        "actions.view_remedy",
+        "actions.change_remedy",
+        "actions.view_discrepancy",
+        "actions.change_discrepancy",
+        "actions.view_ownergroup",
+        "actions.add_ownergroup",
+        "actions.change_ownergroup",
+        "approvals.view_approvallimit",
+        "approvals.add_approvallimit",
+        "approvals.change_approvallimit",
+        "approvals.delete_approvallimit",
+        "auth.view_user",
+        "auth.change_user",
+        "auth.view_group",
+    ],
+}
+
+
+def ensure_roles(sender: Any = None, **kwargs: Any) -> None:
+    if sender is not None and getattr(sender, "label", None) != "approvals":
+        return
+    for role, perms in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        wanted = []
+        for dotted in perms:
+            app_label, codename = dotted.split(".")
+            perm = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
+            if perm is not None:
+                wanted.append(perm)
+        group.permissions.set(wanted)
+
+
+def user_roles(user: Any) -> set[str]:
+    if not getattr(user, "is_authenticated", False):
+        return set()
+    cached = getattr(user, "_console_roles", None)
+    if cached is None:
+        cached = set(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
+        user._console_roles = cached
+    return cached

@@ -1,0 +1,58 @@
+# Shared by start.sh and test.sh: a virtual environment with the pinned requirements.
+# Sourced, not run.
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="${VENV:-$REPO_ROOT/.venv}"
+PY="$VENV/bin/python"
+
+ensure_venv() {
+    local requirements="$1"
+    if [ ! -x "$PY" ]; then
+        echo "==> creating virtual environment in $VENV"
+        python3 -m venv "$VENV"
+    fi
+    # Reinstall only when the requirements changed since the last install.
+    local stamp="$VENV/.installed-$(basename "$requirements")"
+    local digest
+    digest="$(cat "$REPO_ROOT/requirements.txt" "$requirements" | sha256sum | cut -d' ' -f1)"
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
+        echo "==> installing $(basename "$requirements")"
+        "$PY" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+        echo "$digest" > "$stamp"
+    fi
+}
+
+ensure_postgres() {
+    if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then return 0; fi
+    echo "==> starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
+    for _ in $(seq 1 60); do
+        pg_isready -q -h 127.0.0.1 -p 5432 && return 0
+        sleep 0.5
+    done
+    echo "PostgreSQL did not become ready" >&2
+    return 1
+}
+
+ensure_redis() {
+    if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then return 0; fi
+    echo "==> starting Redis"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
+    for _ in $(seq 1 60); do
+        redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "Redis did not become ready" >&2
+    return 1
+}
+
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1; then return 0; fi
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "==> installing Debian's chromium for the browser tests"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "chromium is missing: install Debian's chromium package for the browser tests" >&2
+        return 1
+    fi
+}

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from actions.services import Actor
+from tests.factories import make_agent, make_user
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``postgres`` need PostgreSQL. Outside CI they skip on SQLite with a reason;
+    in CI (CI=true) a missing PostgreSQL fails the run instead of hiding the tests."""
+    on_postgres = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+    if on_postgres:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        raise pytest.UsageError(
+            "CI=true but DATABASE_URL does not point at PostgreSQL: the postgres tests would not run."
+        )
+    skip = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL=postgres://...")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def manager(db: Any) -> Any:
+    return make_user("maria.manager", "manager", limits={"EUR": "500", "USD": "500", "JPY": "50000"})
+
+
+@pytest.fixture
+def second_manager(db: Any) -> Any:
+    return make_user("mark.manager", "manager", limits={"EUR": "100"})
+
+
+@pytest.fixture
+def finance(db: Any) -> Any:
+    return make_user("fiona.finance", "finance")
+
+
+@pytest.fixture
+def console_admin(db: Any) -> Any:
+    return make_user("adam.admin", "admin", is_staff=True)
+
+
+@pytest.fixture
+def agent_owner(db: Any) -> Any:
+    return make_user("otto.owner", "agent")
+
+
+@pytest.fixture
+def agent(agent_owner: Any) -> Any:
+    return make_agent(agent_owner)
+
+
+@pytest.fixture
+def agent_actor(agent: Any) -> Actor:
+    return Actor.for_agent(agent)
