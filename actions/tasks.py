@@ -15,3 +15,17 @@ def dispatch(action_pk: int) -> str:
     from actions.execution import execution_dispatch
 
     return execution_dispatch(action_pk=action_pk)
+
+
+@shared_task(name="actions.tasks.sweep_authorized")
+def sweep_authorized() -> int:
+    from actions.execution import sweep_authorized as sweep
+
+    return sweep()
+
+
+@shared_task(name="actions.tasks.sweep_expired_leases")
+def sweep_expired_leases() -> int:
+    from actions.execution import sweep_expired_leases as sweep
+
+    return sweep()

@@ -281,7 +281,9 @@ def _binding_failures(action: Action, approval: Approval | None, now: datetime) 
     return failures
 
 
-def submission_begin(*, action_pk: int, now: datetime | None = None, actor: Actor | None = None) -> Claim:
+def submission_begin(
+    *, action_pk: int, now: datetime | None = None, actor: Actor | None = None, skip_locked: bool = False
+) -> Claim:
     """Reserve the amount and move AUTHORIZED -> SUBMITTING in one transaction.
 
     1. A conditional UPDATE reserves the amount on the order only if the order is still at the
@@ -290,6 +292,9 @@ def submission_begin(*, action_pk: int, now: datetime | None = None, actor: Acto
        moves it to SUBMITTING with a fresh lease.
     The attempt row (the request the worker is about to send) is written in the same commit.
     Either UPDATE changing no row rolls everything back.
+
+    ``skip_locked``: the sweep's claim. A row another worker has locked is skipped (TAKEN)
+    instead of waited for.
     """
     now = now or timezone.now()
     actor = actor or Actor.system("dispatcher")
@@ -297,8 +302,8 @@ def submission_begin(*, action_pk: int, now: datetime | None = None, actor: Acto
         with transaction.atomic(durable=True):
             # The row lock serialises claimers: a second worker waits here, then sees
             # SUBMITTING and leaves without touching the order.
-            action = Action.objects.select_for_update().get(pk=action_pk)
-            if action.status != S.AUTHORIZED:
+            action = Action.objects.select_for_update(skip_locked=skip_locked).filter(pk=action_pk).first()
+            if action is None or action.status != S.AUTHORIZED:
                 return Claim(outcome=ClaimOutcome.TAKEN, action=action)
             approval = latest_approval(action)
             failures = _binding_failures(action, approval, now)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Start the whole console on the embedded default: SQLite and a filesystem broker in data/,
+# the sandbox payment provider, a Celery worker and beat, and the web server. Seeds demo data.
+# Ctrl-C stops everything.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$REPO_ROOT"
+
+ensure_venv "$REPO_ROOT/requirements.txt"
+
+export DEBUG="${DEBUG:-1}"
+export CONSOLE_DATA_DIR="${CONSOLE_DATA_DIR:-$REPO_ROOT/data}"
+PORT="${PORT:-8000}"
+SANDBOX_PORT="${SANDBOX_PORT:-12111}"
+export PROVIDER_API_BASE="${PROVIDER_API_BASE:-http://127.0.0.1:$SANDBOX_PORT}"
+mkdir -p "$CONSOLE_DATA_DIR/logs"
+
+pids=()
+stop_all() {
+    trap - EXIT INT TERM
+    echo
+    echo "==> stopping"
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap stop_all EXIT INT TERM
+
+echo "==> sandbox provider on $PROVIDER_API_BASE (log: $CONSOLE_DATA_DIR/logs/sandbox.log)"
+"$PY" -m actions.providers.sandbox --host 127.0.0.1 --port "$SANDBOX_PORT" \
+    --db "$CONSOLE_DATA_DIR/sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/sandbox.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+    curl -fsS "$PROVIDER_API_BASE/_sandbox/health" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+
+echo "==> database"
+"$PY" manage.py migrate --noinput >/dev/null
+"$PY" manage.py seed_demo
+
+echo "==> worker and beat (logs in $CONSOLE_DATA_DIR/logs/)"
+"$PY" -m celery -A console worker --pool solo --loglevel INFO \
+    >"$CONSOLE_DATA_DIR/logs/worker.log" 2>&1 &
+pids+=($!)
+"$PY" -m celery -A console beat --loglevel INFO --schedule "$CONSOLE_DATA_DIR/celerybeat-schedule" \
+    >"$CONSOLE_DATA_DIR/logs/beat.log" 2>&1 &
+pids+=($!)
+
+echo "==> console on http://127.0.0.1:$PORT/  (maria / fiona / adam, password demo-password)"
+"$PY" manage.py runserver "127.0.0.1:$PORT" &
+pids+=($!)
+wait -n "${pids[@]}"
