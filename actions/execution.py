@@ -138,17 +138,8 @@ def apply_outcome(
     if outcome == Outcome.UNKNOWN and status != S.SUBMITTING:
         raise ValueError("an inconclusive answer for an action that is not submitting belongs to the reconciler")
     if outcome == Outcome.NEEDS_REVIEW:
-        owner = owner_pick(kind=action.kind)
-        action_transition(
-            action=action,
-            transition="escalate",
-            actor=actor,
-            reason=f"Needs a person: {answer.summary()}. Assigned to {owner or 'nobody (no active owner)'} "
-            f"as the member of the owner group with the fewest open items.",
-            evidence={**evidence, "owner": getattr(owner, "username", None)},
-            now=now,
-            owner=owner,
-            due_at=now + timedelta(hours=settings.REVIEW_DUE_HOURS),
+        action_escalate(
+            action=action, actor=actor, now=now, reason=f"Needs a person: {answer.summary()}.", evidence=evidence
         )
         return action.status
 
@@ -233,7 +224,35 @@ def apply_outcome(
     return action.status
 
 
+def action_escalate(*, action: Action, actor: Actor, now: datetime, reason: str, evidence: dict[str, Any]) -> Any:
+    """Hand the action to a named person: the owner group's member with the fewest open items."""
+    owner = owner_pick(kind=action.kind)
+    assignee = owner.get_username() if owner else "nobody: the owner group has no active member"
+    action_transition(
+        action=action,
+        transition="escalate",
+        actor=actor,
+        reason=f"{reason} Assigned to {assignee} (the owner group's member with the fewest open items).",
+        evidence={**evidence, "owner": owner.get_username() if owner else None},
+        now=now,
+        owner=owner,
+        due_at=now + timedelta(hours=settings.REVIEW_DUE_HOURS),
+    )
+    return owner
+
+
 # --- dispatch ------------------------------------------------------------------------------
+
+
+def submission_request_body(action: Action) -> dict[str, Any]:
+    """What is sent to the receiver, recorded on the attempt before sending."""
+    return {
+        "charge": action.payload.get("charge", ""),
+        "amount": action.payload["amount"],
+        "currency": action.currency,
+        "idempotency_key": action.idempotency_key,
+        "metadata": {"action_id": action.action_id},
+    }
 
 
 def refund_request_for(action: Action) -> CreateRefund:

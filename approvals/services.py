@@ -21,6 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, has_transition_perm
 
+from actions.execution import submission_request_body
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Order
 from actions.services import Actor, action_transition
 from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
@@ -366,17 +367,6 @@ def submission_begin(
         return Claim(outcome=ClaimOutcome.TAKEN)
     except _BindingFailed as stale:
         return _invalidate(action_pk=action_pk, failures=stale.failures, actor=actor, now=now)
-
-
-def submission_request_body(action: Action) -> dict[str, Any]:
-    """What is sent to the receiver, recorded before sending."""
-    return {
-        "charge": action.payload.get("charge", ""),
-        "amount": action.payload["amount"],
-        "currency": action.currency,
-        "idempotency_key": action.idempotency_key,
-        "metadata": {"action_id": action.action_id},
-    }
 
 
 def _invalidate(*, action_pk: int, failures: list[dict[str, str]], actor: Actor, now: datetime) -> Claim:

@@ -223,6 +223,11 @@ RECONCILE_BASE_BACKOFF_SECONDS: int = env_int("RECONCILE_BASE_BACKOFF_SECONDS", 
 KEY_RETENTION_MARGIN_SECONDS: int = env_int("KEY_RETENTION_MARGIN_SECONDS", 3600)
 # Escalated actions are due for a decision within this many hours.
 REVIEW_DUE_HOURS: int = env_int("REVIEW_DUE_HOURS", 24)
+# How often the ledger audit compares the receiver's ledger with the console's records.
+LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 3600)
+# Bearer token a metrics scraper must send to /metrics; empty leaves the endpoint open
+# (it shows counts and ages only, no customer data).
+METRICS_TOKEN: str = env_str("METRICS_TOKEN", "")
 # Fault points in the worker (tests only): comma-separated names; inert when empty.
 CONSOLE_FAULT_POINTS: list[str] = env_list("CONSOLE_FAULT_POINTS", "")
 
@@ -262,5 +267,13 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "actions.tasks.sweep_expired_leases",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+    "sweep-reconcile": {
+        "task": "actions.tasks.sweep_reconcile",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+    "ledger-audit": {
+        "task": "actions.tasks.ledger_audit",
+        "schedule": float(LEDGER_AUDIT_INTERVAL_SECONDS),
     },
 }

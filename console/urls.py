@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import views
+from console import metrics, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -12,4 +12,5 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),
+    path("metrics", metrics.metrics, name="metrics"),
 ]

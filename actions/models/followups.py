@@ -94,3 +94,25 @@ class OwnerGroup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} -> {self.group.name}"
+
+
+class LedgerAuditRun(models.Model):
+    """One comparison of the receiver's ledger with the console's records."""
+
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    refunds_seen = models.PositiveIntegerField(default=0)
+    actions_checked = models.PositiveIntegerField(default=0)
+    discrepancies_found = models.PositiveIntegerField(default=0)
+    discrepancies_new = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"ledger audit at {self.started_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def ok(self) -> bool:
+        return self.finished_at is not None and not self.error and self.discrepancies_found == 0

@@ -1,0 +1,335 @@
+"""Reconciliation: UNKNOWN is a state, not a guess (DESIGN.md section 7).
+
+For an UNKNOWN action the receiver is asked first, by the action id in its metadata:
+
+- found: record the receiver's status (SUCCEEDED, SETTLING or FAILED_FINAL) and book the money;
+- not found, inside the receiver's key retention (minus a safety margin): re-sending the same
+  request with the same key is safe, because the receiver replays or executes it once;
+- not found, past retention: retry only when the lookup is authoritative and the receiver's
+  lookup visibility delay has passed since the last attempt;
+- inconclusive (the lookup failed): stay UNKNOWN, count the failure, back off with jitter;
+- the escalation policy's limit reached, or a receiver with no lookup and no keys: NEEDS_REVIEW,
+  assigned to a named person, and polling stops.
+
+SETTLING actions are polled by the receiver's refund id until the refund is final.
+
+Every pass has the shape of a submission: a committed claim (a reconciler lease and a lookup
+attempt row), the lookup outside any transaction, and a recording transaction that only the
+lease holder may complete. Two reconcilers racing on one action therefore produce one outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from actions.execution import (
+    action_escalate,
+    apply_outcome,
+    fault_point,
+    next_reconcile_time,
+    provider_from_settings,
+    submission_request_body,
+    submission_send_and_record,
+)
+from actions.models import Action, ActionStatus, Attempt, AttemptKind, Discrepancy, DiscrepancyKind
+from actions.outcomes import answer_from_refund
+from actions.providers.base import NotFoundError, Provider, ProviderError, ProviderRefund
+from actions.services import Actor, action_transition
+
+log = logging.getLogger(__name__)
+S = ActionStatus
+ACTOR = Actor.system("reconciler")
+
+
+class LookupVerdict:
+    FOUND = "found"
+    DUPLICATE = "duplicate"
+    NOT_FOUND = "not_found"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass
+class Lookup:
+    verdict: str
+    refunds: list[ProviderRefund] = field(default_factory=list)
+    error: ProviderError | None = None
+
+    def response_json(self) -> dict[str, Any]:
+        return {"refunds": [dict(r.raw) for r in self.refunds]}
+
+    def error_json(self) -> dict[str, Any] | None:
+        if self.error is None:
+            return None
+        return {"type": type(self.error).__name__, "code": self.error.code, "message": self.error.message}
+
+
+# --- claim ---------------------------------------------------------------------------------
+
+
+def reconcile_claim(*, action_pk: int, now: datetime) -> tuple[Action, Attempt, uuid.UUID] | None:
+    """Take the reconciler's lease on a due UNKNOWN or SETTLING action, or return None.
+
+    The lease is the action's lease token (free while UNKNOWN or SETTLING) and pushes the next
+    reconciliation past the lease, so a reconciler that dies mid-way is replaced after it.
+    """
+    with transaction.atomic(durable=True):
+        action = (
+            Action.objects.select_for_update(skip_locked=True)
+            .filter(pk=action_pk, status__in=[S.UNKNOWN, S.SETTLING])
+            .first()
+        )
+        if action is None or (action.next_reconcile_at is not None and action.next_reconcile_at > now):
+            return None
+        token = uuid.uuid4()
+        action.lease_token = token
+        action.lease_expires_at = now + timedelta(seconds=settings.LEASE_SECONDS)
+        action.next_reconcile_at = action.lease_expires_at
+        action.reconcile_attempts += 1
+        action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at", "reconcile_attempts"])
+        attempt = Attempt.objects.create(
+            action=action,
+            kind=AttemptKind.LOOKUP,
+            lease_token=token,
+            idempotency_key=action.idempotency_key,
+            request={
+                "charge": action.payload.get("charge", ""),
+                "action_id": action.action_id,
+                "refund_id": action.provider_reference,
+                "for_status": action.status,
+            },
+            started_at=now,
+        )
+    return action, attempt, token
+
+
+# --- lookup (outside any transaction) ------------------------------------------------------
+
+
+def provider_lookup(*, action: Action, provider: Provider) -> Lookup:
+    assert not transaction.get_connection().in_atomic_block, "a network call must not run inside a transaction"
+    try:
+        if action.status == S.SETTLING and action.provider_reference:
+            return Lookup(LookupVerdict.FOUND, [provider.get_refund(action.provider_reference)])
+        refunds = provider.find_refunds(charge=action.payload.get("charge", ""), action_id=action.action_id)
+    except NotFoundError as error:
+        # The charge itself is missing: that proves nothing about our refund, ask a person.
+        return Lookup(LookupVerdict.INCONCLUSIVE, error=error)
+    except ProviderError as error:
+        return Lookup(LookupVerdict.INCONCLUSIVE, error=error)
+    if not refunds:
+        return Lookup(LookupVerdict.NOT_FOUND)
+    if len(refunds) > 1:
+        return Lookup(LookupVerdict.DUPLICATE, refunds)
+    return Lookup(LookupVerdict.FOUND, refunds)
+
+
+# --- decide and record ---------------------------------------------------------------------
+
+
+def _failures_in_window(action: Action, now: datetime) -> int:
+    since = now - timedelta(seconds=settings.RECONCILE_WINDOW_SECONDS)
+    return Attempt.objects.filter(
+        action=action, kind=AttemptKind.LOOKUP, outcome=LookupVerdict.INCONCLUSIVE, started_at__gte=since
+    ).count()
+
+
+def retry_allowed(*, action: Action, provider: Provider, now: datetime) -> tuple[bool, str]:
+    """Whether a not-found lookup allows re-sending the request with the same key, and why."""
+    guarantees = provider.guarantees
+    margin = timedelta(seconds=settings.KEY_RETENTION_MARGIN_SECONDS)
+    first = action.first_attempt_at or now
+    retention = guarantees.key_retention
+    if guarantees.honours_idempotency_keys and retention is not None and now < first + retention - margin:
+        return True, (
+            "Not found, and the first attempt is inside the receiver's key retention: re-sending with the "
+            "same key is replayed or executed once."
+        )
+    if not guarantees.lookup_authoritative:
+        return False, "Not found, but the receiver's lookups are not authoritative: a person must decide."
+    visible_after = (action.last_attempt_at or first) + guarantees.lookup_visibility_delay
+    if now < visible_after:
+        return False, f"Not found yet, but the lookup may still be catching up until {visible_after:%H:%M:%S}."
+    return True, "Authoritative not-found after the receiver's visibility delay: retry with the same key."
+
+
+def reconcile_action(*, action_pk: int, provider: Provider | None = None, now: datetime | None = None) -> str:
+    """One reconciliation pass for one action. Returns what happened, for logs and tests."""
+    provider = provider or provider_from_settings()
+    now = now or timezone.now()
+    guarantees = provider.guarantees
+    claimed = reconcile_claim(action_pk=action_pk, now=now)
+    if claimed is None:
+        return "not_due"
+    action, attempt, token = claimed
+
+    if action.status == S.UNKNOWN and not guarantees.supports_lookup and not guarantees.honours_idempotency_keys:
+        outcome = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=None, provider=provider)
+        assert isinstance(outcome, str)
+        return outcome
+
+    lookup = provider_lookup(action=action, provider=provider)
+    fault_point("during_reconciliation")
+    result = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=lookup, provider=provider)
+    if isinstance(result, Retry):
+        # The retry's SUBMITTING row and attempt are committed: now send, outside any transaction.
+        return submission_send_and_record(action=result.action, attempt=result.attempt, lease_token=result.lease_token)
+    return result
+
+
+@dataclass(frozen=True)
+class Retry:
+    action: Action
+    attempt: Attempt
+    lease_token: uuid.UUID
+
+
+def _record(
+    *, action_pk: int, attempt_pk: int, token: uuid.UUID, lookup: Lookup | None, provider: Provider
+) -> str | Retry:
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        action = Action.objects.select_for_update().get(pk=action_pk)
+        holds = action.status in (S.UNKNOWN, S.SETTLING) and action.lease_token == token
+        verdict = lookup.verdict if lookup is not None else "no_lookup"
+        Attempt.objects.filter(pk=attempt_pk).update(
+            response=lookup.response_json() if lookup is not None else None,
+            error=lookup.error_json() if lookup is not None else None,
+            outcome=verdict,
+            held_lease=holds,
+            finished_at=now,
+        )
+        if not holds:
+            return "lease_lost"
+        action.lease_token = None
+        action.lease_expires_at = None
+        evidence = {"attempt_id": attempt_pk, "verdict": verdict}
+
+        if lookup is None:
+            action_escalate(
+                action=action,
+                actor=ACTOR,
+                now=now,
+                reason="The receiver has no lookup and no idempotency keys: only a person can find out what happened.",
+                evidence=evidence,
+            )
+            return action.status
+
+        if action.status == S.SETTLING:
+            return _record_settling(action=action, lookup=lookup, now=now, evidence=evidence)
+
+        if lookup.verdict == LookupVerdict.FOUND:
+            return apply_outcome(
+                action=action,
+                answer=answer_from_refund(lookup.refunds[0]),
+                actor=ACTOR,
+                now=now,
+                source="reconciliation",
+                evidence=evidence,
+            )
+        if lookup.verdict == LookupVerdict.DUPLICATE:
+            references = [r.id for r in lookup.refunds]
+            Discrepancy.objects.create(
+                kind=DiscrepancyKind.DUPLICATE_EFFECT,
+                action=action,
+                provider_reference=references[0],
+                details={"refunds": references, "found_by": "reconciliation"},
+            )
+            action_escalate(
+                action=action,
+                actor=ACTOR,
+                now=now,
+                reason=f"The receiver has {len(references)} refunds for this action ({', '.join(references)}).",
+                evidence={**evidence, "refunds": references},
+            )
+            return action.status
+        if lookup.verdict == LookupVerdict.NOT_FOUND:
+            allowed, why = retry_allowed(action=action, provider=provider, now=now)
+            if allowed:
+                return _retry(action=action, now=now, reason=why, evidence=evidence)
+            action.next_reconcile_at = next_reconcile_time(action=action, now=now)
+            action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at"])
+            return "too_early"
+
+        # Inconclusive: count it against the escalation policy.
+        failures = _failures_in_window(action, now)
+        action.reconcile_failures = failures
+        if failures >= settings.RECONCILE_MAX_FAILURES:
+            action_escalate(
+                action=action,
+                actor=ACTOR,
+                now=now,
+                reason=f"{failures} reconciliation attempts in a row could not reach a conclusion "
+                f"(policy: {settings.RECONCILE_MAX_FAILURES} within {settings.RECONCILE_WINDOW_SECONDS // 3600} h). "
+                f"Last error: {lookup.error}.",
+                evidence=evidence,
+            )
+            return action.status
+        action.next_reconcile_at = next_reconcile_time(action=action, now=now)
+        action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at", "reconcile_failures"])
+        return "inconclusive"
+
+
+def _record_settling(*, action: Action, lookup: Lookup, now: datetime, evidence: dict[str, Any]) -> str:
+    if lookup.verdict == LookupVerdict.FOUND:
+        status = apply_outcome(
+            action=action,
+            answer=answer_from_refund(lookup.refunds[0]),
+            actor=ACTOR,
+            now=now,
+            source="settlement",
+            evidence=evidence,
+        )
+        if status == S.SETTLING:
+            action.next_reconcile_at = next_reconcile_time(action=action, now=now)
+            action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at"])
+            return "still_pending"
+        return status
+    action.next_reconcile_at = next_reconcile_time(action=action, now=now)
+    action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at"])
+    return "inconclusive"
+
+
+def _retry(*, action: Action, now: datetime, reason: str, evidence: dict[str, Any]) -> Retry:
+    """UNKNOWN -> SUBMITTING with the same key and a new lease; the send happens after commit."""
+    lease_token = uuid.uuid4()
+    action_transition(
+        action=action,
+        transition="retry",
+        actor=ACTOR,
+        reason=reason,
+        evidence=evidence,
+        now=now,
+        lease_token=lease_token,
+        lease_expires_at=now + timedelta(seconds=settings.LEASE_SECONDS),
+        started_at=now,
+    )
+    attempt = Attempt.objects.create(
+        action=action,
+        kind=AttemptKind.SUBMIT,
+        lease_token=lease_token,
+        idempotency_key=action.idempotency_key,
+        request=submission_request_body(action),
+        started_at=now,
+    )
+    return Retry(action=action, attempt=attempt, lease_token=lease_token)
+
+
+# --- sweep ---------------------------------------------------------------------------------
+
+
+def reconcile_due(*, now: datetime | None = None, limit: int = 200) -> list[int]:
+    """Ids of UNKNOWN and SETTLING actions whose next reconciliation is due, oldest first."""
+    now = now or timezone.now()
+    return list(
+        Action.objects.filter(status__in=[S.UNKNOWN, S.SETTLING], next_reconcile_at__lte=now)
+        .order_by("next_reconcile_at")
+        .values_list("pk", flat=True)[:limit]
+    )
