@@ -9,6 +9,8 @@ from django.conf import settings
 from actions.services import Actor
 from tests.factories import make_agent, make_user
 
+pytest_plugins = ["tests.processes"]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``postgres`` need PostgreSQL. Outside CI they skip on SQLite with a reason;
