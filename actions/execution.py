@@ -286,10 +286,12 @@ def execution_dispatch(*, action_pk: int, skip_locked: bool = False) -> str:
     return submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
 
 
-def submission_send_and_record(*, action: Action, attempt: Attempt, lease_token: uuid.UUID) -> str:
+def submission_send_and_record(
+    *, action: Action, attempt: Attempt, lease_token: uuid.UUID, provider: Provider | None = None
+) -> str:
     """The call and the record, for a caller that holds a freshly committed lease."""
     fault_point("before_provider_call")
-    answer = provider_submit(action=action)
+    answer = provider_submit(action=action, provider=provider)
     fault_point("after_provider_answer")
     status = submission_record(action_pk=action.pk, attempt_pk=attempt.pk, lease_token=lease_token, answer=answer)
     fault_point("after_record")

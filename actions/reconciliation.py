@@ -180,7 +180,9 @@ def reconcile_action(*, action_pk: int, provider: Provider | None = None, now: d
     result = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=lookup, provider=provider)
     if isinstance(result, Retry):
         # The retry's SUBMITTING row and attempt are committed: now send, outside any transaction.
-        return submission_send_and_record(action=result.action, attempt=result.attempt, lease_token=result.lease_token)
+        return submission_send_and_record(
+            action=result.action, attempt=result.attempt, lease_token=result.lease_token, provider=provider
+        )
     return result
 
 

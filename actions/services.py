@@ -229,8 +229,7 @@ def _check_currency(raw: object, problems: list[FieldProblem]) -> str | None:
             FieldProblem(
                 "currency",
                 "unknown_currency",
-                f"{str(raw)[:10]!r} is not a currency the console accepts "
-                f"({', '.join(settings.CONSOLE_CURRENCIES)}).",
+                f"{str(raw)[:10]!r} is not a currency the console accepts ({', '.join(settings.CONSOLE_CURRENCIES)}).",
             )
         )
         return None
@@ -349,6 +348,16 @@ def action_propose_refund(
         if request is None:
             raise ProposalInvalid(
                 [FieldProblem("request_number", "not_found", f"Order {order_ref} has no refund request {number}.")]
+            )
+        if not order.charge_reference:
+            raise ProposalInvalid(
+                [
+                    FieldProblem(
+                        "order_number",
+                        "no_charge",
+                        f"Order {order_ref} has no payment at the provider to refund.",
+                    )
+                ]
             )
         if currency_code != order.currency:
             raise ProposalInvalid(

@@ -1,0 +1,197 @@
+"""An invariant checker for a live deployment: DESIGN.md section 8, invariants 1, 2, 5 and 8.
+
+It reads the console's database and the receiver's ledger and reports every violation. Used by
+``manage.py audit_effects``, the chaos run and the tests. It only reads.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from actions.models import Action, ActionStatus, Order
+from actions.models.actions import RESERVING_STATUSES
+from actions.providers.base import Provider, ProviderRefund, RefundStatus
+
+S = ActionStatus
+EFFECT_STATUSES = frozenset({RefundStatus.SUCCEEDED, RefundStatus.PENDING, RefundStatus.REQUIRES_ACTION})
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: int
+    subject: str
+    message: str
+
+
+@dataclass
+class EffectsReport:
+    checked_at: str
+    actions: int = 0
+    effects: int = 0
+    orders: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+
+def max_unknown_seconds() -> float:
+    """How long an action may stay UNKNOWN under the escalation policy before it must escalate.
+
+    The worst case of the reconciler's schedule: each failed attempt waits the visibility
+    delay plus an exponential backoff with up to 25% jitter, and each pass can be late by a
+    sweep interval and a reconciler lease.
+    """
+    total = 0.0
+    for failures in range(settings.RECONCILE_MAX_FAILURES + 1):
+        backoff = settings.RECONCILE_BASE_BACKOFF_SECONDS * (2 ** min(failures, 6)) * 1.25
+        total += settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS + backoff
+        total += settings.SWEEP_INTERVAL_SECONDS + settings.LEASE_SECONDS
+    return total
+
+
+def check_effects(
+    *, ledger: list[ProviderRefund], now: datetime | None = None, stuck_grace_seconds: float = 0
+) -> EffectsReport:
+    now = now or timezone.now()
+    report = EffectsReport(checked_at=now.isoformat())
+    effects_by_action: dict[str, list[ProviderRefund]] = defaultdict(list)
+    for refund in ledger:
+        if refund.status in EFFECT_STATUSES:
+            report.effects += 1
+            effects_by_action[refund.action_id or ""].append(refund)
+
+    actions = {
+        a["action_id"]: a
+        for a in Action.objects.values("action_id", "status", "provider_reference", "status_changed_at", "owner_id")
+    }
+    report.actions = len(actions)
+    for row in actions.values():
+        report.states[row["status"]] = report.states.get(row["status"], 0) + 1
+
+    # Invariant 1: at most one effect per action; an effect must belong to an action.
+    for action_id, effects in effects_by_action.items():
+        if action_id not in actions:
+            for effect in effects:
+                report.violations.append(
+                    Violation(1, effect.id, f"effect {effect.id} names no known action ({action_id or 'no action id'})")
+                )
+            continue
+        if len(effects) > 1:
+            report.duplicates += len(effects) - 1
+            references = ", ".join(sorted(e.id for e in effects))
+            report.violations.append(Violation(1, action_id, f"{len(effects)} effects at the receiver: {references}"))
+
+    # Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded.
+    for action_id, row in actions.items():
+        if row["status"] != S.SUCCEEDED:
+            continue
+        effects = effects_by_action.get(action_id, [])
+        succeeded = [e for e in effects if e.status == RefundStatus.SUCCEEDED]
+        if len(succeeded) != 1:
+            report.violations.append(
+                Violation(2, action_id, f"SUCCEEDED with {len(succeeded)} succeeded effects at the receiver")
+            )
+        elif row["provider_reference"] != succeeded[0].id:
+            report.violations.append(
+                Violation(
+                    2,
+                    action_id,
+                    f"recorded reference {row['provider_reference'] or '(none)'} but the effect is {succeeded[0].id}",
+                )
+            )
+        # An effect in a terminal non-success state would mean money moved without our record.
+    for action_id, row in actions.items():
+        if row["status"] in (S.FAILED_FINAL, S.REJECTED, S.CANCELLED) and any(
+            e.status == RefundStatus.SUCCEEDED for e in effects_by_action.get(action_id, [])
+        ):
+            report.violations.append(
+                Violation(1, action_id, f"{row['status']} in the console but a succeeded effect at the receiver")
+            )
+
+    # Invariant 5: the order's money adds up.
+    report.orders = _check_orders(report)
+
+    # Invariant 8: nothing is lost.
+    lease_bound = timedelta(seconds=settings.LEASE_SECONDS + settings.SWEEP_INTERVAL_SECONDS + stuck_grace_seconds)
+    unknown_bound = timedelta(seconds=max_unknown_seconds() + stuck_grace_seconds)
+    for action_id, row in actions.items():
+        since = row["status_changed_at"] or now
+        if row["status"] == S.SUBMITTING and now - since > lease_bound:
+            report.lost += 1
+            report.violations.append(
+                Violation(8, action_id, f"SUBMITTING for {_age(now - since)}, beyond lease + sweep interval")
+            )
+        elif row["status"] == S.UNKNOWN and now - since > unknown_bound:
+            report.lost += 1
+            report.violations.append(
+                Violation(8, action_id, f"UNKNOWN for {_age(now - since)}, beyond the escalation policy")
+            )
+        elif row["status"] == S.NEEDS_REVIEW and row["owner_id"] is None:
+            report.lost += 1
+            report.violations.append(Violation(8, action_id, "NEEDS_REVIEW with no named owner"))
+    return report
+
+
+def _check_orders(report: EffectsReport) -> int:
+    succeeded = dict(
+        Action.objects.filter(status=S.SUCCEEDED).values_list("order_id").annotate(total=Sum("amount")).order_by()
+    )
+    reserved = dict(
+        Action.objects.filter(status__in=RESERVING_STATUSES)
+        .values_list("order_id")
+        .annotate(total=Sum("amount"))
+        .order_by()
+    )
+    orders = Order.objects.filter(
+        Q(pk__in=succeeded.keys()) | Q(pk__in=reserved.keys()) | ~Q(refunded_amount=0) | ~Q(reserved_amount=0)
+    )
+    count = 0
+    for order in orders.iterator(chunk_size=2000):
+        count += 1
+        want_refunded = succeeded.get(order.pk) or Decimal("0")
+        want_reserved = reserved.get(order.pk) or Decimal("0")
+        subject = f"order-{order.number}"
+        if order.refunded_amount != want_refunded:
+            report.violations.append(
+                Violation(5, subject, f"refunded {order.refunded_amount} but SUCCEEDED actions sum to {want_refunded}")
+            )
+        if order.reserved_amount != want_reserved:
+            report.violations.append(
+                Violation(5, subject, f"reserved {order.reserved_amount} but live actions sum to {want_reserved}")
+            )
+        if order.refunded_amount + order.reserved_amount > order.captured_amount:
+            report.violations.append(Violation(5, subject, "refunded + reserved exceeds captured"))
+    return count
+
+
+def _age(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def audit_effects(*, provider: Provider, stuck_grace_seconds: float = 0) -> EffectsReport:
+    """Read the receiver's whole ledger (network, before any query), then check."""
+    ledger = list(provider.iter_ledger())
+    return check_effects(ledger=ledger, stuck_grace_seconds=stuck_grace_seconds)
