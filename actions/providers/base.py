@@ -119,9 +119,7 @@ class CreateRefund:
         if not isinstance(self.charge, str) or not self.charge:
             raise ValueError("charge must be a non-empty string")
         if isinstance(self.amount_minor, bool) or not isinstance(self.amount_minor, int):
-            raise ValueError(
-                f"amount_minor must be an int, not {type(self.amount_minor).__name__}"
-            )
+            raise ValueError(f"amount_minor must be an int, not {type(self.amount_minor).__name__}")
         if self.amount_minor <= 0:
             raise ValueError(f"amount_minor must be positive, got {self.amount_minor}")
         if not isinstance(self.currency, str) or not _CURRENCY.fullmatch(self.currency):

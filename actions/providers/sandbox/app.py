@@ -32,8 +32,11 @@ __all__ = ["Request", "Response", "Sandbox", "SandboxConfig"]
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 REFUND_REASONS = frozenset({"duplicate", "fraudulent", "requested_by_customer"})
 # Refunds that hold part of the charge. A failed or canceled refund gives its amount back.
-COUNTING_STATUSES = ("succeeded", "pending", "requires_action")
+COUNTING_STATUSES = ("succeeded", "pending", "requires_action")  # one "?" each below
 REFUND_PARAMS = frozenset({"charge", "amount", "reason", "metadata", "currency", "expand"})
+_COUNTED_TOTAL_SQL = (
+    "SELECT COALESCE(SUM(amount), 0) FROM refunds WHERE charge = ? AND status IN (?, ?, ?)"
+)
 LIST_PARAMS = frozenset({"charge", "limit", "starting_after", "ending_before", "expand"})
 
 _SCHEMA = """
@@ -65,6 +68,8 @@ CREATE TABLE IF NOT EXISTS refunds (
 CREATE INDEX IF NOT EXISTS refunds_charge ON refunds (charge, seq);
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     key TEXT PRIMARY KEY,
+    -- Names this use of the key, so a request that outlived a reset cannot touch a newer row.
+    token TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
     state TEXT NOT NULL CHECK (state IN ('in_flight', 'done')),
     created_at REAL NOT NULL,
@@ -204,11 +209,16 @@ class Sandbox:
         self._fault_seed = fault_seed
         self.faults = FaultPlan(seed=fault_seed)
         self._clock_offset = 0.0
+        # Bumped by reset, so a request that was sleeping through a reset stores nothing.
+        self._generation = 0
         # One connection shared by the handler threads, always used under this lock.
         self._lock = threading.RLock()
         self._db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
+        # In WAL mode NORMAL survives a killed process (the failure the sandbox exists to show);
+        # only a power cut could lose the last commits, and it saves an fsync per request.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
@@ -295,9 +305,7 @@ class Sandbox:
             except ValueError:
                 key = ""
         if not key:
-            raise ApiError(
-                401, "You did not provide an API key. Provide it as a Bearer token."
-            )
+            raise ApiError(401, "You did not provide an API key. Provide it as a Bearer token.")
         if not key.startswith("sk_test_") or len(key) <= len("sk_test_"):
             raise ApiError(401, f"Invalid API Key provided: {key[:12]}***")
 
@@ -330,11 +338,13 @@ class Sandbox:
             refused = _refusal(fault)
             if refused is not None:
                 return refused
+            generation = self._generation
+            token = secrets.token_hex(8)
             if key is not None:
                 db.execute(
-                    "INSERT INTO idempotency_keys (key, fingerprint, state, created_at) "
-                    "VALUES (?, ?, 'in_flight', ?)",
-                    (key, fingerprint, now),
+                    "INSERT INTO idempotency_keys (key, token, fingerprint, state, created_at) "
+                    "VALUES (?, ?, ?, 'in_flight', ?)",
+                    (key, token, fingerprint, now),
                 )
 
         try:
@@ -342,6 +352,9 @@ class Sandbox:
                 # The key is in flight while this sleeps: a concurrent resend gets a 409.
                 time.sleep(fault.sleep_seconds)
             with self._tx() as db:
+                if self._generation != generation:
+                    # A reset happened while this request slept; its charge and key are gone.
+                    return _server_error("reset while the request was running")
                 now = self.now()
                 self._settle_due(db, now)
                 try:
@@ -353,17 +366,18 @@ class Sandbox:
                     still_running = fault is not None and fault.mode == "commit_then_timeout"
                     db.execute(
                         "UPDATE idempotency_keys SET state = ?, status_code = ?, body = ? "
-                        "WHERE key = ?",
+                        "WHERE key = ? AND token = ?",
                         (
                             "in_flight" if still_running else "done",
                             response.status,
                             json.dumps(response.body),
                             key,
+                            token,
                         ),
                     )
         except BaseException:
             if key is not None:
-                self._release_key(key)
+                self._release_key(key, token)
             raise
 
         if key is not None:
@@ -375,7 +389,8 @@ class Sandbox:
             if key is not None:
                 with self._tx() as db:
                     db.execute(
-                        "UPDATE idempotency_keys SET state = 'done' WHERE key = ?", (key,)
+                        "UPDATE idempotency_keys SET state = 'done' WHERE key = ? AND token = ?",
+                        (key, token),
                     )
             return response
         if fault.mode == "commit_then_500":
@@ -384,12 +399,11 @@ class Sandbox:
             return Response(0, None, drop=True)
         return response
 
-    def _release_key(self, key: str) -> None:
+    def _release_key(self, key: str, token: str) -> None:
         with self._tx() as db:
             db.execute(
-                "DELETE FROM idempotency_keys WHERE key = ? AND state = 'in_flight' "
-                "AND body IS NULL",
-                (key,),
+                "DELETE FROM idempotency_keys WHERE key = ? AND token = ? AND body IS NULL",
+                (key, token),
             )
 
     def _idempotent_answer(
@@ -543,7 +557,9 @@ class Sandbox:
             idempotency_key=key,
             planted=False,
         )
-        return Response(200, self._refund_json(self._refund_row(db, refund_id)))
+        row = self._refund_row(db, refund_id)
+        assert row is not None  # inserted just above, in this transaction
+        return Response(200, self._refund_json(row))
 
     def _insert_refund(
         self,
@@ -678,10 +694,11 @@ class Sandbox:
                 args.append(cursor["seq"])
                 if cursor_param == "ending_before":
                     order = "ASC"
-            rows = db.execute(
-                f"SELECT * FROM refunds WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
-                (*args, limit + 1),
-            ).fetchall()
+            # Only fixed fragments are interpolated; every value is a bound parameter.
+            conditions = " AND ".join(where)
+            sql = f"SELECT * FROM refunds WHERE {conditions}"  # noqa: S608
+            sql += f" ORDER BY seq {order} LIMIT ?"
+            rows = db.execute(sql, (*args, limit + 1)).fetchall()
             has_more = len(rows) > limit
             rows = rows[:limit]
             if order == "ASC":
@@ -711,12 +728,7 @@ class Sandbox:
         return row
 
     def _counted_total(self, db: sqlite3.Connection, charge_id: str) -> int:
-        placeholders = ", ".join("?" for _ in COUNTING_STATUSES)
-        (total,) = db.execute(
-            f"SELECT COALESCE(SUM(amount), 0) FROM refunds "
-            f"WHERE charge = ? AND status IN ({placeholders})",
-            (charge_id, *COUNTING_STATUSES),
-        ).fetchone()
+        (total,) = db.execute(_COUNTED_TOTAL_SQL, (charge_id, *COUNTING_STATUSES)).fetchone()
         return int(total)
 
     def _charge_json(self, db: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
@@ -793,6 +805,7 @@ class Sandbox:
             db.execute("DELETE FROM idempotency_keys")
             db.execute("DELETE FROM refunds")
             db.execute("DELETE FROM charges")
+            self._generation += 1
             self.faults.clear()
             self.faults.reseed(self._fault_seed)
             self.config = SandboxConfig(**asdict(self._defaults))
