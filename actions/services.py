@@ -13,8 +13,10 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django_fsm import has_transition_perm
 
 from actions.models import (
     Action,
@@ -38,6 +40,7 @@ S = ActionStatus
 # Order numbers and references end up in action ids and idempotency keys, so they are held to
 # the key's safe character set from the start.
 REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$")
+AMOUNT_PATTERN = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?$")
 MAX_EVIDENCE_LENGTH = 4000
 MAX_AMOUNT_DIGITS = 12  # whole-unit digits: far above any real refund, well inside the column
 
@@ -195,8 +198,14 @@ def _parse_amount(raw: object, currency: str | None, problems: list[FieldProblem
     if isinstance(raw, float | bool):
         problems.append(FieldProblem("amount", "invalid_type", 'Give the amount as a decimal string, e.g. "12.50".'))
         return None
+    text = str(raw).strip()
+    # Plain decimal notation only: Decimal() would also take "4_0", "4e1" or "NaN", which no
+    # person means as an amount of money.
+    if not isinstance(raw, Decimal) and not AMOUNT_PATTERN.match(text):
+        problems.append(FieldProblem("amount", "invalid", f'{text[:40]!r} is not a decimal amount like "12.50".'))
+        return None
     try:
-        amount = Decimal(str(raw).strip())
+        amount = Decimal(text)
     except (InvalidOperation, ValueError):
         problems.append(FieldProblem("amount", "invalid", f"{str(raw)[:40]!r} is not a decimal amount."))
         return None
@@ -460,9 +469,15 @@ def action_propose_refund(
         return ProposalResult(action=action, created=True)
 
 
+class ActionRefused(PermissionDenied):
+    """The actor may not make this change. The message is shown as it is."""
+
+
 def action_cancel(*, action_pk: int, actor: Actor, reason: str) -> Action:
-    """Cancel an action before any reservation was made."""
+    """Cancel an action before any reservation was made (managers and admins)."""
     with transaction.atomic(durable=True):
         action = Action.objects.select_for_update().get(pk=action_pk)
+        if actor.kind != ActorKind.SYSTEM and not has_transition_perm(action.cancel, actor.user):
+            raise ActionRefused("Only managers and admins may cancel an action.")
         action_transition(action=action, transition="cancel", actor=actor, reason=reason)
     return action

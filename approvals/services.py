@@ -65,6 +65,13 @@ def approval_refusal_reason(*, action: Action, user: Any, limit: Decimal | None)
             "over_limit",
             f"{action.amount} {action.currency} is above your approval limit of {limit} {action.currency}.",
         )
+    order = action.order
+    if order is not None and action.amount > order.refundable_amount:
+        # Approving would only produce a STALE action at reservation: say so now.
+        return (
+            "over_refundable_balance",
+            f"Order {order.number} has only {order.refundable_amount} {order.currency} left to refund.",
+        )
     return None
 
 
@@ -264,7 +271,8 @@ class _BindingFailed(Exception):
 
 
 def latest_approval(action: Action) -> Approval | None:
-    return Approval.objects.filter(action=action, decision=Decision.APPROVE).order_by("-decided_at", "-pk").first()
+    # The newest row is the one in force; pk order is insertion order, immune to clock skew.
+    return Approval.objects.filter(action=action, decision=Decision.APPROVE).order_by("-pk").first()
 
 
 def _binding_failures(action: Action, approval: Approval | None, now: datetime) -> list[dict[str, str]]:
@@ -272,9 +280,8 @@ def _binding_failures(action: Action, approval: Approval | None, now: datetime) 
         return [{"binding": "approval", "message": "There is no approval for this action."}]
     failures = []
     if approval.expires_at is None or approval.expires_at <= now:
-        failures.append(
-            {"binding": "expiry", "message": f"The approval expired at {approval.expires_at:%Y-%m-%d %H:%M:%S}."}
-        )
+        expired_at = f"{approval.expires_at:%Y-%m-%d %H:%M:%S}" if approval.expires_at else "(no expiry recorded)"
+        failures.append({"binding": "expiry", "message": f"The approval expired at {expired_at}."})
     for name in ("amount", "currency", "payload_hash"):
         approved, current = getattr(approval, name), getattr(action, name)
         if approved != current:
@@ -346,6 +353,7 @@ def submission_begin(
                 reason="Amount reserved; submitting to the receiver.",
                 evidence={
                     "approval_id": approval.pk,
+                    "order_version": approval.order_version,
                     "lease_expires_at": lease_expires_at.isoformat(),
                     "attempt": action.attempt_count + 1,
                 },

@@ -178,6 +178,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(_queue_dir / "queue"),
         "data_folder_out": str(_queue_dir / "queue"),
         "processed_folder": str(_queue_dir / "processed"),
+        "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
     }
 

@@ -12,5 +12,6 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),
+    path("api/v1/", include("actions.api.urls")),
     path("metrics", metrics.metrics, name="metrics"),
 ]

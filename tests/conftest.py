@@ -28,6 +28,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    """Every persona is a user with a password; the production hasher costs about a second
+    per user by design, which no test here exercises."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def manager(db: Any) -> Any:
     return make_user("maria.manager", "manager", limits={"EUR": "500", "USD": "500", "JPY": "50000"})

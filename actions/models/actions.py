@@ -7,6 +7,7 @@ transaction and write the ActionEvent in that same transaction.
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Any, ClassVar
 from uuid import UUID
@@ -190,7 +191,9 @@ class Action(ConcurrentTransitionMixin, models.Model):
         return instance
 
     def _material_values(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.MATERIAL_FIELDS if name in self.__dict__}
+        # A deep copy: the payload is a dict, and comparing it with itself would miss a change
+        # made in place (action.payload["amount"] = ...).
+        return {name: copy.deepcopy(getattr(self, name)) for name in self.MATERIAL_FIELDS if name in self.__dict__}
 
     # --- derived --------------------------------------------------------------------------
 

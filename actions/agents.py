@@ -1,0 +1,152 @@
+"""Agents and their API tokens: creation, issue, revocation, rotation and authentication.
+
+A token is shown once, when it is issued, and only its SHA-256 is stored. The token carries
+256 bits from ``secrets``, so a fast unsalted hash is enough: there is nothing to brute-force
+that a slow password hash would protect, and a fast hash keeps the lookup a single indexed
+query on every API request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from actions.models import ActionKind, Agent, AgentToken
+
+# Recognisable in logs, config files and secret scanners ("effect console token").
+TOKEN_MARKER = "ect_"  # noqa: S105 (a public marker, not a secret)
+# The stored prefix: the marker and eight random characters, enough to tell tokens apart in
+# the admin without weakening the secret (the other 35 characters stay unknown).
+PREFIX_LENGTH = len(TOKEN_MARKER) + 8
+# last_used_at is written at most this often per token, so that an agent polling every second
+# does not turn every read into a write.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+class AgentInvalid(ValueError):
+    """Bad input for an agent (name, scopes, owner). Nothing was written."""
+
+
+class TokenNotActive(Exception):
+    """The token was already revoked (or replaced by a rotation)."""
+
+
+class AgentAuthenticationFailed(Exception):
+    """The presented token does not identify an active agent.
+
+    ``code`` is machine-readable: ``token_invalid`` (unknown, revoked or rotated away: the
+    same answer for all three, so a guesser learns nothing) or ``agent_inactive`` (the token
+    is right but the agent was switched off by a person).
+    """
+
+    def __init__(self, code: str, message: str, *, agent: Agent | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.agent = agent
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: AgentToken
+    # The secret itself. It exists only in this object: show it once and drop it.
+    plain: str
+
+
+def token_hash(plain: str) -> str:
+    return hashlib.sha256(plain.encode()).hexdigest()
+
+
+def _clean_scopes(scopes: Sequence[str]) -> list[str]:
+    cleaned = sorted({scope.strip() for scope in scopes if scope.strip()})
+    unknown = [scope for scope in cleaned if scope not in ActionKind.values]
+    if unknown:
+        raise AgentInvalid(
+            f"Unknown scope {', '.join(unknown)}. A scope is an action kind: {', '.join(ActionKind.values)}."
+        )
+    return cleaned
+
+
+def agent_create(*, name: str, owner: Any, scopes: Sequence[str], is_active: bool = True) -> Agent:
+    """Create an agent acting for ``owner``. Four eyes treat its proposals as the owner's."""
+    name = name.strip()
+    if not name or len(name) > 100:
+        raise AgentInvalid("An agent needs a name of 1 to 100 characters.")
+    if owner is None or getattr(owner, "pk", None) is None:
+        raise AgentInvalid("An agent needs an owner: the person accountable for what it proposes.")
+    cleaned = _clean_scopes(scopes)
+    with transaction.atomic():
+        if Agent.objects.filter(name=name).exists():
+            raise AgentInvalid(f"There is already an agent called {name!r}.")
+        return Agent.objects.create(name=name, owner=owner, scopes=cleaned, is_active=is_active)
+
+
+def agent_token_issue(*, agent: Agent, label: str = "") -> IssuedToken:
+    """Issue a new token for ``agent``. The returned ``plain`` token is never stored."""
+    plain = TOKEN_MARKER + secrets.token_urlsafe(32)
+    token = AgentToken.objects.create(
+        agent=agent,
+        label=label.strip()[:100],
+        prefix=plain[:PREFIX_LENGTH],
+        token_hash=token_hash(plain),
+    )
+    return IssuedToken(token=token, plain=plain)
+
+
+def agent_token_revoke(*, token: AgentToken, now: datetime | None = None) -> AgentToken:
+    """Revoke a token at once. Revoking a revoked token keeps its first revocation time."""
+    now = now or timezone.now()
+    AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now)
+    token.refresh_from_db(fields=["revoked_at"])
+    return token
+
+
+def agent_token_rotate(*, token: AgentToken, label: str | None = None, now: datetime | None = None) -> IssuedToken:
+    """Replace a token: the old one stops working now and a new one is issued, in one commit.
+
+    The row lock makes two concurrent rotations of the same token produce one new token, not
+    two live ones: the second waits, then finds the token revoked and refuses.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        current = AgentToken.objects.select_for_update().select_related("agent").get(pk=token.pk)
+        if current.revoked_at is not None:
+            raise TokenNotActive(f"Token {current.prefix}… was revoked at {current.revoked_at:%Y-%m-%d %H:%M:%S}.")
+        current.revoked_at = now
+        current.save(update_fields=["revoked_at"])
+        issued = agent_token_issue(agent=current.agent, label=current.label if label is None else label)
+    token.revoked_at = now
+    return issued
+
+
+def agent_authenticate(*, plain: str, now: datetime | None = None) -> AgentToken:
+    """Find the active token and agent for a presented token, or raise AgentAuthenticationFailed."""
+    now = now or timezone.now()
+    if not plain.startswith(TOKEN_MARKER) or len(plain) > 200:
+        raise AgentAuthenticationFailed("token_invalid", _INVALID_MESSAGE)
+    token = AgentToken.objects.select_related("agent", "agent__owner").filter(token_hash=token_hash(plain)).first()
+    if token is None or token.revoked_at is not None:
+        raise AgentAuthenticationFailed("token_invalid", _INVALID_MESSAGE)
+    if not token.agent.is_active:
+        raise AgentAuthenticationFailed(
+            "agent_inactive",
+            f"The agent {token.agent.name!r} is deactivated. Ask its owner to reactivate it in the console.",
+            agent=token.agent,
+        )
+    # A conditional UPDATE, so that concurrent requests of one token write at most once per
+    # resolution period and never wait for each other.
+    AgentToken.objects.filter(pk=token.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_RESOLUTION)
+    ).update(last_used_at=now)
+    return token
+
+
+_INVALID_MESSAGE = "The token is not valid: it is unknown, revoked, or was replaced by a rotation."

@@ -1,0 +1,214 @@
+"""Request and response schemas: they validate requests and generate the OpenAPI document.
+
+Request schemas check form (types, patterns, lengths, choices) and refuse unknown fields, so
+that a misspelt field is an error rather than a silently ignored one. The services check
+meaning (does the order exist, is the amount refundable) and name the field either way.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field, Strict, model_validator
+from pydantic_core import PydanticCustomError
+
+from actions.models import ReasonCode
+from actions.requests import MAX_NOTE_LENGTH
+from actions.services import MAX_EVIDENCE_LENGTH
+
+ORDER_NUMBER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"
+EXTERNAL_REFERENCE_PATTERN = r"^[A-Za-z0-9#][A-Za-z0-9_.:#/@+\-]{0,99}$"
+
+# Every status an agent can see (NEW never leaves memory). A test keeps this list equal to
+# ActionStatus.
+ActionStatusName = Literal[
+    "PROPOSED",
+    "REJECTED",
+    "AUTHORIZED",
+    "STALE",
+    "CANCELLED",
+    "SUBMITTING",
+    "SETTLING",
+    "SUCCEEDED",
+    "FAILED_FINAL",
+    "UNKNOWN",
+    "NEEDS_REVIEW",
+]
+
+OrderNumber = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=32,
+        pattern=ORDER_NUMBER_PATTERN,
+        description="The order's number, as the shop shows it.",
+        examples=["4821"],
+    ),
+]
+ExternalReference = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=100,
+        pattern=EXTERNAL_REFERENCE_PATTERN,
+        description="The support ticket's id (or another reference that names the customer's request once).",
+        examples=["ZD-48213"],
+    ),
+]
+
+
+class _Request(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RefundProposal(_Request):
+    """Propose a refund for a refund request on an order.
+
+    Name the refund request by its number (``request_number``) or by the external reference
+    it was opened with (``external_reference``), not both. Sending the same proposal again is
+    always safe: it returns the existing action.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "order_number": "4821",
+                    "request_number": 1,
+                    "amount": "12.50",
+                    "currency": "EUR",
+                    "reason_code": "damaged",
+                    "evidence": "Customer sent a photo of the broken lid (ticket ZD-48213).",
+                }
+            ]
+        },
+    )
+
+    order_number: OrderNumber
+    request_number: Annotated[int, Strict()] | None = Field(
+        None, ge=1, le=1_000_000, description="The refund request's number on the order (1, 2, ...)."
+    )
+    external_reference: ExternalReference | None = None
+    amount: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=r"^[0-9]+(\.[0-9]+)?$",
+        description='The amount as a decimal string in the currency\'s major unit, e.g. "12.50". Never a JSON '
+        "number: binary floating point cannot hold most decimal amounts exactly.",
+        examples=["12.50"],
+    )
+    currency: str = Field(
+        min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"]
+    )
+    reason_code: ReasonCode = Field(description="Why the customer gets money back.")
+    evidence: str = Field(
+        "",
+        max_length=MAX_EVIDENCE_LENGTH,
+        description="Free text for the manager who decides: what the customer said, what the agent checked.",
+    )
+
+    @model_validator(mode="after")
+    def _one_request_reference(self) -> RefundProposal:
+        if (self.request_number is None) == (self.external_reference is None):
+            raise PydanticCustomError(
+                "one_request_reference",
+                "Give either request_number or external_reference (exactly one).",
+                {"field": "request_number"},
+            )
+        return self
+
+
+class RefundRequestOpen(_Request):
+    """Open a refund request on an order. Idempotent by ``external_reference``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"order_number": "4821", "external_reference": "ZD-48213", "note": "Lid arrived broken."}]
+        },
+    )
+
+    order_number: OrderNumber
+    external_reference: ExternalReference
+    note: str = Field("", max_length=MAX_NOTE_LENGTH, description="What the customer asked for, in a sentence.")
+
+
+# --- responses ----------------------------------------------------------------------------
+
+
+class FieldError(Schema):
+    field: str = Field(description="The request field, e.g. 'amount'; nested fields are joined with dots.")
+    code: str = Field(description="Machine-readable, e.g. 'required', 'invalid_format', 'not_found'.")
+    message: str
+
+
+class Differing(Schema):
+    existing: Any = None
+    proposed: Any = None
+
+
+class Problem(Schema):
+    """An RFC 9457 problem document (media type application/problem+json)."""
+
+    type: str = Field(description="A link to this kind of problem on the docs page.")
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    code: str = Field(description="Machine-readable reason, e.g. 'token_missing', 'validation_failed'.")
+    errors: list[FieldError] = Field(default_factory=list, description="One entry per invalid field.")
+    action_id: str | None = Field(None, description="For a conflict: the action the proposal collides with.")
+    differing: dict[str, Differing] | None = Field(
+        None, description="For a conflict: each material field whose existing and proposed values differ."
+    )
+    links: dict[str, str] | None = Field(None, description="For a conflict: 'existing', the action to read.")
+
+
+class StatusExplanationOut(Schema):
+    summary: str = Field(description="What is true now, in a sentence.")
+    next_step: str = Field(description="What happens next, and what the agent should (not) do.")
+    held_by: str = Field(description="Who or what the action waits for.")
+    final: bool = Field(description="True when nothing will change any more.")
+    needs_person: bool = Field(description="True when a person must act before anything changes.")
+
+
+class RejectionReason(Schema):
+    code: str
+    message: str
+
+
+class ActionOut(Schema):
+    action_id: str = Field(description="Names the business action, e.g. 'refund:order-4821:request-1'.")
+    kind: str
+    status: ActionStatusName
+    explanation: StatusExplanationOut
+    order_number: str | None
+    request_number: int | None
+    external_reference: str | None
+    amount: str = Field(description="Decimal string.")
+    currency: str
+    reason_code: str
+    provider_reference: str | None = Field(description="The payment provider's id for the refund, once known.")
+    rejection_reasons: list[RejectionReason]
+    created_at: datetime
+    updated_at: datetime
+    status_changed_at: datetime | None
+    links: dict[str, str]
+
+
+class ActionPageOut(Schema):
+    items: list[ActionOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= to read the next page; null on the last page.")
+    links: dict[str, str]
+
+
+class RefundRequestOut(Schema):
+    order_number: str
+    request_number: int
+    external_reference: str | None
+    source: str
+    created_at: datetime
+    links: dict[str, str]

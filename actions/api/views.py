@@ -1,0 +1,507 @@
+"""The agent API's operations: thin interfaces over one service or selector each.
+
+Every error leaves as a problem document (``actions.api.problems``): the exception handlers
+below replace django-ninja's default bodies, and ``ConsoleApi.get_openapi_schema`` declares
+them (as application/problem+json) next to the errors the gateway answers before ninja runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import asdict
+from typing import Any
+from urllib.parse import urlencode
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import reverse
+from ninja import NinjaAPI, Query, Status
+from ninja.errors import HttpError, ValidationError
+
+from actions.api.auth import AgentBearer
+from actions.api.docs import SelfContainedDocs
+from actions.api.logs import bind, log_event
+from actions.api.problems import KINDS, PROBLEM_CONTENT_TYPE, ApiProblem, kind_for_status, problem_response
+from actions.api.schemas import (
+    ActionOut,
+    ActionPageOut,
+    ActionStatusName,
+    Problem,
+    RefundProposal,
+    RefundRequestOpen,
+    RefundRequestOut,
+    RejectionReason,
+    StatusExplanationOut,
+)
+from actions.models import Action, ActionKind, Agent, RefundRequest, RequestSource
+from actions.requests import RefundRequestConflict, refund_request_open
+from actions.selectors import (
+    MAX_PAGE_SIZE,
+    InvalidCursor,
+    action_explain_status,
+    action_get_for_agent,
+    action_list_for_agent,
+    refund_request_by_reference,
+)
+from actions.services import Actor, FieldProblem, ProposalConflict, ProposalInvalid, action_propose_refund
+
+DESCRIPTION = """\
+The agent API of the effect console. An agent proposes refunds and reads what became of them;
+managers approve in the console, workers execute with a stable idempotency key, and unclear
+outcomes are reconciled with the payment provider, never blindly retried.
+
+Authenticate every request with `Authorization: Bearer <token>` (tokens are issued by the
+console's admins). Bodies are JSON (`Content-Type: application/json`). Every error is an
+RFC 9457 problem document (`application/problem+json`) with a machine-readable `code` and, for
+bad input, one entry per field in `errors`.
+
+Sending the same proposal again is always safe: it returns the existing action (200). A 409
+means the business reference already names a different proposal: read it, never invent a new
+reference. An action in UNKNOWN or NEEDS_REVIEW is being resolved by the console: wait and read.
+"""
+
+
+class ConsoleApi(NinjaAPI):
+    def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: Any = None) -> Any:
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        return openapi_declare_problems(schema)
+
+
+api = ConsoleApi(
+    title="Effect console agent API",
+    version="1",
+    description=DESCRIPTION,
+    urls_namespace="api-v1",
+    auth=AgentBearer(),
+    docs=SelfContainedDocs(),
+)
+
+# --- the OpenAPI document declares every answer, including the gateway's ------------------
+
+_GATEWAY_RESPONSES = {
+    401: "Missing, unknown, revoked or rotated token.",
+    403: "The agent is deactivated, or its scopes do not cover this kind of action.",
+    429: "Too many requests with this token: wait Retry-After seconds.",
+}
+_BODY_RESPONSES = {
+    400: "The body is not valid JSON.",
+    413: "The body is larger than the API accepts.",
+    415: "The body is not JSON.",
+    422: "Invalid fields: each is named in 'errors' with a code.",
+}
+
+# Better words than the HTTP reason phrases ninja puts on the responses each operation declares.
+_DESCRIPTIONS = {
+    "200": "The existing record: the same request was made before (a retry is always safe).",
+    "201": "Created.",
+    "404": "Not among this agent's records (the same answer whether it exists for someone else or not at all).",
+    "409": "The business reference already names something different: read it; do not invent a new reference.",
+    "422": "Invalid fields: each is named in 'errors' with a code. Nothing was written.",
+}
+
+
+def openapi_declare_problems(schema: Any) -> Any:
+    """Declare the gateway's answers on every operation and serve errors as problem+json."""
+    problem_ref = {"$ref": "#/components/schemas/Problem"}
+    for operations in schema.get("paths", {}).values():
+        for method, operation in operations.items():
+            # ninja keys responses by int; JSON keys are strings. One kind of key, or 422
+            # would appear twice in the served document.
+            responses = {str(status): response for status, response in operation.get("responses", {}).items()}
+            operation["responses"] = responses
+            extra = dict(_GATEWAY_RESPONSES)
+            if method in ("post", "put", "patch"):
+                extra.update(_BODY_RESPONSES)
+            for code, description in extra.items():
+                responses.setdefault(str(code), {"description": description})
+            for key, description in _DESCRIPTIONS.items():
+                if key in responses and (key != "200" or method == "post"):
+                    responses[key]["description"] = description
+            for key, response in responses.items():
+                if int(key) >= 400:
+                    response["content"] = {PROBLEM_CONTENT_TYPE: {"schema": problem_ref}}
+            responses["429"]["headers"] = {
+                "Retry-After": {
+                    "description": "Seconds to wait before sending the same request again.",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            }
+            responses["401"]["headers"] = {
+                "WWW-Authenticate": {"description": "The Bearer challenge.", "schema": {"type": "string"}}
+            }
+    return schema
+
+
+# --- errors: every one becomes a problem document ----------------------------------------
+
+# Pydantic's error types, mapped to the same codes the services use.
+_CODES = {
+    "missing": "required",
+    "extra_forbidden": "unknown_field",
+    "string_pattern_mismatch": "invalid_format",
+    "string_too_long": "too_long",
+    "string_too_short": "too_short",
+    "greater_than_equal": "out_of_range",
+    "less_than_equal": "out_of_range",
+    "greater_than": "out_of_range",
+    "less_than": "out_of_range",
+    "enum": "invalid_choice",
+    "literal_error": "invalid_choice",
+    "json_invalid": "malformed_json",
+}
+_TYPE_ERRORS = ("_type", "_parsing", "int_from_float")
+_MESSAGES = {
+    ("amount", "invalid_type"): 'Give the amount as a decimal string, e.g. "12.50".',
+    ("amount", "invalid_format"): 'Give the amount as a decimal string of digits and at most one ".", e.g. "12.50".',
+    ("request_number", "invalid_type"): "The refund request number must be a JSON integer.",
+    ("body", "required"): "The body is empty: send a JSON object with the fields of the request.",
+    ("body", "invalid_type"): "Send a JSON object with the fields of the request.",
+}
+
+
+def _field_name(loc: tuple[Any, ...] | list[Any], ctx: dict[str, Any] | None) -> str:
+    if ctx and isinstance(ctx.get("field"), str):
+        return str(ctx["field"])
+    parts = [str(part) for part in loc]
+    source, rest = (parts[0], parts[1:]) if parts else ("body", [])
+    if source == "body":
+        rest = rest[1:]  # the view's parameter name ("payload") is not part of the contract
+    return ".".join(rest) or source
+
+
+def _code(error_type: str) -> str:
+    if error_type in _CODES:
+        return _CODES[error_type]
+    if error_type.endswith(_TYPE_ERRORS) or error_type in ("model_type", "model_attributes_type", "dict_type"):
+        return "invalid_type"
+    return error_type
+
+
+def field_errors_from_ninja(errors: list[dict[str, Any]]) -> list[dict[str, str]]:
+    result = []
+    for error in errors:
+        field = _field_name(error.get("loc", ()), error.get("ctx"))
+        code = _code(str(error.get("type", "invalid")))
+        message = _MESSAGES.get((field, code), str(error.get("msg", "Invalid value.")))
+        result.append({"field": field, "code": code, "message": message})
+    return result
+
+
+@api.exception_handler(ApiProblem)
+def _on_problem(request: HttpRequest, exc: ApiProblem) -> HttpResponse:
+    return problem_response(request, exc)
+
+
+@api.exception_handler(ValidationError)
+def _on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    errors = field_errors_from_ninja(exc.errors)
+    log_event("request.invalid", errors=errors)
+    return problem_response(
+        request,
+        ApiProblem(
+            "invalid-request",
+            code="validation_failed",
+            detail="Some fields are invalid: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors),
+            errors=errors,
+        ),
+    )
+
+
+@api.exception_handler(HttpError)
+def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    if exc.status_code == 400:
+        # django-ninja raises this when the body does not parse as JSON.
+        problem = ApiProblem("malformed-json", code="malformed_json", detail="The body is not valid JSON.")
+    else:
+        kind = kind_for_status(exc.status_code)
+        problem = ApiProblem(kind, code=kind.replace("-", "_"), detail=str(exc) or KINDS[kind].title)
+    return problem_response(request, problem)
+
+
+@api.exception_handler(Http404)
+def _on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    return problem_response(request, ApiProblem("not-found", code="not_found", detail="There is no such resource."))
+
+
+@api.exception_handler(Exception)
+def _on_crash(request: HttpRequest, exc: Exception) -> HttpResponse:
+    log_event("request.crashed", level=logging.ERROR, error=repr(exc), traceback=traceback.format_exc())
+    return problem_response(
+        request,
+        ApiProblem(
+            "server-error",
+            code="server_error",
+            detail="The console failed while answering. Read the action before doing anything else; sending the "
+            "same proposal again is safe.",
+        ),
+    )
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _agent(request: HttpRequest) -> Agent:
+    agent: Agent = request.auth.agent  # type: ignore[attr-defined]
+    return agent
+
+
+def _require_scope(agent: Agent, kind: str) -> None:
+    if not agent.may_propose(kind):
+        raise ApiProblem(
+            "forbidden",
+            code="scope_missing",
+            detail=f"The agent {agent.name!r} may not propose {kind} actions: its scopes are "
+            f"{', '.join(agent.scopes or []) or 'empty'}. Ask its owner.",
+        )
+
+
+def _refuse_unknown_query(request: HttpRequest, *allowed: str) -> None:
+    # A misspelt filter (?stauts=FAILED) would otherwise list everything and look like an
+    # answer; an unknown parameter is an error, like an unknown body field.
+    unknown = sorted(set(request.GET) - set(allowed))
+    if unknown:
+        errors = [
+            {"field": name, "code": "unknown_field", "message": "This query parameter is not part of the API."}
+            for name in unknown
+        ]
+        raise ApiProblem(
+            "invalid-request",
+            code="validation_failed",
+            detail=f"Unknown query parameters: {', '.join(unknown)}.",
+            errors=errors,
+        )
+
+
+def _invalid(problems: ProposalInvalid) -> ApiProblem:
+    errors = [problem.as_dict() for problem in problems.problems]
+    return ApiProblem(
+        "invalid-request",
+        code="validation_failed",
+        detail="Some fields are invalid: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors),
+        errors=errors,
+    )
+
+
+def _proposed_elsewhere() -> ApiProblem:
+    # The refund request already has a proposal by someone else. Its id and contents stay
+    # hidden (agents see only their own actions); what matters to this agent is that the
+    # request is taken and that a second proposal must not be invented.
+    return ApiProblem(
+        "conflict",
+        code="proposed_elsewhere",
+        detail="This refund request already has a proposal by another proposer. Nothing was written. Do not open "
+        "a new refund request to get around it: ask a person.",
+    )
+
+
+# Payload keys (the material payload) as the API's field names.
+_PAYLOAD_FIELDS = {"order": "order_number", "request": "request_number"}
+
+
+def action_out(action: Action) -> ActionOut:
+    request = action.refund_request
+    return ActionOut(
+        action_id=action.action_id,
+        kind=action.kind,
+        status=action.status,  # type: ignore[arg-type]
+        explanation=StatusExplanationOut(**asdict(action_explain_status(action))),
+        order_number=action.order.number if action.order is not None else None,
+        request_number=request.number if request is not None else None,
+        external_reference=request.external_reference if request is not None else None,
+        # The payload's canonical string, not the column: the column reads back as "3000.00"
+        # for a zero-decimal currency, and the same action must always read the same.
+        amount=str(action.payload.get("amount", action.amount)),
+        currency=action.currency,
+        reason_code=action.reason_code,
+        provider_reference=action.provider_reference or None,
+        rejection_reasons=[
+            RejectionReason(code=str(reason.get("code", "")), message=str(reason.get("message", "")))
+            for reason in action.rejection_reasons
+            if isinstance(reason, dict)
+        ],
+        created_at=action.created_at,
+        updated_at=action.updated_at,
+        status_changed_at=action.status_changed_at,
+        links={"self": reverse("api-v1:action", kwargs={"action_id": action.action_id})},
+    )
+
+
+def refund_request_out(request: RefundRequest) -> RefundRequestOut:
+    return RefundRequestOut(
+        order_number=request.order.number,
+        request_number=request.number,
+        external_reference=request.external_reference,
+        source=request.source,
+        created_at=request.created_at,
+        links={"propose_refund": reverse("api-v1:refunds")},
+    )
+
+
+# --- operations ----------------------------------------------------------------------------
+
+
+@api.post(
+    "/refunds",
+    response={200: ActionOut, 201: ActionOut, 409: Problem, 422: Problem},
+    url_name="refunds",
+    summary="Propose a refund",
+    tags=["refunds"],
+)
+def propose_refund(request: HttpRequest, payload: RefundProposal) -> Status[ActionOut]:
+    """Propose a refund. 201 with the new action; 200 with the existing one when the same
+    proposal was made before (a retry is always safe); 409 when the refund request already has
+    a different proposal (the differing fields are listed); 422 naming each invalid field."""
+    _refuse_unknown_query(request)
+    agent = _agent(request)
+    _require_scope(agent, ActionKind.REFUND)
+    request_number: int | None = payload.request_number
+    if request_number is None:
+        assert payload.external_reference is not None  # the schema requires one of the two
+        refund_request = refund_request_by_reference(
+            order_number=payload.order_number, external_reference=payload.external_reference
+        )
+        if refund_request is None:
+            raise _invalid(
+                ProposalInvalid(
+                    [
+                        FieldProblem(
+                            "external_reference",
+                            "not_found",
+                            f"Order {payload.order_number} has no refund request with this external reference. "
+                            "Open it first (POST /api/v1/refund-requests).",
+                        )
+                    ]
+                )
+            )
+        request_number = refund_request.number
+    try:
+        result = action_propose_refund(
+            order_number=payload.order_number,
+            request_number=request_number,
+            amount=payload.amount,
+            currency=payload.currency,
+            reason_code=payload.reason_code.value,
+            evidence=payload.evidence,
+            proposer=Actor.for_agent(agent),
+        )
+    except ProposalInvalid as invalid:
+        log_event("refund.invalid", errors=[p.as_dict() for p in invalid.problems])
+        raise _invalid(invalid) from None
+    except ProposalConflict as conflict:
+        bind(action_id=conflict.action.action_id)
+        log_event("refund.conflict", differing=sorted(conflict.differing))
+        if conflict.action.proposed_by_agent_id != agent.pk:
+            raise _proposed_elsewhere() from None
+        raise ApiProblem(
+            "conflict",
+            code="payload_conflict",
+            detail=str(conflict),
+            action_id=conflict.action.action_id,
+            differing={_PAYLOAD_FIELDS.get(name, name): values for name, values in conflict.differing.items()},
+            links={"existing": reverse("api-v1:action", kwargs={"action_id": conflict.action.action_id})},
+        ) from None
+    action = result.action
+    bind(action_id=action.action_id)
+    if action.proposed_by_agent_id != agent.pk:
+        log_event("refund.proposed_elsewhere")
+        raise _proposed_elsewhere()
+    log_event("refund.proposed" if result.created else "refund.replayed", status=action.status)
+    return Status(201 if result.created else 200, action_out(action))
+
+
+@api.post(
+    "/refund-requests",
+    response={200: RefundRequestOut, 201: RefundRequestOut, 409: Problem, 422: Problem},
+    url_name="refund_requests",
+    summary="Open a refund request on an order",
+    tags=["refund requests"],
+)
+def open_refund_request(request: HttpRequest, payload: RefundRequestOpen) -> Status[RefundRequestOut]:
+    """Open the next refund request on an order. Idempotent by external reference: 201 with the
+    new request, 200 with the one this reference opened before, 409 when the reference already
+    belongs to a request on another order."""
+    _refuse_unknown_query(request)
+    agent = _agent(request)
+    _require_scope(agent, ActionKind.REFUND)
+    try:
+        result = refund_request_open(
+            order_number=payload.order_number,
+            external_reference=payload.external_reference,
+            note=payload.note,
+            source=RequestSource.AGENT,
+        )
+    except ProposalInvalid as invalid:
+        log_event("refund_request.invalid", errors=[p.as_dict() for p in invalid.problems])
+        raise _invalid(invalid) from None
+    except RefundRequestConflict as conflict:
+        log_event("refund_request.conflict", external_reference=payload.external_reference)
+        raise ApiProblem(
+            "conflict", code="reference_conflict", detail=str(conflict), differing=conflict.differing
+        ) from None
+    log_event(
+        "refund_request.opened" if result.created else "refund_request.replayed",
+        order_number=result.request.order.number,
+        request_number=result.request.number,
+    )
+    return Status(201 if result.created else 200, refund_request_out(result.request))
+
+
+@api.get(
+    "/actions/{action_id}",
+    response={200: ActionOut, 404: Problem, 422: Problem},
+    url_name="action",
+    summary="Read one action",
+    tags=["actions"],
+)
+def get_action(request: HttpRequest, action_id: str) -> ActionOut:
+    """The action's status, what the status means (what happens next and who holds it), its
+    timestamps and, once known, the payment provider's reference. Only the agent's own actions
+    are visible: any other id is 404, with the same body as an id that does not exist."""
+    bind(action_id=action_id)
+    _refuse_unknown_query(request)
+    # An id longer than any stored one cannot exist: the same 404, not a validation error, so
+    # that no id of any shape answers differently.
+    action = action_get_for_agent(agent=_agent(request), action_id=action_id) if len(action_id) <= 255 else None
+    if action is None:
+        raise ApiProblem(
+            "not-found",
+            code="action_not_found",
+            detail="This agent has no action with this id.",
+            # No echo of the path: the body is byte for byte the same for every unknown id.
+            instance=None,
+        )
+    return action_out(action)
+
+
+@api.get(
+    "/actions",
+    response={200: ActionPageOut, 422: Problem},
+    url_name="actions",
+    summary="List the agent's actions",
+    tags=["actions"],
+)
+def list_actions(
+    request: HttpRequest,
+    status: list[ActionStatusName] = Query(  # noqa: B008 (django-ninja declares parameters this way)
+        [], description="Only actions in these statuses (repeat the parameter for several)."
+    ),
+    cursor: str | None = Query(None, max_length=2000, description="From the previous page's next_cursor."),
+    limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="Page size."),
+) -> ActionPageOut:
+    """The agent's own actions, newest first, paginated by an opaque cursor."""
+    _refuse_unknown_query(request, "status", "cursor", "limit")
+    try:
+        page = action_list_for_agent(agent=_agent(request), statuses=status, cursor=cursor, limit=limit)
+    except InvalidCursor as invalid:
+        raise ApiProblem(
+            "invalid-request",
+            code="validation_failed",
+            detail=str(invalid),
+            errors=[{"field": "cursor", "code": "invalid_cursor", "message": str(invalid)}],
+        ) from None
+    links = {"self": request.get_full_path()}
+    if page.next_cursor is not None:
+        query = [("status", name) for name in status] + [("cursor", page.next_cursor), ("limit", str(limit))]
+        links["next"] = f"{reverse('api-v1:actions')}?{urlencode(query)}"
+    return ActionPageOut(items=[action_out(action) for action in page.items], next_cursor=page.next_cursor, links=links)

@@ -1,0 +1,141 @@
+"""Refund requests: the customer's request for money back, opened on an order.
+
+A request is numbered per order (request-1, request-2...) and that number becomes part of
+the action id of the refund proposed for it. Opening one is idempotent by its external
+reference (the support ticket's id): a retry returns the request that exists.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+
+from actions.models import Order, RefundRequest, RequestSource
+from actions.services import REFERENCE_PATTERN, FieldProblem, ProposalInvalid
+
+# Ticket ids from help desks look like "ZD-48213", "#4821" or "support/2024/77".
+EXTERNAL_REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9#][A-Za-z0-9_.:#/@+\-]{0,99}$")
+MAX_NOTE_LENGTH = 2000
+
+
+class RefundRequestConflict(Exception):
+    """The external reference already names a request on another order."""
+
+    def __init__(self, request: RefundRequest, differing: dict[str, dict[str, Any]]) -> None:
+        self.request = request
+        self.differing = differing
+        super().__init__(
+            f"The external reference {request.external_reference!r} already belongs to a refund request on "
+            f"order {request.order.number}. One ticket is one request: use another reference for another order."
+        )
+
+
+@dataclass(frozen=True)
+class RefundRequestResult:
+    request: RefundRequest
+    created: bool
+
+
+def _check_order_number(raw: object, problems: list[FieldProblem]) -> str | None:
+    value = str(raw if raw is not None else "").strip()
+    if not value:
+        problems.append(FieldProblem("order_number", "required", "This field is required."))
+        return None
+    if not REFERENCE_PATTERN.match(value):
+        problems.append(
+            FieldProblem(
+                "order_number",
+                "invalid_reference",
+                "Use 1 to 32 characters: letters, digits, '.', '_' or '-', starting with a letter or digit.",
+            )
+        )
+        return None
+    return value
+
+
+def _check_external_reference(raw: object, problems: list[FieldProblem]) -> str | None:
+    value = str(raw if raw is not None else "").strip()
+    if not value:
+        problems.append(FieldProblem("external_reference", "required", "This field is required."))
+        return None
+    if not EXTERNAL_REFERENCE_PATTERN.match(value):
+        problems.append(
+            FieldProblem(
+                "external_reference",
+                "invalid_reference",
+                "Use 1 to 100 characters: letters, digits and _ . : # / @ + -, starting with a letter, digit or #.",
+            )
+        )
+        return None
+    return value
+
+
+def _check_note(raw: object, problems: list[FieldProblem]) -> str:
+    value = str(raw or "")
+    if len(value) > MAX_NOTE_LENGTH:
+        problems.append(FieldProblem("note", "too_long", f"Keep the note under {MAX_NOTE_LENGTH} characters."))
+    if "\x00" in value:
+        problems.append(FieldProblem("note", "invalid_characters", "The note contains a NUL character."))
+    return value
+
+
+def _existing_or_conflict(request: RefundRequest, order_number: str) -> RefundRequestResult:
+    if request.order.number == order_number:
+        return RefundRequestResult(request=request, created=False)
+    raise RefundRequestConflict(request, {"order_number": {"existing": request.order.number, "proposed": order_number}})
+
+
+def refund_request_open(
+    *,
+    order_number: object,
+    external_reference: object,
+    note: object = "",
+    source: str = RequestSource.TICKET,
+) -> RefundRequestResult:
+    """Open the next refund request on an order, or return the one this reference opened.
+
+    - Bad input raises ProposalInvalid and writes nothing (invariant 11).
+    - The same external reference on the same order returns the existing request (a retry is
+      safe); on another order it raises RefundRequestConflict. The note of a retry is not
+      compared: it is a remark, not part of the request's identity.
+    - Numbers are safe under concurrency: the order row is locked while the next number is
+      chosen, so two requests on one order are numbered one after the other.
+    """
+    problems: list[FieldProblem] = []
+    order_ref = _check_order_number(order_number, problems)
+    reference = _check_external_reference(external_reference, problems)
+    note_text = _check_note(note, problems)
+    if source not in RequestSource.values:
+        problems.append(FieldProblem("source", "invalid_choice", f"Use one of: {', '.join(RequestSource.values)}."))
+    if problems:
+        raise ProposalInvalid(problems)
+    assert order_ref is not None and reference is not None
+
+    with transaction.atomic(durable=True):
+        order = Order.objects.select_for_update().filter(number=order_ref).first()
+        if order is None:
+            raise ProposalInvalid([FieldProblem("order_number", "not_found", f"There is no order {order_ref}.")])
+        # Read after taking the lock: a concurrent opener of the same reference on this order
+        # has committed by now, and this statement sees its row.
+        existing = RefundRequest.objects.select_related("order").filter(external_reference=reference).first()
+        if existing is not None:
+            return _existing_or_conflict(existing, order.number)
+        number = (RefundRequest.objects.filter(order=order).aggregate(top=Max("number"))["top"] or 0) + 1
+        try:
+            # A savepoint: the same reference opened concurrently on another order is not
+            # serialised by this order's lock, and the UNIQUE constraint decides. The savepoint
+            # keeps the transaction usable for reading the winner.
+            with transaction.atomic():
+                request = RefundRequest.objects.create(
+                    order=order, number=number, external_reference=reference, source=source, note=note_text
+                )
+        except IntegrityError:
+            winner = RefundRequest.objects.select_related("order").filter(external_reference=reference).first()
+            if winner is None:
+                raise
+            return _existing_or_conflict(winner, order.number)
+        return RefundRequestResult(request=request, created=True)

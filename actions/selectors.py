@@ -1,0 +1,249 @@
+"""Reads of the intent log for the agent API: one action, a page of actions, and what a
+status means in plain language.
+
+An agent sees only the actions it proposed (``Action.proposed_by_agent``). The selectors
+filter by agent in the query itself, so "not yours" and "does not exist" are the same empty
+result and no caller can tell them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+from django.db.models import Q, QuerySet
+from django.utils.dateparse import parse_datetime
+
+from actions.models import Action, ActionStatus, Agent, RefundRequest
+from actions.models.actions import TERMINAL_STATUSES
+
+S = ActionStatus
+
+_CURSOR_SALT = "actions.selectors.action_list_for_agent"
+MAX_PAGE_SIZE = 200
+
+
+class InvalidCursor(ValueError):
+    """The cursor was not issued by this console (or was edited)."""
+
+
+@dataclass(frozen=True)
+class ActionPage:
+    items: list[Action]
+    next_cursor: str | None
+
+
+def _for_agent(agent: Agent) -> QuerySet[Action]:
+    return Action.objects.filter(proposed_by_agent=agent).select_related("order", "refund_request", "owner")
+
+
+def action_get_for_agent(*, agent: Agent, action_id: str) -> Action | None:
+    """The agent's own action with this id, or None (whether it is someone else's or absent)."""
+    return _for_agent(agent).filter(action_id=action_id).first()
+
+
+def _encode_cursor(action: Action) -> str:
+    # Signed, so that the cursor is opaque to clients and an edited one is refused rather than
+    # silently paging from somewhere else.
+    return signing.dumps({"t": action.created_at.isoformat(), "i": action.pk}, salt=_CURSOR_SALT, compress=True)
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        data = signing.loads(cursor, salt=_CURSOR_SALT)
+        created_at = parse_datetime(data["t"])
+        pk = int(data["i"])
+    except (signing.BadSignature, KeyError, TypeError, ValueError) as exc:
+        raise InvalidCursor("The cursor is not one this API issued. Start again without a cursor.") from exc
+    if created_at is None:
+        raise InvalidCursor("The cursor is not one this API issued. Start again without a cursor.")
+    return created_at, pk
+
+
+def action_list_for_agent(
+    *, agent: Agent, statuses: Sequence[str] = (), cursor: str | None = None, limit: int = 50
+) -> ActionPage:
+    """The agent's actions, newest first, ``limit`` at a time.
+
+    The cursor is a position (created_at, pk) rather than an offset: actions proposed while an
+    agent pages through do not shift the pages, and each page is an index range scan.
+    """
+    limit = max(1, min(limit, MAX_PAGE_SIZE))
+    queryset = _for_agent(agent).order_by("-created_at", "-pk")
+    if statuses:
+        queryset = queryset.filter(status__in=list(statuses))
+    if cursor:
+        created_at, pk = _decode_cursor(cursor)
+        queryset = queryset.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk))
+    rows = list(queryset[: limit + 1])
+    items = rows[:limit]
+    next_cursor = _encode_cursor(items[-1]) if len(rows) > limit else None
+    return ActionPage(items=items, next_cursor=next_cursor)
+
+
+# --- what a status means -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusExplanation:
+    """What a status means for the one waiting on it.
+
+    ``summary``: what is true now. ``next_step``: what happens next, and what the agent should
+    (not) do. ``held_by``: who or what the action waits for. ``final``: nothing will change any
+    more. ``needs_person``: a named person must act before anything changes.
+    """
+
+    summary: str
+    next_step: str
+    held_by: str
+    final: bool
+    needs_person: bool
+
+
+def _person(user: Any) -> str:
+    if user is None:
+        return "finance (not yet assigned)"
+    return user.get_full_name() or user.get_username()
+
+
+def _when(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M} UTC" if moment else "soon"
+
+
+def action_explain_status(action: Action) -> StatusExplanation:
+    """A plain-language explanation of ``action.status``: what happens next and who holds it."""
+    status = action.status
+    money = f"{action.amount} {action.currency}"
+    final = status in TERMINAL_STATUSES
+    never_again = "Do not propose it again: a new proposal for the same request returns this action."
+
+    if status == S.PROPOSED:
+        return StatusExplanation(
+            summary=f"The refund of {money} is proposed and waits for a decision. Nothing was sent to the payment "
+            "provider.",
+            next_step="A manager whose approval limit covers the amount approves or rejects it. Poll this action. "
+            + never_again,
+            held_by="a manager",
+            final=False,
+            needs_person=True,
+        )
+    if status == S.AUTHORIZED:
+        return StatusExplanation(
+            summary=f"The refund of {money} is approved. Nothing was sent to the payment provider yet.",
+            next_step="A console worker reserves the amount on the order and sends the refund, usually within "
+            f"{settings.SWEEP_INTERVAL_SECONDS} seconds. Poll this action. {never_again}",
+            held_by="the console's workers",
+            final=False,
+            needs_person=False,
+        )
+    if status == S.STALE:
+        return StatusExplanation(
+            summary="The approval no longer holds: the order changed since it was given, or it expired. Nothing was "
+            "sent to the payment provider.",
+            next_step="A manager asks for a new decision on the same action, or cancels it. Poll this action. "
+            + never_again,
+            held_by="a manager",
+            final=False,
+            needs_person=True,
+        )
+    if status == S.SUBMITTING:
+        return StatusExplanation(
+            summary=f"The refund of {money} is being sent to the payment provider; the amount is reserved on the "
+            "order.",
+            next_step="The worker records the provider's answer. If the answer is unclear, the console asks the "
+            f"provider what happened before anything else. Poll this action. {never_again}",
+            held_by="the console's workers",
+            final=False,
+            needs_person=False,
+        )
+    if status == S.UNKNOWN:
+        return StatusExplanation(
+            summary=f"The refund of {money} was sent, but the payment provider's answer was unclear (a timeout or "
+            "an error). It may or may not have happened; the amount stays reserved.",
+            next_step="The console asks the provider for its record of this refund (next check "
+            f"{_when(action.next_reconcile_at)}); after {settings.RECONCILE_MAX_FAILURES} inconclusive checks a named "
+            "person in finance takes it over. "
+            "Wait and read this action: never send a new request, and never tell the customer it failed.",
+            held_by="the console's reconciliation",
+            final=False,
+            needs_person=False,
+        )
+    if status == S.SETTLING:
+        return StatusExplanation(
+            summary=f"The payment provider accepted the refund of {money}; its final status is pending.",
+            next_step="The console records the provider's final status when it settles. Poll this action.",
+            held_by="the payment provider",
+            final=False,
+            needs_person=False,
+        )
+    if status == S.NEEDS_REVIEW:
+        due = f" by {_when(action.due_at)}" if action.due_at else ""
+        return StatusExplanation(
+            summary=f"The outcome of the refund of {money} could not be established automatically; the amount stays "
+            "reserved.",
+            next_step=f"{_person(action.owner)} in finance resolves it{due} with the payment provider's evidence. "
+            "Wait and read this action: never send a new request.",
+            held_by=_person(action.owner),
+            final=False,
+            needs_person=True,
+        )
+    if status == S.SUCCEEDED:
+        reference = f" (provider reference {action.provider_reference})" if action.provider_reference else ""
+        return StatusExplanation(
+            summary=f"The refund of {money} succeeded{reference}.",
+            next_step="Nothing: this is final. The customer's bank shows the money in its own time.",
+            held_by="nobody",
+            final=True,
+            needs_person=False,
+        )
+    if status == S.FAILED_FINAL:
+        return StatusExplanation(
+            summary=f"The refund of {money} failed for good: the payment provider refused it, and no money moved.",
+            next_step="Nothing for the agent: this is final. Finance follows up with the customer (store credit or "
+            "a bank transfer).",
+            held_by="finance (follow-up)",
+            final=True,
+            needs_person=False,
+        )
+    if status == S.REJECTED:
+        reasons = "; ".join(str(r.get("message", "")) for r in action.rejection_reasons if isinstance(r, dict))
+        because = f": {reasons}" if reasons else "."
+        return StatusExplanation(
+            summary=f"The refund of {money} was rejected{because}",
+            next_step="Nothing: this is final and nothing was sent to the payment provider. A different refund needs "
+            "a new refund request.",
+            held_by="nobody",
+            final=True,
+            needs_person=False,
+        )
+    if status == S.CANCELLED:
+        return StatusExplanation(
+            summary=f"The refund of {money} was cancelled before anything was sent to the payment provider.",
+            next_step="Nothing: this is final. A different refund needs a new refund request.",
+            held_by="nobody",
+            final=True,
+            needs_person=False,
+        )
+    return StatusExplanation(
+        summary=f"The action is {action.get_status_display().lower()}.",
+        next_step="Poll this action.",
+        held_by="the console",
+        final=final,
+        needs_person=False,
+    )
+
+
+def refund_request_by_reference(*, order_number: str, external_reference: str) -> RefundRequest | None:
+    """The refund request on this order opened with this external reference, or None.
+
+    A reference that exists on another order is None too: the caller named the wrong order.
+    """
+    return (
+        RefundRequest.objects.select_related("order")
+        .filter(external_reference=external_reference, order__number=order_number)
+        .first()
+    )
