@@ -26,7 +26,7 @@ from django.utils import timezone
 from actions.models import Action, ActionStatus, Attempt, Order, Remedy
 from actions.outcomes import Answer, Outcome, answer_from_refund, answer_from_submission_error
 from actions.owners import owner_pick
-from actions.providers.base import CreateRefund, Provider, ProviderError
+from actions.providers.base import CreateRefund, Provider, ProviderError, ProviderGuarantees
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider
 from actions.services import Actor, action_transition
@@ -290,15 +290,29 @@ def submission_send_and_record(
     *, action: Action, attempt: Attempt, lease_token: uuid.UUID, provider: Provider | None = None
 ) -> str:
     """The call and the record, for a caller that holds a freshly committed lease."""
+    provider = provider or provider_from_settings()
     fault_point("before_provider_call")
     answer = provider_submit(action=action, provider=provider)
     fault_point("after_provider_answer")
-    status = submission_record(action_pk=action.pk, attempt_pk=attempt.pk, lease_token=lease_token, answer=answer)
+    status = submission_record(
+        action_pk=action.pk,
+        attempt_pk=attempt.pk,
+        lease_token=lease_token,
+        answer=answer,
+        guarantees=provider.guarantees,
+    )
     fault_point("after_record")
     return status
 
 
-def submission_record(*, action_pk: int, attempt_pk: int, lease_token: uuid.UUID, answer: Answer) -> str:
+def submission_record(
+    *,
+    action_pk: int,
+    attempt_pk: int,
+    lease_token: uuid.UUID,
+    answer: Answer,
+    guarantees: ProviderGuarantees | None = None,
+) -> str:
     """Record the receiver's answer: on the attempt always, on the action only for the lease holder.
 
     A late worker whose lease expired (and was swept to UNKNOWN) still stores what the receiver
@@ -323,6 +337,23 @@ def submission_record(*, action_pk: int, attempt_pk: int, lease_token: uuid.UUID
                 attempt_pk,
             )
             return "lease_lost"
+        if (
+            answer.outcome == Outcome.UNKNOWN
+            and guarantees is not None
+            and not guarantees.supports_lookup
+            and not guarantees.honours_idempotency_keys
+        ):
+            # No reconciliation could ever tell what happened (DESIGN.md section 4, SUBMITTING ->
+            # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
+            action_escalate(
+                action=action,
+                actor=Actor.system("dispatcher"),
+                now=now,
+                reason=f"The outcome is unknown ({answer.summary()}) and the receiver has no lookup and no "
+                "idempotency keys: only a person can find out what happened.",
+                evidence={"answer": answer.summary(), "source": "submission", "attempt_id": attempt_pk},
+            )
+            return action.status
         return apply_outcome(
             action=action,
             answer=answer,

@@ -170,14 +170,17 @@ def reconcile_action(*, action_pk: int, provider: Provider | None = None, now: d
         return "not_due"
     action, attempt, token = claimed
 
-    if action.status == S.UNKNOWN and not guarantees.supports_lookup and not guarantees.honours_idempotency_keys:
-        outcome = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=None, provider=provider)
+    if action.status == S.UNKNOWN and not guarantees.supports_lookup:
+        # DESIGN.md section 4: a receiver with no lookup can never give the evidence a retry needs.
+        outcome = _record(
+            action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=None, provider=provider, now=now
+        )
         assert isinstance(outcome, str)
         return outcome
 
     lookup = provider_lookup(action=action, provider=provider)
     fault_point("during_reconciliation")
-    result = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=lookup, provider=provider)
+    result = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=lookup, provider=provider, now=now)
     if isinstance(result, Retry):
         # The retry's SUBMITTING row and attempt are committed: now send, outside any transaction.
         return submission_send_and_record(
@@ -194,9 +197,11 @@ class Retry:
 
 
 def _record(
-    *, action_pk: int, attempt_pk: int, token: uuid.UUID, lookup: Lookup | None, provider: Provider
+    *, action_pk: int, attempt_pk: int, token: uuid.UUID, lookup: Lookup | None, provider: Provider, now: datetime
 ) -> str | Retry:
-    now = timezone.now()
+    """Record one pass. ``now`` is the time of the claim, so the lookup started no earlier: every
+    decision (visibility delay, key retention, the failure window) is taken as of that instant,
+    never as of the later moment the answer is recorded."""
     with transaction.atomic(durable=True):
         action = Action.objects.select_for_update().get(pk=action_pk)
         holds = action.status in (S.UNKNOWN, S.SETTLING) and action.lease_token == token
@@ -206,7 +211,7 @@ def _record(
             error=lookup.error_json() if lookup is not None else None,
             outcome=verdict,
             held_lease=holds,
-            finished_at=now,
+            finished_at=timezone.now(),
         )
         if not holds:
             return "lease_lost"
@@ -219,7 +224,7 @@ def _record(
                 action=action,
                 actor=ACTOR,
                 now=now,
-                reason="The receiver has no lookup and no idempotency keys: only a person can find out what happened.",
+                reason="The receiver has no lookup: only a person can find out what happened.",
                 evidence=evidence,
             )
             return action.status
@@ -253,9 +258,25 @@ def _record(
             )
             return action.status
         if lookup.verdict == LookupVerdict.NOT_FOUND:
+            if action.attempt_count >= settings.RECONCILE_MAX_FAILURES:
+                # Every send so far was answered ambiguously and left no refund: sending again
+                # would only repeat that, so the escalation policy applies to retries too.
+                action_escalate(
+                    action=action,
+                    actor=ACTOR,
+                    now=now,
+                    reason=f"Sent {action.attempt_count} times with the same key and still no refund at the "
+                    f"receiver (policy: {settings.RECONCILE_MAX_FAILURES}).",
+                    evidence=evidence,
+                )
+                return action.status
             allowed, why = retry_allowed(action=action, provider=provider, now=now)
             if allowed:
                 return _retry(action=action, now=now, reason=why, evidence=evidence)
+            if not provider.guarantees.lookup_authoritative:
+                # No later lookup can turn this not-found into evidence for a retry.
+                action_escalate(action=action, actor=ACTOR, now=now, reason=why, evidence=evidence)
+                return action.status
             action.next_reconcile_at = next_reconcile_time(action=action, now=now)
             action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at"])
             return "too_early"

@@ -144,6 +144,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
+# WhiteNoise serves the console's own CSS and htmx straight from the apps' static folders, so
+# neither `make start` nor the tests need a collectstatic step; production may still run it.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -226,6 +230,10 @@ KEY_RETENTION_MARGIN_SECONDS: int = env_int("KEY_RETENTION_MARGIN_SECONDS", 3600
 REVIEW_DUE_HOURS: int = env_int("REVIEW_DUE_HOURS", 24)
 # How often the ledger audit compares the receiver's ledger with the console's records.
 LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 3600)
+# The agent API: requests per minute per token (429 with Retry-After past it), and the largest
+# request body accepted (413 past it).
+API_RATE_LIMIT_PER_MINUTE: int = env_int("API_RATE_LIMIT_PER_MINUTE", 120)
+API_MAX_BODY_BYTES: int = env_int("API_MAX_BODY_BYTES", 64 * 1024)
 # Bearer token a metrics scraper must send to /metrics; empty leaves the endpoint open
 # (it shows counts and ages only, no customer data).
 METRICS_TOKEN: str = env_str("METRICS_TOKEN", "")

@@ -41,7 +41,9 @@ BAD_INPUT: list[tuple[str, dict[str, Any], str, str]] = [
     ("a decimal comma", {"amount": "40,00"}, "amount", "invalid"),
     ("an empty amount", {"amount": ""}, "amount", "invalid"),
     ("no amount", {"amount": None}, "amount", "invalid"),
-    ("an absurd amount", {"amount": "1e20"}, "amount", "too_large"),
+    ("an amount in exponent notation", {"amount": "1e20"}, "amount", "invalid"),
+    ("an absurd amount", {"amount": "100000000000000"}, "amount", "too_large"),
+    ("an amount with digit separators", {"amount": "4_0"}, "amount", "invalid"),
     ("over the refundable balance", {"amount": "100.01"}, "amount", "over_refundable_balance"),
     # currency
     ("an unknown currency", {"currency": "XYZ"}, "currency", "unknown_currency"),

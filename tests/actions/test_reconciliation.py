@@ -351,12 +351,6 @@ def test_an_authoritative_not_found_past_key_retention_allows_one_retry_with_the
     assert order_money(action) == (AMOUNT, Decimal("0.00"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in actions/reconciliation.py: _record decides with timezone.now() at recording time instead of "
-    "the pass's now (the claim time, when the lookup started), so the visibility delay is judged at the wrong "
-    "instant and reconcile_action(now=...) is ignored (fix in the issue 5 test report)",
-)
 def test_the_visibility_delay_is_judged_as_of_the_pass_not_as_of_the_wall_clock(agent_actor: Actor) -> None:
     """Invariant 7: a pass decides as of the time its lookup was made. Here that is well past the
     receiver's visibility delay, so its authoritative not-found allows the retry; judging by the
@@ -488,12 +482,6 @@ def test_a_receiver_with_no_lookup_and_no_keys_escalates_on_the_first_pass(agent
     assert transitions(action)[-2:] == ["mark_unknown", "escalate"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in actions/execution.py: an ambiguous answer always goes to UNKNOWN, even from a receiver with "
-    "no lookup and no keys, for which DESIGN.md section 4 has SUBMITTING -> NEEDS_REVIEW (fix in the issue 5 "
-    "test report)",
-)
 def test_a_timeout_from_a_receiver_with_no_lookup_and_no_keys_goes_straight_to_a_person(
     agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -517,12 +505,6 @@ def test_a_timeout_from_a_receiver_with_no_lookup_and_no_keys_goes_straight_to_a
     assert order_money(action) == (Decimal("0.00"), AMOUNT), "the reservation is held through review"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in actions/reconciliation.py: past key retention, a not-found from a receiver whose lookups are "
-    "not authoritative returns 'too_early' for ever; it is never counted nor escalated (fix in the issue 5 "
-    "test report)",
-)
 def test_a_not_found_from_a_lookup_that_is_not_authoritative_ends_with_a_person(
     agent_actor: Actor, finance: Any, settings: Any
 ) -> None:

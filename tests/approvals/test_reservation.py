@@ -14,13 +14,22 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order
 from actions.services import Actor, action_propose_refund
 from approvals.models import Approval, Decision
-from approvals.services import Claim, ClaimOutcome, action_reopen, approval_decide, submission_begin
+from approvals.services import (
+    Claim,
+    ClaimOutcome,
+    DecisionRefused,
+    _record_approval,
+    action_reopen,
+    approval_decide,
+    submission_begin,
+)
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db
@@ -257,18 +266,51 @@ def test_a_partial_refund_reserved_by_someone_else_makes_the_full_refund_approva
     assert_order_money_adds_up(order)
 
 
-def test_an_approval_given_after_the_balance_shrank_is_stale_at_reservation_naming_the_balance(
+def test_a_manager_cannot_approve_more_than_the_balance_left_after_another_reservation(
     manager: Any, agent_actor: Actor
 ) -> None:
-    """Invariant 5: the order is at the approved version, but its balance no longer covers the amount."""
+    """Invariant 5: once a partial refund is reserved, approving the full amount is refused up front."""
     order = make_order(captured="100.00")
     full = propose(agent_actor, order, amount="100.00")
     partial = propose(agent_actor, order, amount="30.00")
     approve(partial, manager)
     submission_begin(action_pk=partial.pk)
-    # Approved after the partial refund was reserved: bound to the current version.
-    approval = approve(full, manager)
-    assert approval.order_version == order_of(full).version
+
+    with pytest.raises(DecisionRefused) as refused:
+        approval_decide(action_pk=full.pk, user=manager, decision="approve")
+
+    assert refused.value.code == "over_refundable_balance"
+    assert fresh(full).status == ActionStatus.PROPOSED
+    assert not Approval.objects.filter(action=full).exists()
+
+
+def test_an_approval_at_the_current_version_whose_balance_no_longer_covers_it_is_stale_naming_the_balance(
+    manager: Any, agent_actor: Actor
+) -> None:
+    """Invariant 5: the reservation re-checks the balance itself, whatever approved the action.
+
+    The decision service refuses such an approval now; this approval is written directly to
+    prove the reservation does not rely on that.
+    """
+    order = make_order(captured="100.00")
+    full = propose(agent_actor, order, amount="100.00")
+    partial = propose(agent_actor, order, amount="30.00")
+    approve(partial, manager)
+    submission_begin(action_pk=partial.pk)
+    current = order_of(full)
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=full.pk)
+        _record_approval(
+            action=locked,
+            order=current,
+            approver=manager,
+            label=manager.username,
+            policy="manager",
+            policy_detail={},
+            note="written directly",
+            now=timezone.now(),
+            actor=Actor.for_user(manager),
+        )
 
     claim = submission_begin(action_pk=full.pk)
 

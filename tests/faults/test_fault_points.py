@@ -118,7 +118,7 @@ def test_a_worker_killed_at_a_fault_point_is_recovered_by_a_fresh_worker_without
     status_at_death, refunds_at_death = LEFT_BEHIND[point]
     assert Action.objects.get(pk=action.pk).status == status_at_death
     assert len(refunds_for(live_sandbox, action)) == refunds_at_death
-    assert unacknowledged_messages(broker_url) == 1, "acks_late: the dying worker had not acknowledged"
+    assert unacknowledged_messages(broker_url) == 1, "the dying worker had not acknowledged its message"
 
     redeliver_unacknowledged(broker_url)
     fresh = workers.start(beat=True)

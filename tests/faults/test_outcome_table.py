@@ -279,12 +279,6 @@ def test_an_ambiguous_answer_is_unknown_keeps_the_reservation_and_reconciles_to_
     assert_order_money_adds_up(order_of(action))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in actions/reconciliation.py: a not-found lookup always allows a retry, and a retry "
-    "answered ambiguously again is not counted by the escalation policy, so the action cycles "
-    "UNKNOWN -> SUBMITTING -> UNKNOWN for ever (fix described in the issue 4 test report)",
-)
 def test_an_already_refunded_charge_that_reconciliation_cannot_explain_goes_to_a_named_person(
     live_sandbox: SandboxClient, authorized: Callable[..., Action], finance: Any, settings: Any
 ) -> None:

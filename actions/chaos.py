@@ -1,0 +1,640 @@
+"""The chaos run: real processes, real crashes, real faults, then an independent audit.
+
+It starts the sandbox provider, a web server, several Celery workers and beat against the
+configured PostgreSQL database and Redis broker. It proposes N refunds through the agent API
+(small ones approved by the auto-approval policy, larger ones by a scripted manager), and
+while they flow it:
+
+- SIGKILLs a random worker every few seconds and starts a replacement;
+- lets the workers kill themselves at the named fault points with a small probability;
+- has the sandbox inject every fault mode it knows at configurable probabilities;
+- restarts PostgreSQL once and flushes the Redis broker once.
+
+Then it drains (faults off, no more kills) until every action is terminal or in NEEDS_REVIEW,
+with a deadline, and checks invariants 1, 2, 5 and 8 against the sandbox's own ledger.
+
+Used by ``manage.py chaos_run`` (large runs) and by tests/chaos (a small run in CI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import InterfaceError, OperationalError, connection
+
+from actions.agents import agent_create, agent_token_issue
+from actions.invariants import EffectsReport, check_effects
+from actions.models import Action, ActionStatus, Order, RefundRequest
+from actions.models.actions import TERMINAL_STATUSES
+from actions.providers.money import to_minor_units
+from actions.providers.stripe_adapter import StripeProvider
+from approvals.models import ApprovalLimit, Decision
+from console.roles import ensure_roles
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FINAL_STATUSES = {*TERMINAL_STATUSES, ActionStatus.NEEDS_REVIEW}
+CREATE_FAULT_MODES = (
+    "commit_then_timeout",
+    "commit_then_500",
+    "commit_then_drop",
+    "fail_before_commit",
+    "reject_invalid",
+    "rate_limit",
+    "pending",
+)
+LOOKUP_FAULT_MODES = ("fail_before_commit", "commit_then_drop", "rate_limit", "commit_then_timeout")
+WORKER_FAULT_POINTS = ("before_provider_call", "after_provider_answer", "during_reconciliation", "after_record")
+
+
+@dataclass
+class ChaosConfig:
+    """Defaults sized for a 2-core machine: a few hundred actions in a few minutes."""
+
+    actions: int = 300
+    workers: int = 3
+    kill_every_seconds: float = 5.0
+    create_fault_probability: float = 0.04  # per mode, on refund creation
+    lookup_fault_probability: float = 0.03  # per mode, on lookups
+    worker_fault_probability: float = 0.01  # per fault point, per pass
+    restart_postgres: bool = True
+    flush_redis: bool = True
+    drain_deadline_seconds: float = 600.0
+    manager_share: float = 0.2  # proposals above the auto-approval threshold
+    proposers: int = 4  # concurrent API clients
+    seed: int = 1
+    # Timings shrunk so that leases, sweeps and reconciliation all happen within the run.
+    lease_seconds: int = 8
+    sweep_interval_seconds: int = 1
+    provider_timeout_seconds: int = 1
+    key_retention_seconds: int = 30
+    visibility_delay_seconds: int = 1
+    reconcile_max_failures: int = 4
+
+
+@dataclass
+class ChaosReport:
+    config: dict[str, Any]
+    proposed: int = 0
+    proposal_errors: int = 0
+    kills: int = 0
+    self_kills: int = 0
+    postgres_restarts: int = 0
+    redis_flushes: int = 0
+    faults_fired: dict[str, int] = field(default_factory=dict)
+    drained: bool = False
+    seconds: float = 0.0
+    audit: EffectsReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.drained and self.audit is not None and self.audit.ok
+
+    def lines(self) -> list[str]:
+        audit = self.audit
+        states = ", ".join(f"{k} {v}" for k, v in sorted((audit.states if audit else {}).items()))
+        throughput = (audit.actions / self.seconds) if audit and self.seconds else 0.0
+        out = [
+            "chaos run report",
+            f"  actions          {audit.actions if audit else 0} ({self.proposed} proposed, "
+            f"{self.proposal_errors} proposal errors)",
+            f"  effects          {audit.effects if audit else 0} at the provider",
+            f"  duplicates       {audit.duplicates if audit else '?'}   (must be 0)",
+            f"  lost             {audit.lost if audit else '?'}   (must be 0)",
+            f"  drained          {'yes' if self.drained else 'NO: deadline passed'}",
+            f"  states           {states}",
+            f"  kills            {self.kills} by the run, {self.self_kills} at worker fault points",
+            f"  postgres         {self.postgres_restarts} restart(s); redis {self.redis_flushes} flush(es)",
+            "  provider faults  " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults_fired.items())),
+            f"  time             {self.seconds:.1f} s, {throughput:.1f} actions/s end to end",
+            f"  invariants       {'all hold' if audit and audit.ok else 'VIOLATED'}",
+        ]
+        for violation in (audit.violations if audit else [])[:50]:
+            out.append(f"    [{violation.invariant}] {violation.subject}: {violation.message}")
+        return out
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+class Process:
+    """A child process in its own session, so a kill takes its children (prefork) with it."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.command = command
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if not self.alive:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.popen.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            self.kill()
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(  # noqa: S310 - local processes started by this run
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+        return json.loads(response.read() or b"null")
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _db_retry(fn: Callable[[], Any], attempts: int = 60) -> Any:
+    """Run a query, reconnecting while PostgreSQL restarts."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except (OperationalError, InterfaceError):
+            connection.close()
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+    return None
+
+
+class ChaosRun:
+    def __init__(self, config: ChaosConfig, *, out: Any = sys.stdout, workdir: Path | None = None) -> None:
+        self.config = config
+        self.out = out
+        self.rng = random.Random(config.seed)
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
+        self.report = ChaosReport(config=vars(config).copy())
+        self.workers: list[Process] = []
+        self.others: list[Process] = []
+        self.sandbox_url = ""
+        self.web_url = ""
+        self.token = ""
+        self.lock = threading.Lock()
+        db = connection.settings_dict
+        self.database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        self.broker_url = settings.CELERY_BROKER_URL
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    def environment(self, *, fault_points: str = "") -> dict[str, str]:
+        c = self.config
+        return {
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT),
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "DATABASE_URL": self.database_url,
+            "DATABASE_POOL": "0",
+            "CELERY_BROKER_URL": self.broker_url,
+            "CONSOLE_DATA_DIR": str(self.workdir / "data"),
+            "PROVIDER_API_BASE": self.sandbox_url,
+            "PROVIDER_TIMEOUT_SECONDS": str(c.provider_timeout_seconds),
+            "PROVIDER_KEY_RETENTION_SECONDS": str(c.key_retention_seconds),
+            "PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS": str(c.visibility_delay_seconds),
+            "KEY_RETENTION_MARGIN_SECONDS": "5",
+            "LEASE_SECONDS": str(c.lease_seconds),
+            "SWEEP_INTERVAL_SECONDS": str(c.sweep_interval_seconds),
+            "RECONCILE_BASE_BACKOFF_SECONDS": "1",
+            "RECONCILE_MAX_FAILURES": str(c.reconcile_max_failures),
+            "API_RATE_LIMIT_PER_MINUTE": "1000000",
+            "CONSOLE_FAULT_POINTS": fault_points,
+        }
+
+    def _checks(self) -> None:
+        if connection.vendor != "postgresql":
+            raise RuntimeError("the chaos run needs PostgreSQL: set DATABASE_URL=postgres://...")
+        if not self.broker_url.startswith("redis://"):
+            raise RuntimeError("the chaos run needs a Redis broker: set CELERY_BROKER_URL=redis://...")
+
+    def start_sandbox(self) -> None:
+        port = _free_port()
+        self.sandbox_url = f"http://127.0.0.1:{port}"
+        process = Process(
+            "sandbox",
+            [
+                sys.executable,
+                "-m",
+                "actions.providers.sandbox",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--db",
+                str(self.workdir / "sandbox.sqlite3"),
+                "--fault-seed",
+                str(self.config.seed),
+                "--pending-settle-after-seconds",
+                "3",
+            ],
+            self.environment(),
+            self.workdir / "sandbox.log",
+        )
+        self.others.append(process)
+        _wait_for(lambda: self._healthy(f"{self.sandbox_url}/_sandbox/health"), 30, "the sandbox")
+        _http(
+            "POST",
+            f"{self.sandbox_url}/_sandbox/config",
+            {
+                "key_retention_seconds": self.config.key_retention_seconds,
+                "lookup_visibility_delay_seconds": self.config.visibility_delay_seconds,
+            },
+        )
+
+    def start_web(self) -> None:
+        port = _free_port()
+        self.web_url = f"http://127.0.0.1:{port}"
+        process = Process(
+            "web",
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--nothreading"],
+            {**self.environment(), "DEBUG": "0"},
+            self.workdir / "web.log",
+        )
+        self.others.append(process)
+        _wait_for(lambda: self._healthy(f"{self.web_url}/api/v1/openapi.json"), 60, "the web server")
+
+    @staticmethod
+    def _healthy(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start_worker(self, *, with_faults: bool = True) -> Process:
+        p = self.config.worker_fault_probability
+        points = ",".join(f"{name}@{p}" for name in WORKER_FAULT_POINTS) if with_faults and p > 0 else ""
+        name = f"worker{len(self.workers) + 1}"
+        process = Process(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            self.environment(fault_points=points),
+            self.workdir / f"{name}.log",
+        )
+        self.workers.append(process)
+        return process
+
+    def start_beat(self) -> None:
+        self.others.append(
+            Process(
+                "beat",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "console",
+                    "beat",
+                    "--loglevel",
+                    "INFO",
+                    "--schedule",
+                    str(self.workdir / "beat-schedule"),
+                ],
+                self.environment(),
+                self.workdir / "beat.log",
+            )
+        )
+
+    def seed(self) -> list[tuple[str, int, str, str]]:
+        """Orders, charges, refund requests, an agent with a token and a scripted manager."""
+        ensure_roles()
+        user_model = get_user_model()
+        owner, _ = user_model.objects.get_or_create(username="chaos.owner")
+        manager, _ = user_model.objects.get_or_create(username="chaos.manager")
+        manager.groups.add(Group.objects.get(name="manager"))
+        ApprovalLimit.objects.get_or_create(user=manager, currency="EUR", defaults={"max_amount": Decimal("100000")})
+        finance, _ = user_model.objects.get_or_create(username="chaos.finance")
+        finance.groups.add(Group.objects.get(name="finance"))
+        self.manager = manager
+        agent = agent_create(name=f"chaos-bot-{self.config.seed}-{int(time.time())}", owner=owner, scopes=["refund"])
+        self.token = agent_token_issue(agent=agent).plain
+
+        proposals: list[tuple[str, int, str, str]] = []
+        stamp = f"{int(time.time()) % 100000:05d}"
+        per_order = 2
+        orders = (self.config.actions + per_order - 1) // per_order
+        for index in range(orders):
+            number = f"C{stamp}-{index:05d}"
+            order = Order.objects.create(
+                number=number,
+                customer_name=f"Chaos customer {index}",
+                currency="EUR",
+                captured_amount=Decimal("200.00"),
+                charge_reference=f"ch_chaos_{stamp}_{index}",
+                paid_at=_now() - timedelta(days=1),
+            )
+            _http(
+                "POST",
+                f"{self.sandbox_url}/_sandbox/charges",
+                {
+                    "id": order.charge_reference,
+                    "amount": to_minor_units(order.captured_amount, "EUR"),
+                    "currency": "eur",
+                },
+            )
+            for request_number in range(1, per_order + 1):
+                if len(proposals) >= self.config.actions:
+                    break
+                RefundRequest.objects.create(order=order, number=request_number)
+                large = self.rng.random() < self.config.manager_share
+                if large:
+                    amount = f"{self.rng.randint(40, 90)}.00"
+                else:
+                    amount = f"{self.rng.randint(1, 24)}.{self.rng.randint(0, 99):02d}"
+                proposals.append((number, request_number, amount, "damaged"))
+        return proposals
+
+    # --- chaos -------------------------------------------------------------------------------
+
+    def configure_faults(self, on: bool) -> None:
+        _http("DELETE", f"{self.sandbox_url}/_sandbox/faults")
+        if not on:
+            return
+        c = self.config
+        _http(
+            "POST",
+            f"{self.sandbox_url}/_sandbox/faults",
+            {
+                "seed": c.seed,
+                "applies_to": "create",
+                "sleep_seconds": c.provider_timeout_seconds + 0.5,
+                "settle_after_seconds": 3,
+                "probabilities": dict.fromkeys(CREATE_FAULT_MODES, c.create_fault_probability),
+            },
+        )
+        _http(
+            "POST",
+            f"{self.sandbox_url}/_sandbox/faults",
+            {
+                "applies_to": "lookup",
+                "sleep_seconds": c.provider_timeout_seconds + 0.5,
+                "probabilities": dict.fromkeys(LOOKUP_FAULT_MODES, c.lookup_fault_probability),
+            },
+        )
+
+    def propose_all(self, proposals: list[tuple[str, int, str, str]]) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+
+        def propose(item: tuple[str, int, str, str]) -> None:
+            order_number, request_number, amount, reason = item
+            body = {
+                "order_number": order_number,
+                "request_number": request_number,
+                "amount": amount,
+                "currency": "EUR",
+                "reason_code": reason,
+                "evidence": "chaos run",
+            }
+            # An agent's retry is always safe: the same proposal returns the same action.
+            for _attempt in range(20):
+                try:
+                    _http("POST", f"{self.web_url}/api/v1/refunds", body, headers)
+                    with self.lock:
+                        self.report.proposed += 1
+                    return
+                except urllib.error.HTTPError as error:
+                    if error.code in (409, 400, 422, 401, 403):
+                        with self.lock:
+                            self.report.proposal_errors += 1
+                        return
+                except (urllib.error.URLError, OSError):
+                    pass
+                time.sleep(0.5)
+            with self.lock:
+                self.report.proposal_errors += 1
+
+        with ThreadPoolExecutor(max_workers=self.config.proposers) as pool:
+            list(pool.map(propose, proposals))
+
+    def approve_waiting(self) -> None:
+        """The scripted manager: approves whatever waits for a decision."""
+        from approvals.services import DecisionRefused, approval_decide
+
+        def waiting() -> list[int]:
+            return list(Action.objects.filter(status=ActionStatus.PROPOSED).values_list("pk", flat=True)[:200])
+
+        def approve(pk: int) -> None:
+            with contextlib.suppress(DecisionRefused):
+                approval_decide(action_pk=pk, user=self.manager, decision=Decision.APPROVE)
+
+        for pk in _db_retry(waiting) or []:
+            _db_retry(functools.partial(approve, pk))
+
+    def restart_postgres(self) -> None:
+        cluster = sorted(os.listdir("/etc/postgresql"))[0]
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        connection.close()
+        self.report.postgres_restarts += 1
+
+    def flush_redis(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.broker_url).flushdb()
+        self.report.redis_flushes += 1
+
+    def counts(self) -> tuple[int, int]:
+        def query() -> tuple[int, int]:
+            total = Action.objects.filter(order__number__startswith="C").count()
+            final = Action.objects.filter(order__number__startswith="C", status__in=FINAL_STATUSES).count()
+            return total, final
+
+        return _db_retry(query)
+
+    def progress(self, phase: str) -> None:
+        total, final = self.counts()
+        width = 30
+        done = int(width * final / max(self.config.actions, 1))
+        alive = sum(1 for w in self.workers if w.alive)
+        self.out.write(
+            f"\r[{'#' * done}{'.' * (width - done)}] {final}/{self.config.actions} final, {total} proposed  "
+            f"{phase:<9} workers {alive}  kills {self.report.kills}+{self.report.self_kills}   "
+        )
+        self.out.flush()
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def run(self) -> ChaosReport:
+        self._checks()
+        started = time.monotonic()
+        try:
+            self.start_sandbox()
+            proposals = self.seed()
+            self.start_web()
+            self.configure_faults(on=True)
+            for _ in range(self.config.workers):
+                self.start_worker()
+            self.start_beat()
+
+            proposer = threading.Thread(target=self.propose_all, args=(proposals,), daemon=True)
+            proposer.start()
+            next_kill = time.monotonic() + self.config.kill_every_seconds
+            restarted = flushed = False
+            while proposer.is_alive() or self.counts()[1] < self.report.proposed * 0.6:
+                self.approve_waiting()
+                self._reap(with_faults=True)
+                if time.monotonic() >= next_kill and self.workers:
+                    victim = self.rng.choice(self.workers)
+                    victim.kill()
+                    self.workers.remove(victim)
+                    self.report.kills += 1
+                    self.start_worker()
+                    next_kill = time.monotonic() + self.config.kill_every_seconds
+                total, _final = self.counts()
+                if self.config.restart_postgres and not restarted and total >= self.config.actions // 3:
+                    self.restart_postgres()
+                    restarted = True
+                if self.config.flush_redis and not flushed and total >= self.config.actions // 2:
+                    self.flush_redis()
+                    flushed = True
+                self.progress("chaos")
+                time.sleep(0.5)
+                if time.monotonic() - started > self.config.drain_deadline_seconds:
+                    break
+            proposer.join(timeout=60)
+
+            # Drain: no more injected faults or kills; replace fault-point workers with clean ones.
+            self.configure_faults(on=False)
+            for worker in self.workers:
+                worker.kill()
+            self.workers.clear()
+            for _ in range(self.config.workers):
+                self.start_worker(with_faults=False)
+            deadline = time.monotonic() + self.config.drain_deadline_seconds
+            while time.monotonic() < deadline:
+                self.approve_waiting()
+                self._reap(with_faults=False)
+                total, final = self.counts()
+                self.progress("draining")
+                if final >= total and total >= self.report.proposed:
+                    self.report.drained = True
+                    break
+                time.sleep(0.5)
+            self.out.write("\n")
+            self.report.seconds = time.monotonic() - started
+            fired = _http("GET", f"{self.sandbox_url}/_sandbox/faults").get("fired", {})
+            self.report.faults_fired = {str(k): int(v) for k, v in fired.items()}
+            provider = StripeProvider(
+                api_key="sk_test_chaos",
+                api_base=self.sandbox_url,
+                timeout_seconds=30,
+                key_retention=timedelta(seconds=self.config.key_retention_seconds),
+                lookup_visibility_delay=timedelta(seconds=self.config.visibility_delay_seconds),
+            )
+            ledger = list(provider.iter_ledger())
+            # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
+            with _override(
+                LEASE_SECONDS=self.config.lease_seconds,
+                SWEEP_INTERVAL_SECONDS=self.config.sweep_interval_seconds,
+                RECONCILE_BASE_BACKOFF_SECONDS=1,
+                RECONCILE_MAX_FAILURES=self.config.reconcile_max_failures,
+                PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS=self.config.visibility_delay_seconds,
+            ):
+                self.report.audit = _db_retry(lambda: check_effects(ledger=ledger))
+            return self.report
+        finally:
+            for process in [*self.workers, *self.others]:
+                process.stop()
+
+    def _reap(self, *, with_faults: bool) -> None:
+        for worker in list(self.workers):
+            if not worker.alive:
+                self.workers.remove(worker)
+                self.report.self_kills += 1
+                self.start_worker(with_faults=with_faults)
+
+
+class _override:
+    def __init__(self, **values: Any) -> None:
+        self.values = values
+        self.saved: dict[str, Any] = {}
+
+    def __enter__(self) -> None:
+        for name, value in self.values.items():
+            self.saved[name] = getattr(settings, name)
+            setattr(settings, name, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for name, value in self.saved.items():
+            setattr(settings, name, value)
+
+
+def _now() -> Any:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def chaos_workdir_cleanup(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
