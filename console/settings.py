@@ -230,6 +230,12 @@ KEY_RETENTION_MARGIN_SECONDS: int = env_int("KEY_RETENTION_MARGIN_SECONDS", 3600
 REVIEW_DUE_HOURS: int = env_int("REVIEW_DUE_HOURS", 24)
 # How often the ledger audit compares the receiver's ledger with the console's records.
 LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 3600)
+# The API's per-token rate counters live in this cache, which every web process must share.
+# The database cache works on SQLite and PostgreSQL alike and stays out of the transactions
+# that record actions; its increment is a read then a write, so a parallel burst from one
+# token can pass a few requests over the limit (Redis's cache would be exact).
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "console_cache"}}
+
 # The agent API: requests per minute per token (429 with Retry-After past it), and the largest
 # request body accepted (413 past it).
 API_RATE_LIMIT_PER_MINUTE: int = env_int("API_RATE_LIMIT_PER_MINUTE", 120)

@@ -36,6 +36,7 @@ done
 
 echo "==> database"
 "$PY" manage.py migrate --noinput >/dev/null
+"$PY" manage.py createcachetable
 "$PY" manage.py seed_demo
 
 echo "==> worker and beat (logs in $CONSOLE_DATA_DIR/logs/)"
