@@ -78,7 +78,7 @@ class ChaosConfig:
     kill_every_seconds: float = 5.0
     create_fault_probability: float = 0.04  # per mode, on refund creation
     lookup_fault_probability: float = 0.03  # per mode, on lookups
-    worker_fault_probability: float = 0.01  # per fault point, per pass
+    worker_fault_probability: float = 0.02  # per fault point, per pass
     restart_postgres: bool = True
     flush_redis: bool = True
     drain_deadline_seconds: float = 600.0
@@ -140,7 +140,11 @@ class ChaosReport:
 
 
 class Process:
-    """A child process in its own session, so a kill takes its children (prefork) with it."""
+    """A child process in its own session, so a kill takes any children (beat, pool) with it.
+
+    Workers run the solo pool, as ``make start`` does: the process a fault point kills is the
+    worker itself, and the run replaces it like any other dead worker.
+    """
 
     def __init__(self, name: str, command: list[str], env: dict[str, str], log_path: Path) -> None:
         self.name = name
@@ -209,9 +213,8 @@ def _db_retry(fn: Callable[[], Any], attempts: int = 60) -> Any:
 
 
 class ChaosRun:
-    def __init__(self, config: ChaosConfig, *, out: Any = sys.stdout, workdir: Path | None = None) -> None:
+    def __init__(self, config: ChaosConfig, *, workdir: Path | None = None) -> None:
         self.config = config
-        self.out = out
         self.rng = random.Random(config.seed)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
         self.report = ChaosReport(config=vars(config).copy())
@@ -474,14 +477,21 @@ class ChaosRun:
             list(pool.map(propose, proposals))
 
     def approve_waiting(self) -> None:
-        """The scripted manager: approves whatever waits for a decision."""
-        from approvals.services import DecisionRefused, approval_decide
+        """The scripted manager: approves whatever waits for a decision, and asks for a new
+        decision on what went stale (then approves that too, against the order as it is now)."""
+        from approvals.services import DecisionRefused, action_reopen, approval_decide
 
         def waiting() -> list[int]:
-            return list(Action.objects.filter(status=ActionStatus.PROPOSED).values_list("pk", flat=True)[:200])
+            return list(
+                Action.objects.filter(status__in=[ActionStatus.PROPOSED, ActionStatus.STALE]).values_list(
+                    "pk", flat=True
+                )[:200]
+            )
 
         def approve(pk: int) -> None:
             with contextlib.suppress(DecisionRefused):
+                if Action.objects.filter(pk=pk, status=ActionStatus.STALE).exists():
+                    action_reopen(action_pk=pk, user=self.manager, note="chaos: new decision")
                 approval_decide(action_pk=pk, user=self.manager, decision=Decision.APPROVE)
 
         for pk in _db_retry(waiting) or []:
@@ -513,15 +523,16 @@ class ChaosRun:
         return _db_retry(query)
 
     def progress(self, phase: str) -> None:
+        """A one-line progress bar on stderr (the report itself goes to ``out``)."""
         total, final = self.counts()
         width = 30
         done = int(width * final / max(self.config.actions, 1))
         alive = sum(1 for w in self.workers if w.alive)
-        self.out.write(
+        sys.stderr.write(
             f"\r[{'#' * done}{'.' * (width - done)}] {final}/{self.config.actions} final, {total} proposed  "
             f"{phase:<9} workers {alive}  kills {self.report.kills}+{self.report.self_kills}   "
         )
-        self.out.flush()
+        sys.stderr.flush()
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -565,6 +576,8 @@ class ChaosRun:
             proposer.join(timeout=60)
 
             # Drain: no more injected faults or kills; replace fault-point workers with clean ones.
+            fired = _http("GET", f"{self.sandbox_url}/_sandbox/faults").get("fired", {})
+            self.report.faults_fired = {str(k): int(v) for k, v in fired.items()}
             self.configure_faults(on=False)
             for worker in self.workers:
                 worker.kill()
@@ -581,10 +594,8 @@ class ChaosRun:
                     self.report.drained = True
                     break
                 time.sleep(0.5)
-            self.out.write("\n")
+            sys.stderr.write("\n")
             self.report.seconds = time.monotonic() - started
-            fired = _http("GET", f"{self.sandbox_url}/_sandbox/faults").get("fired", {})
-            self.report.faults_fired = {str(k): int(v) for k, v in fired.items()}
             provider = StripeProvider(
                 api_key="sk_test_chaos",
                 api_base=self.sandbox_url,

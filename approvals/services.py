@@ -153,6 +153,8 @@ def approval_apply_auto_policy(*, action: Action, order: Order, now: datetime) -
     threshold = settings.AUTO_APPROVAL_THRESHOLDS.get(action.currency)
     if not settings.AUTO_APPROVAL_ENABLED or threshold is None or action.amount > threshold:
         return None
+    if action.amount > order.refundable_amount:
+        return None  # a manager must look: the order no longer covers it
     label = f"policy:auto-approval (<= {threshold} {action.currency})"
     return _record_approval(
         action=action,
@@ -390,4 +392,31 @@ def _invalidate(*, action_pk: int, failures: list[dict[str, str]], actor: Actor,
             evidence={"failed_bindings": failures},
             now=now,
         )
+    approval_redecide_by_policy(action_pk=action_pk, now=now)
     return Claim(outcome=ClaimOutcome.STALE, action=action, failures=failures)
+
+
+def approval_redecide_by_policy(*, action_pk: int, now: datetime | None = None) -> Approval | None:
+    """A STALE action that the auto-approval policy approved gets a new decision by that policy.
+
+    The old approval is not re-interpreted: the policy decides again, from scratch, against
+    the order as it is now (STALE -> PROPOSED -> AUTHORIZED, each step audited, with a new
+    approval bound to the new version). Where the policy no longer applies (the amount is over
+    the threshold or the balance), the action waits in PROPOSED for a manager. Actions a
+    manager approved stay STALE until a manager asks for a new decision.
+    """
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        action = Action.objects.select_for_update().get(pk=action_pk)
+        approval = latest_approval(action)
+        if action.status != S.STALE or approval is None or approval.policy != ApprovalPolicy.AUTO:
+            return None
+        action_transition(
+            action=action,
+            transition="reopen",
+            actor=Actor.system("auto-approval"),
+            reason="The order changed since the policy approved this action: the policy decides again.",
+            now=now,
+        )
+        order = Order.objects.get(pk=action.order_id)
+        return approval_apply_auto_policy(action=action, order=order, now=now)

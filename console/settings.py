@@ -262,11 +262,13 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
-# Time limits shorter than the lease: a task that overruns is stopped before its lease can
-# expire, so no two holders ever act on one action. The soft limit leaves room to record.
+# Time limits shorter than the lease, whatever the lease: a task that overruns is stopped
+# before its lease can expire, and the soft limit leaves room to record. (Celery enforces them
+# in the prefork pool; the solo workers `make start` runs rely on the provider timeout and the
+# lease itself, which is what keeps two holders apart in any case.)
 _lease = LEASE_SECONDS
-CELERY_TASK_TIME_LIMIT = max(_lease - 10, 5)
-CELERY_TASK_SOFT_TIME_LIMIT = max(_lease - 20, 3)
+CELERY_TASK_TIME_LIMIT = max(int(_lease * 0.75), 2)
+CELERY_TASK_SOFT_TIME_LIMIT = max(int(_lease * 0.6), 1)
 # Redis redelivers an unacknowledged message after the visibility timeout. It must be longer
 # than the lease (and the task time limit), or a slow but live task would be run twice at once.
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):

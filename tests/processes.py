@@ -14,6 +14,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -136,17 +137,19 @@ class Worker:
         return self.process.poll() is None
 
     def kill(self) -> None:
-        if self.alive:
-            self.process.send_signal(signal.SIGKILL)
+        # The whole process group: ``--beat`` runs beat in a child process that outlives a
+        # SIGKILLed worker and would keep publishing sweeps to the broker for ever.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process.poll() is None:
             self.process.wait(timeout=10)
 
     def stop(self) -> None:
         if self.alive:
-            self.process.terminate()
-            try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.kill()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -214,6 +217,8 @@ class WorkerPool:
                 env=self.environment(fault_points, **overrides),
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                # A process group of its own, so that kill() also reaches the embedded beat.
+                start_new_session=True,
             )
         worker = Worker(name, process, log_path)
         self.workers.append(worker)

@@ -58,7 +58,7 @@ class Command(BaseCommand):
             drain_deadline_seconds=options["drain_deadline"],
             seed=options["seed"],
         )
-        report = ChaosRun(config, out=self.stdout).run()
+        report = ChaosRun(config).run()
         for line in report.lines():
             self.stdout.write(line)
         if not report.ok:

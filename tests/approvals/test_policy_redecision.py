@@ -1,0 +1,84 @@
+"""A STALE action approved by the auto-approval policy gets a new decision by the policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db.models import F
+
+from actions.models import Action, ActionStatus, Order
+from actions.services import Actor, action_propose_refund
+from approvals.models import Approval, ApprovalPolicy, Decision
+from approvals.services import ClaimOutcome, approval_decide, submission_begin
+from tests.factories import make_order, make_request
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_publish(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    published: list[int] = []
+    monkeypatch.setattr("actions.tasks.dispatch_enqueue", published.append)
+    return published
+
+
+def propose(actor: Actor, order: Order, amount: str) -> Action:
+    request = make_request(order)
+    return action_propose_refund(
+        order_number=order.number,
+        request_number=request.number,
+        amount=amount,
+        currency="EUR",
+        reason_code="damaged",
+        proposer=actor,
+    ).action
+
+
+def test_a_policy_approval_made_stale_by_another_refund_is_decided_again_by_the_policy(agent_actor: Actor) -> None:
+    """Invariant 6: the old approval is never reused; a new one is bound to the new version."""
+    order = make_order(captured="100.00")
+    first = propose(agent_actor, order, "20.00")
+    second = propose(agent_actor, order, "10.00")
+    assert submission_begin(action_pk=first.pk).outcome == ClaimOutcome.CLAIMED
+
+    claim = submission_begin(action_pk=second.pk)
+
+    assert claim.outcome == ClaimOutcome.STALE
+    second.refresh_from_db()
+    assert second.status == ActionStatus.AUTHORIZED
+    transitions = list(second.events.values_list("transition", "to_state"))
+    assert transitions[-3:] == [("invalidate", "STALE"), ("reopen", "PROPOSED"), ("approve", "AUTHORIZED")]
+    approvals = list(Approval.objects.filter(action=second, decision=Decision.APPROVE).order_by("pk"))
+    assert len(approvals) == 2
+    assert approvals[1].policy == ApprovalPolicy.AUTO
+    assert approvals[1].order_version == Order.objects.get(pk=order.pk).version != approvals[0].order_version
+    assert submission_begin(action_pk=second.pk).outcome == ClaimOutcome.CLAIMED
+
+
+def test_a_policy_approval_the_order_no_longer_covers_waits_for_a_manager(agent_actor: Actor) -> None:
+    order = make_order(captured="30.00")
+    first = propose(agent_actor, order, "20.00")
+    second = propose(agent_actor, order, "10.00")
+    # Someone else refunded part of the order in the meantime (a correction), bumping its version.
+    Order.objects.filter(pk=order.pk).update(refunded_amount=F("refunded_amount") + 5, version=F("version") + 1)
+    assert submission_begin(action_pk=first.pk).outcome == ClaimOutcome.STALE
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == ActionStatus.AUTHORIZED  # 20 <= 25 left: the policy approves again
+    assert submission_begin(action_pk=first.pk).outcome == ClaimOutcome.CLAIMED
+    assert submission_begin(action_pk=second.pk).outcome == ClaimOutcome.STALE
+    second.refresh_from_db()
+    assert second.status == ActionStatus.PROPOSED  # 10 > 5 left: a person must decide
+
+
+def test_a_manager_approval_made_stale_stays_stale_until_a_manager_asks_again(agent_actor: Actor, manager: Any) -> None:
+    order = make_order(captured="200.00")
+    big = propose(agent_actor, order, "100.00")
+    approval_decide(action_pk=big.pk, user=manager, decision=Decision.APPROVE)
+    Order.objects.filter(pk=order.pk).update(version=F("version") + 1)
+
+    assert submission_begin(action_pk=big.pk).outcome == ClaimOutcome.STALE
+    big.refresh_from_db()
+    assert big.status == ActionStatus.STALE
