@@ -1,32 +1,142 @@
 """The admin site: for corrections, not for rewriting history.
 
-Material fields and the audit trail are read-only here. State changes go through services
-(see issue 6 for the FSM admin integration); nothing in this file changes an action's status.
+- Material fields and the audit trail are read-only (invariants 4 and 9). An action's change
+  form saves nothing: every change to an action goes through a service that writes its audit
+  event in the same transaction.
+- State changes use django-fsm-2's FSMAdminMixin, but only for transitions that carry a
+  permission, that the person holds, and that have a service here (cancel, reopen). The
+  mixin's hook that performs the transition is replaced by a call to that service. Worker
+  transitions (begin_submission, record_*, mark_unknown, escalate...) have no permission and
+  are never offered.
+- Only admins correct (invariant 10): the correction views and actions need
+  ``actions.correct_action``, whatever other permissions a person holds.
+- Remedies and discrepancies are worked by finance in the review queue, whose services keep
+  their status flow and trail; here they are read-only, except an admin's reassignment and the
+  compensating action for a duplicate effect (``actions.corrections``).
+- Big tables never run an exact COUNT(*) (see ``EstimatedCountPaginator``), nor list filter
+  choices with a SELECT DISTINCT over the whole table (see ``FixedChoicesFilter``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Generator
+from functools import cached_property
+from typing import Any, cast
 
-from django.contrib import admin
-from django.http import HttpRequest
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Count, Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django_fsm import ConcurrentTransition, Transition, TransitionNotAllowed
+from django_fsm.admin import FSMAdminMixin, FSMObjectTransition
 
+from actions.agents import TokenNotActive, agent_token_issue, agent_token_revoke, agent_token_rotate
+from actions.corrections import (
+    CORRECT_PERMISSION,
+    CorrectionRefused,
+    action_owner_assign,
+    discrepancy_compensate,
+    followup_owner_assign,
+    owner_candidates,
+)
 from actions.models import (
     Action,
     ActionEvent,
+    ActionKind,
     Agent,
     AgentToken,
     Attempt,
     Discrepancy,
+    DiscrepancyKind,
+    DiscrepancyStatus,
+    FollowUpStatus,
+    LedgerAuditRun,
     Order,
     OwnerGroup,
     RefundRequest,
     Remedy,
 )
+from actions.models.actions import UNRESOLVED_STATUSES
+from actions.outcomes import Outcome
+from actions.services import ActionRefused, Actor, action_cancel
+
+# --- big tables ----------------------------------------------------------------------------
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows that are history: visible, never edited or deleted here."""
+class EstimatedCountPaginator(Paginator):
+    """A paginator that never counts a big table exactly.
+
+    An exact COUNT(*) reads every row (PostgreSQL keeps no row count), so a change list over
+    millions of actions or events would take seconds before showing its first fifty rows.
+    Instead:
+
+    - with no filter and no search, a big table's size is PostgreSQL's own estimate
+      (``pg_class.reltuples``, kept by autovacuum's ANALYZE), and the page says "about";
+    - otherwise at most ``count_cap`` + 1 matching rows are counted; past that the page says
+      "more than" and offers the first ``count_cap`` rows: filters and search narrow it down.
+    """
+
+    count_cap = 10_000
+    # What kind of number ``count`` is: "exact", "estimate" or "at_least". Read by the
+    # pagination template.
+    count_kind = "exact"
+
+    @cached_property
+    def count(self) -> int:
+        object_list = self.object_list
+        if not isinstance(object_list, QuerySet):
+            return len(object_list)
+        if not object_list.query.where:
+            estimate = self._estimated_rows(object_list)
+            if estimate is not None and estimate > self.count_cap:
+                self.count_kind = "estimate"
+                return estimate
+        # Counting a sliced queryset counts inside a LIMIT subquery: it stops at the cap.
+        counted = object_list.order_by()[: self.count_cap + 1].count()
+        if counted > self.count_cap:
+            self.count_kind = "at_least"
+            return self.count_cap
+        return counted
+
+    @staticmethod
+    def _estimated_rows(queryset: QuerySet[Any]) -> int | None:
+        connection = connections[queryset.db]
+        if connection.vendor != "postgresql":
+            return None
+        table = connection.ops.quote_name(queryset.model._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
+            row = cursor.fetchone()
+        # -1 means never analyzed (PostgreSQL 14+): no estimate.
+        if row is None or row[0] is None or row[0] < 0:
+            return None
+        return int(row[0])
+
+
+class LargeTableAdmin(admin.ModelAdmin):
+    """Change lists for tables that grow without bound."""
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    # Facet counts are one COUNT per filter choice over the whole table.
+    show_facets = admin.ShowFacets.NEVER
+    # The primary key's index serves the newest-first order with or without a filter; the
+    # models' own orderings (created_at...) have no index of their own.
+    ordering = ("-pk",)
+    list_per_page = 50
+
+
+class ReadOnlyAdmin(LargeTableAdmin):
+    """Rows that are history: visible, never added, edited or deleted here."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -38,15 +148,88 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class RefundRequestInline(admin.TabularInline):
-    model = RefundRequest
+class ReadOnlyInline(admin.TabularInline):
     extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class FixedChoicesFilter(admin.SimpleListFilter):
+    """A filter on a plain column whose values are known in advance.
+
+    Django's default filter for such a column lists its values with a SELECT DISTINCT over the
+    whole table on every page view: seconds on a big table.
+    """
+
+    field_name = ""
+
+    def choices_for(self) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return self.choices_for()
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(**{self.field_name: self.value()})
+        return queryset
+
+
+class CurrencyFilter(FixedChoicesFilter):
+    title = "currency"
+    parameter_name = field_name = "currency"
+
+    def choices_for(self) -> list[tuple[str, str]]:
+        return [(code, code) for code in settings.CONSOLE_CURRENCIES]
+
+
+class TransitionFilter(FixedChoicesFilter):
+    title = "transition"
+    parameter_name = field_name = "transition"
+
+    def choices_for(self) -> list[tuple[str, str]]:
+        status = Action._meta.get_field("status")
+        names = {transition.name for transition in status.get_all_transitions(Action)}  # type: ignore[attr-defined]
+        # The events of corrections and of finance's follow-ups, which leave the status as it is.
+        names.add("assign_owner")
+        for model, statuses in (("remedy", FollowUpStatus.values), ("discrepancy", DiscrepancyStatus.values)):
+            names.add(f"{model}_assign_owner")
+            names.update(f"{model}_{value}" for value in statuses)
+        return [(name, name) for name in sorted(names)]
+
+
+class OutcomeFilter(FixedChoicesFilter):
+    title = "outcome"
+    parameter_name = field_name = "outcome"
+
+    def choices_for(self) -> list[tuple[str, str]]:
+        return [(outcome.value, outcome.value) for outcome in Outcome]
+
+
+def may_correct(request: HttpRequest) -> bool:
+    return bool(request.user.is_active and request.user.has_perm(CORRECT_PERMISSION))
+
+
+# --- orders and refund requests --------------------------------------------------------------
+
+
+class RefundRequestInline(ReadOnlyInline):
+    model = RefundRequest
     fields = ("number", "external_reference", "source", "created_at")
-    readonly_fields = ("created_at",)
+    readonly_fields = fields
 
 
 @admin.register(Order)
-class OrderAdmin(admin.ModelAdmin):
+class OrderAdmin(LargeTableAdmin):
     list_display = (
         "number",
         "customer_name",
@@ -57,152 +240,682 @@ class OrderAdmin(admin.ModelAdmin):
         "version",
         "paid_at",
     )
-    list_filter = ("currency",)
-    search_fields = ("number", "customer_name", "customer_email", "charge_reference")
-    # Money and version change only through the reservation and outcome services.
-    readonly_fields = ("refunded_amount", "reserved_amount", "version", "created_at")
+    list_filter = (CurrencyFilter,)
+    search_fields = ("number__exact", "charge_reference__exact", "customer_email__iexact")
+    search_help_text = "An exact order number, charge reference or customer email."
     inlines = [RefundRequestInline]
-    date_hierarchy = "paid_at"
-    show_full_result_count = False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        # Money and version change only through the reservation and outcome services.
+        computed = ("refunded_amount", "reserved_amount", "version", "created_at")
+        if obj is None:
+            return computed
+        # The number and charge are inside action ids and payloads; the captured amount and
+        # currency are what every refund was checked against.
+        return ("number", "currency", "captured_amount", "charge_reference", "paid_at", *computed)
 
 
 @admin.register(RefundRequest)
-class RefundRequestAdmin(admin.ModelAdmin):
+class RefundRequestAdmin(LargeTableAdmin):
     list_display = ("__str__", "order", "number", "external_reference", "source", "created_at")
     list_filter = ("source",)
-    search_fields = ("order__number", "external_reference")
+    list_select_related = ("order",)
+    search_fields = ("order__number__exact", "external_reference__exact")
+    search_help_text = "An exact order number or external reference (ticket id)."
     raw_id_fields = ("order",)
-    show_full_result_count = False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # Once created, a request's identity is part of action ids: it cannot move.
         return ("order", "number", "created_at") if obj else ("created_at",)
 
 
-class ActionEventInline(admin.TabularInline):
+# --- actions -------------------------------------------------------------------------------
+
+
+class ActionEventInline(ReadOnlyInline):
     model = ActionEvent
-    extra = 0
-    can_delete = False
     fields = ("created_at", "transition", "from_state", "to_state", "actor_label", "reason")
     readonly_fields = fields
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class AttemptInline(admin.TabularInline):
+class AttemptInline(ReadOnlyInline):
     model = Attempt
-    extra = 0
-    can_delete = False
     fields = ("started_at", "kind", "outcome", "held_lease", "response", "error")
     readonly_fields = fields
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+class CorrectionReasonForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=2000,
+        help_text="Why: this goes into the action's audit trail.",
+    )
+
+
+class AssignOwnerForm(forms.Form):
+    owner = forms.ModelChoiceField(
+        queryset=owner_candidates().none(),
+        help_text="The person who works it from now on: someone with the finance role.",
+    )
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=2000,
+        help_text="Why: this goes into the action's audit trail.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Fresh per form: roles change while the process runs.
+        self.fields["owner"].queryset = owner_candidates()  # type: ignore[attr-defined]
+
+
+def _cancel(*, action_pk: int, user: Any, reason: str) -> None:
+    action_cancel(action_pk=action_pk, actor=Actor.for_user(user), reason=reason)
+
+
+def _reopen(*, action_pk: int, user: Any, reason: str) -> None:
+    # Imported here: approvals builds on actions, not the other way round.
+    from approvals.services import action_reopen
+
+    action_reopen(action_pk=action_pk, user=user, note=reason)
 
 
 @admin.register(Action)
-class ActionAdmin(admin.ModelAdmin):
+class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
     list_display = ("action_id", "kind", "status", "amount", "currency", "owner", "created_at")
-    list_filter = ("status", "kind", "currency")
-    search_fields = ("action_id", "provider_reference", "order__number")
-    raw_id_fields = ("owner",)
-    readonly_fields = (
-        *Action.MATERIAL_FIELDS[:4],
-        "order",
-        "refund_request",
-        "amount",
-        "currency",
-        "reason_code",
-        "evidence",
-        "proposed_by_agent",
-        "proposed_by_user",
-        "status",
-        "rejection_reasons",
-        "lease_token",
-        "lease_expires_at",
-        "attempt_count",
-        "first_attempt_at",
-        "last_attempt_at",
-        "reconcile_attempts",
-        "reconcile_failures",
-        "next_reconcile_at",
-        "provider_reference",
-        "created_at",
-        "updated_at",
-        "status_changed_at",
-        "due_at",
+    list_filter = ("status", "kind", CurrencyFilter)
+    list_select_related = ("owner",)
+    search_help_text = "An exact action id, order number or provider reference."
+    # A search field is needed for the search box; get_search_results decides what it matches.
+    search_fields = ("action_id",)
+    fieldsets = (
+        (
+            "The business action (never changes after the proposal)",
+            {
+                "fields": (
+                    "action_id",
+                    "kind",
+                    "idempotency_key",
+                    "payload",
+                    "payload_hash",
+                    ("order", "refund_request"),
+                    ("amount", "currency"),
+                    "reason_code",
+                    "evidence",
+                    ("proposed_by_agent", "proposed_by_user"),
+                )
+            },
+        ),
+        ("State", {"fields": ("status", "status_changed_at", "rejection_reasons", ("owner", "due_at"))}),
+        (
+            "Execution",
+            {
+                "fields": (
+                    ("lease_token", "lease_expires_at"),
+                    ("attempt_count", "first_attempt_at", "last_attempt_at"),
+                    ("reconcile_attempts", "reconcile_failures", "next_reconcile_at"),
+                    "provider_reference",
+                    ("created_at", "updated_at"),
+                )
+            },
+        ),
     )
+    # Every field, including any added later: nothing on an action is edited by a form.
+    readonly_fields = tuple(field.name for field in Action._meta.concrete_fields if not field.primary_key)
     inlines = [ActionEventInline, AttemptInline]
-    show_full_result_count = False
+    change_form_template = "admin/actions/action/change_form.html"
+
+    fsm_fields = ["status"]
+    # The transitions the admin offers, each with the service that performs it. A transition
+    # is offered only if it is here, carries a permission= and the person holds it.
+    fsm_services: dict[str, Callable[..., None]] = {"cancel": _cancel, "reopen": _reopen}
+    fsm_forms = {"cancel": CorrectionReasonForm, "reopen": CorrectionReasonForm}
+    fsm_labels = {"cancel": "Cancel the action", "reopen": "Ask for a new decision"}
+    fsm_help_texts = {
+        "cancel": "Before any reservation: the action will never be submitted.",
+        "reopen": "The approval went stale; a manager decides again on the same, unchanged action.",
+    }
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # actions are proposed through the intent log, never typed in
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # "Change" here means using the corrections, which are the admin's alone (invariant 10).
+        return may_correct(request)
+
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Action], search_term: str
+    ) -> tuple[QuerySet[Action], bool]:
+        # Exact matches only, each on an indexed column, so that PostgreSQL combines index scans.
+        # The order is looked up first: a join or an IN (subquery) inside the OR would make it
+        # read the whole table instead.
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        condition = Q(action_id=term) | Q(provider_reference=term)
+        order_pk = Order.objects.filter(number=term).values_list("pk", flat=True).first()
+        if order_pk is not None:
+            condition |= Q(order_id=order_pk)
+        return queryset.filter(condition), False
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        # Every field is read-only: a POST of the change form has nothing to save, and saving
+        # the row anyway would only rewrite it outside any service.
+        return None
+
+    # -- the change page -----------------------------------------------------------------
+
+    def _action(self, request: HttpRequest, object_id: str) -> Action | None:
+        return cast(Action | None, self.get_object(request, object_id))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        obj = self._action(request, object_id)
+        context = {
+            **(extra_context or {}),
+            "show_save": False,
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+            "show_delete": False,
+            "can_assign_owner": obj is not None and may_correct(request) and obj.status in UNRESOLVED_STATUSES,
+        }
+        return super().change_view(request, object_id, form_url=form_url, extra_context=context)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "<path:object_id>/assign-owner/",
+                self.admin_site.admin_view(self.assign_owner_view),
+                name="actions_action_assign_owner",
+            ),
+            *super().get_urls(),
+        ]
+
+    # -- the FSM integration ---------------------------------------------------------------
+
+    def is_fsm_transition_visible(self, transition: Transition) -> bool:
+        return transition.name in self.fsm_services and transition.permission is not None
+
+    def get_fsm_label(self, transition: Transition) -> str:
+        return self.fsm_labels.get(transition.name, transition.name)
+
+    def get_help_text(self, transition: Transition) -> str | None:
+        return self.fsm_help_texts.get(transition.name)
+
+    def _get_fsm_extra_context(self, *, request: HttpRequest, obj: Any) -> Generator[FSMObjectTransition]:
+        if obj is not None and self.has_change_permission(request, obj):
+            yield from super()._get_fsm_extra_context(request=request, obj=obj)
+
+    def offered_transitions(self, request: HttpRequest, obj: Any) -> set[str]:
+        """The transitions this person may run on this action now, through the admin."""
+        return {
+            transition.name
+            for block in self._get_fsm_extra_context(request=request, obj=obj)
+            for transition in block.available_transitions
+        }
+
+    def fsm_transition_view(
+        self, request: HttpRequest, object_id: str, transition_name: str, **kwargs: Any
+    ) -> HttpResponse:
+        if transition_name not in self.fsm_services:
+            raise Http404("This transition is not offered in the admin.")
+        obj = self._action(request, object_id)
+        if obj is not None and not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        if obj is not None and transition_name not in self.offered_transitions(request, obj):
+            self.message_user(
+                request,
+                f"{obj.action_id} is {obj.get_status_display().lower()}: "
+                f"“{self.fsm_labels[transition_name]}” is not possible now, or not yours to do.",
+                level=messages.ERROR,
+            )
+            return redirect("admin:actions_action_change", object_id=obj.pk)
+        return super().fsm_transition_view(request, object_id, transition_name, **kwargs)
+
+    def response_change(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        transition_name = request.POST.get(self.fsm_post_param)
+        if not transition_name:
+            # save_model saved nothing: say so rather than "changed successfully".
+            self.message_user(
+                request,
+                "Nothing on an action is edited in a form. Use the corrections at the top of the page.",
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(request.path)
+        if transition_name not in self.fsm_services:
+            self.message_user(
+                request, self.fsm_transition_not_allowed_msg.format(transition_name=transition_name), messages.ERROR
+            )
+            return HttpResponseRedirect(request.path)
+        return super().response_change(request, obj)
+
+    def _apply_fsm_transition(
+        self,
+        *,
+        obj: Any,
+        transition_name: str,
+        request: HttpRequest,
+        kwargs: Any = None,
+    ) -> bool:
+        """Run the transition through its service, which writes the audit event.
+
+        Replaces the mixin's hook, which calls the model method and saves the row: that would
+        change the status with no audit event and no check of the action's own rules.
+        """
+        service = self.fsm_services.get(transition_name)
+        if service is None or transition_name not in self.offered_transitions(request, obj):
+            self.message_user(
+                request, self.fsm_transition_not_allowed_msg.format(transition_name=transition_name), messages.ERROR
+            )
+            return False
+        from approvals.services import DecisionRefused
+
+        reason = str((kwargs or {}).get("reason", ""))
+        try:
+            service(action_pk=obj.pk, user=request.user, reason=reason)
+        except (
+            ActionRefused,
+            DecisionRefused,
+            CorrectionRefused,
+            ConcurrentTransition,
+            TransitionNotAllowed,
+        ) as error:
+            self.message_user(request, str(error), messages.ERROR)
+            return False
+        self.message_user(
+            request,
+            f"{obj.action_id}: {self.fsm_labels[transition_name].lower()}: done, and recorded in its audit trail.",
+            messages.SUCCESS,
+        )
+        return True
+
+    # -- assigning an owner -----------------------------------------------------------------
+
+    def assign_owner_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        obj = self._action(request, object_id)
+        if obj is None:
+            raise Http404("No such action.")
+        if not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        form = AssignOwnerForm(request.POST or None, initial={"owner": obj.owner_id})
+        if request.method == "POST" and form.is_valid():
+            try:
+                action_owner_assign(
+                    action_pk=obj.pk,
+                    owner=form.cleaned_data["owner"],
+                    user=request.user,
+                    reason=form.cleaned_data["reason"],
+                )
+            except CorrectionRefused as refusal:
+                self.message_user(request, refusal.message, messages.ERROR)
+            else:
+                self.message_user(
+                    request,
+                    f"{obj.action_id} is now owned by {form.cleaned_data['owner'].get_username()}; "
+                    "the audit trail records who and why.",
+                    messages.SUCCESS,
+                )
+                return redirect("admin:actions_action_change", object_id=obj.pk)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": obj,
+            "form": form,
+            "title": f"Assign an owner to {obj.action_id}",
+        }
+        return TemplateResponse(request, "admin/actions/action/assign_owner.html", context)
 
 
 @admin.register(ActionEvent)
 class ActionEventAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "action", "transition", "from_state", "to_state", "actor_label")
-    list_filter = ("transition", "to_state", "actor_kind")
-    search_fields = ("action__action_id", "actor_label")
+    list_filter = (TransitionFilter, "actor_kind")
+    search_fields = ("action__action_id__exact",)
+    search_help_text = "An exact action id."
     list_select_related = ("action",)
-    show_full_result_count = False
+    # created_at has its own index; newest first.
+    ordering = ("-created_at",)
 
 
 @admin.register(Attempt)
 class AttemptAdmin(ReadOnlyAdmin):
     list_display = ("started_at", "action", "kind", "outcome", "held_lease")
-    list_filter = ("kind", "outcome")
-    search_fields = ("action__action_id", "idempotency_key")
+    list_filter = ("kind", OutcomeFilter)
+    search_fields = ("action__action_id__exact",)
+    search_help_text = "An exact action id."
     list_select_related = ("action",)
-    show_full_result_count = False
+
+
+# --- follow-ups ------------------------------------------------------------------------------
+
+
+class FollowUpAdmin(ReadOnlyAdmin):
+    """Remedies and discrepancies: finance works them in the review queue, through its services
+    (status flow, notes, audit events), so here they are read-only. An admin may reassign them."""
+
+    actions = ["assign_owner"]
+    max_assigned = 50
+
+    def has_correct_permission(self, request: HttpRequest) -> bool:
+        return may_correct(request)
+
+    @admin.action(description="Assign an owner", permissions=["correct"])
+    def assign_owner(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        chosen = list(queryset.select_related("action", "owner")[: self.max_assigned + 1])
+        if len(chosen) > self.max_assigned:
+            self.message_user(request, f"Choose at most {self.max_assigned} at a time.", messages.ERROR)
+            return None
+        form = AssignOwnerForm(request.POST if "confirm" in request.POST else None)
+        if form.is_valid():
+            for item in chosen:
+                try:
+                    followup_owner_assign(
+                        model=self.model,
+                        pk=item.pk,
+                        owner=form.cleaned_data["owner"],
+                        user=request.user,
+                        reason=form.cleaned_data["reason"],
+                    )
+                except CorrectionRefused as refusal:
+                    self.message_user(request, f"{item}: {refusal.message}", messages.ERROR)
+            owner = form.cleaned_data["owner"].get_username()
+            self.message_user(request, f"Assigned to {owner}; the notes and audit trail say why.", messages.SUCCESS)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Assign an owner to {self.opts.verbose_name_plural}",
+            "items": chosen,
+            "form": form,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "action_name": "assign_owner",
+        }
+        return TemplateResponse(request, "admin/actions/followup_assign_owner.html", context)
 
 
 @admin.register(Remedy)
-class RemedyAdmin(admin.ModelAdmin):
+class RemedyAdmin(FollowUpAdmin):
     list_display = ("action", "kind", "status", "amount", "currency", "owner", "created_at")
     list_filter = ("status", "kind")
-    search_fields = ("action__action_id",)
-    readonly_fields = ("action", "amount", "currency", "created_at", "updated_at")
-    show_full_result_count = False
+    list_select_related = ("action", "owner")
+    search_fields = ("action__action_id__exact",)
+    search_help_text = "An exact action id."
+
+
+class CompensationForm(forms.Form):
+    note = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=2000,
+        help_text="Why, and how finance should recover the money: goes into the audit trail and to the manager.",
+    )
 
 
 @admin.register(Discrepancy)
-class DiscrepancyAdmin(admin.ModelAdmin):
-    list_display = ("detected_at", "kind", "action", "provider_reference", "status", "owner")
+class DiscrepancyAdmin(FollowUpAdmin):
+    list_display = ("detected_at", "kind", "action", "provider_reference", "status", "owner", "compensating_action")
     list_filter = ("status", "kind")
-    search_fields = ("provider_reference", "action__action_id")
-    readonly_fields = ("kind", "action", "provider_reference", "details", "detected_at", "updated_at")
-    show_full_result_count = False
+    list_select_related = ("action", "owner")
+    search_fields = ("provider_reference__exact", "action__action_id__exact")
+    search_help_text = "An exact provider reference or action id."
+    fields = (
+        "kind",
+        "action",
+        "provider_reference",
+        "details",
+        "compensating_action_link",
+        "status",
+        "owner",
+        "note",
+        "detected_at",
+        "updated_at",
+    )
+    readonly_fields = ("compensating_action_link",)
+    actions = ["start_compensation", "assign_owner"]
+    # One admin action may start at most this many compensations: each is a proposal a
+    # manager must read.
+    max_compensations = 20
+
+    @admin.display(description="compensating action")
+    def compensating_action(self, obj: Discrepancy) -> str:
+        return str(obj.details.get("compensating_action") or "")
+
+    @admin.display(description="compensating action")
+    def compensating_action_link(self, obj: Discrepancy) -> str:
+        action_id = obj.details.get("compensating_action")
+        action = Action.objects.filter(action_id=action_id).first() if action_id else None
+        if action is None:
+            return "-"
+        return format_html(
+            '<a href="{}">{}</a> ({})',
+            reverse("admin:actions_action_change", args=[action.pk]),
+            action.action_id,
+            action.get_status_display(),
+        )
+
+    @admin.action(description="Start a compensating action", permissions=["correct"])
+    def start_compensation(self, request: HttpRequest, queryset: QuerySet[Discrepancy]) -> HttpResponse | None:
+        chosen = list(queryset.select_related("action")[: self.max_compensations + 1])
+        if len(chosen) > self.max_compensations:
+            self.message_user(
+                request, f"Choose at most {self.max_compensations} discrepancies at a time.", messages.ERROR
+            )
+            return None
+        not_duplicates = [d for d in chosen if d.kind != DiscrepancyKind.DUPLICATE_EFFECT]
+        if not_duplicates:
+            self.message_user(
+                request,
+                "Only a duplicate effect is compensated. Not: "
+                + ", ".join(f"#{d.pk} ({d.get_kind_display().lower()})" for d in not_duplicates),
+                messages.ERROR,
+            )
+            return None
+        form = CompensationForm(request.POST if "confirm" in request.POST else None)
+        if form.is_valid():
+            for discrepancy in chosen:
+                try:
+                    action = discrepancy_compensate(
+                        discrepancy_pk=discrepancy.pk, user=request.user, note=form.cleaned_data["note"]
+                    )
+                except CorrectionRefused as refusal:
+                    self.message_user(request, f"Discrepancy #{discrepancy.pk}: {refusal.message}", messages.ERROR)
+                else:
+                    self.message_user(
+                        request,
+                        format_html(
+                            'Discrepancy #{}: compensating action <a href="{}">{}</a> is proposed and waits for '
+                            "a manager's approval. Recovering the money is a manual step for finance.",
+                            discrepancy.pk,
+                            reverse("admin:actions_action_change", args=[action.pk]),
+                            action.action_id,
+                        ),
+                        messages.SUCCESS,
+                    )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Start a compensating action",
+            "discrepancies": chosen,
+            "form": form,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "action_name": "start_compensation",
+        }
+        return TemplateResponse(request, "admin/actions/discrepancy/compensate.html", context)
+
+
+@admin.register(LedgerAuditRun)
+class LedgerAuditRunAdmin(ReadOnlyAdmin):
+    list_display = (
+        "started_at",
+        "finished_at",
+        "refunds_seen",
+        "actions_checked",
+        "discrepancies_found",
+        "discrepancies_new",
+        "ok",
+        "error",
+    )
+
+    @admin.display(boolean=True, description="clean")
+    def ok(self, obj: LedgerAuditRun) -> bool:
+        return obj.ok
+
+
+class OwnerGroupForm(forms.ModelForm):
+    kind = forms.ChoiceField(choices=ActionKind.choices)
+
+    class Meta:
+        model = OwnerGroup
+        fields = ("kind", "group")
 
 
 @admin.register(OwnerGroup)
 class OwnerGroupAdmin(admin.ModelAdmin):
+    form = OwnerGroupForm
     list_display = ("kind", "group")
+    list_select_related = ("group",)
 
 
-class AgentTokenInline(admin.TabularInline):
+# --- agents and their tokens -----------------------------------------------------------------
+
+# Agents propose refunds; a compensation is only ever started by an admin's correction.
+AGENT_SCOPES = [(ActionKind.REFUND.value, ActionKind.REFUND.label)]
+
+
+class AgentForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(
+        choices=AGENT_SCOPES,
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        help_text="The action kinds it may propose.",
+    )
+
+    class Meta:
+        model = Agent
+        fields = ("name", "owner", "scopes", "is_active")
+
+
+class AgentTokenInline(ReadOnlyInline):
     model = AgentToken
-    extra = 0
-    fields = ("label", "prefix", "created_at", "last_used_at", "revoked_at")
-    readonly_fields = ("prefix", "created_at", "last_used_at")
+    # The hash is not shown: it identifies nothing a person needs, and the prefix does.
+    fields = ("prefix", "label", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # tokens are created by a service that shows the secret once
+
+def _show_token_once(modeladmin: admin.ModelAdmin, request: HttpRequest, agent: Agent, plain: str) -> None:
+    modeladmin.message_user(
+        request,
+        format_html(
+            "New token for {}: <code>{}</code> Copy it now: only its hash is stored, and it is not shown again.",
+            agent.name,
+            plain,
+        ),
+        messages.WARNING,
+    )
 
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
-    list_display = ("name", "owner", "scopes", "is_active", "created_at")
+    form = AgentForm
+    list_display = ("name", "owner", "scopes", "is_active", "active_tokens", "created_at")
     list_filter = ("is_active",)
+    list_select_related = ("owner",)
     search_fields = ("name", "owner__username")
+    raw_id_fields = ("owner",)
     inlines = [AgentTokenInline]
+    actions = ["issue_token"]
+    max_issued = 10
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Agent]:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(active_token_count=Count("tokens", filter=Q(tokens__revoked_at__isnull=True)))
+        )
+
+    @admin.display(description="active tokens", ordering="active_token_count")
+    def active_tokens(self, obj: Any) -> int:
+        return int(obj.active_token_count)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # switch it off instead: its proposals name it
+
+    def has_add_token_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("actions.add_agenttoken"))
+
+    @admin.action(description="Issue a new token", permissions=["add_token"])
+    def issue_token(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        agents = list(queryset[: self.max_issued + 1])
+        if len(agents) > self.max_issued:
+            self.message_user(request, f"Choose at most {self.max_issued} agents at a time.", messages.ERROR)
+            return
+        for agent in agents:
+            issued = agent_token_issue(agent=agent, label=f"issued in the admin by {request.user.get_username()}")
+            _show_token_once(self, request, agent, issued.plain)
+            if not agent.is_active:
+                self.message_user(
+                    request, f"{agent.name} is switched off: its tokens work once it is active again.", messages.INFO
+                )
+
+
+class TokenStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("active", "Active"), ("revoked", "Revoked")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "active":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(LargeTableAdmin):
+    list_display = ("prefix", "agent", "label", "created_at", "last_used_at", "revoked_at")
+    list_filter = (TokenStateFilter,)
+    list_select_related = ("agent",)
+    search_fields = ("prefix__exact", "agent__name")
+    search_help_text = "A token's prefix (ect_ and 8 characters) or an agent's name."
+    fields = ("agent", "prefix", "label", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("agent", "prefix", "created_at", "last_used_at", "revoked_at")
+    actions = ["revoke", "rotate"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # issued from the agent list, so that the token is shown once
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # revoked tokens stay, as the record of what could authenticate when
+
+    @admin.action(description="Revoke", permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[AgentToken]) -> None:
+        revoked = 0
+        for token in queryset.filter(revoked_at__isnull=True):
+            agent_token_revoke(token=token)
+            revoked += 1
+        self.message_user(request, f"{revoked} token(s) revoked; they stop working at once.", messages.SUCCESS)
+
+    @admin.action(description="Rotate (revoke and issue a replacement)", permissions=["change"])
+    def rotate(self, request: HttpRequest, queryset: QuerySet[AgentToken]) -> None:
+        tokens = list(queryset.select_related("agent")[: AgentAdmin.max_issued + 1])
+        if len(tokens) > AgentAdmin.max_issued:
+            self.message_user(request, f"Choose at most {AgentAdmin.max_issued} tokens at a time.", messages.ERROR)
+            return
+        for token in tokens:
+            try:
+                issued = agent_token_rotate(token=token)
+            except TokenNotActive as error:
+                self.message_user(request, str(error), messages.ERROR)
+            else:
+                _show_token_once(self, request, token.agent, issued.plain)

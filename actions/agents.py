@@ -65,12 +65,17 @@ def token_hash(plain: str) -> str:
     return hashlib.sha256(plain.encode()).hexdigest()
 
 
+# Kinds an agent may propose. Compensations are started by people (admins), never by agents.
+AGENT_SCOPES = (ActionKind.REFUND.value,)
+
+
 def _clean_scopes(scopes: Sequence[str]) -> list[str]:
     cleaned = sorted({scope.strip() for scope in scopes if scope.strip()})
-    unknown = [scope for scope in cleaned if scope not in ActionKind.values]
+    unknown = [scope for scope in cleaned if scope not in AGENT_SCOPES]
     if unknown:
         raise AgentInvalid(
-            f"Unknown scope {', '.join(unknown)}. A scope is an action kind: {', '.join(ActionKind.values)}."
+            f"Unknown scope {', '.join(unknown)}. A scope is an action kind agents may propose: "
+            f"{', '.join(AGENT_SCOPES)}."
         )
     return cleaned
 

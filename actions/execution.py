@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from actions.models import Action, ActionStatus, Attempt, Order, Remedy
+from actions.models import Action, ActionKind, ActionStatus, Attempt, Order, Remedy
 from actions.outcomes import Answer, Outcome, answer_from_refund, answer_from_submission_error
 from actions.owners import owner_pick
 from actions.providers.base import CreateRefund, Provider, ProviderError, ProviderGuarantees
@@ -279,6 +279,9 @@ def execution_dispatch(*, action_pk: int, skip_locked: bool = False) -> str:
     """Claim an authorized action, submit it once, record the answer. Safe to run twice."""
     from approvals.services import ClaimOutcome, submission_begin
 
+    # Only refunds go to the refund provider: a compensation is recovered by finance by hand.
+    if not Action.objects.filter(pk=action_pk, kind=ActionKind.REFUND).exists():
+        return "manual"
     claim = submission_begin(action_pk=action_pk, skip_locked=skip_locked)
     if claim.outcome != ClaimOutcome.CLAIMED:
         return claim.outcome.value
@@ -377,7 +380,7 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
     budget = budget_seconds if budget_seconds is not None else settings.SWEEP_INTERVAL_SECONDS
     cutoff = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS / 2)
     pks = list(
-        Action.objects.filter(status=S.AUTHORIZED, status_changed_at__lt=cutoff)
+        Action.objects.filter(status=S.AUTHORIZED, kind=ActionKind.REFUND, status_changed_at__lt=cutoff)
         .order_by("status_changed_at")
         .values_list("pk", flat=True)[:limit]
     )

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition, has_transition_perm
 
 from actions.execution import submission_request_body
-from actions.models import Action, ActionStatus, Attempt, AttemptKind, Order
+from actions.models import Action, ActionKind, ActionStatus, Attempt, AttemptKind, Order
 from actions.services import Actor, action_transition
 from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
 
@@ -66,7 +66,7 @@ def approval_refusal_reason(*, action: Action, user: Any, limit: Decimal | None)
             f"{action.amount} {action.currency} is above your approval limit of {limit} {action.currency}.",
         )
     order = action.order
-    if order is not None and action.amount > order.refundable_amount:
+    if order is not None and action.kind == ActionKind.REFUND and action.amount > order.refundable_amount:
         # Approving would only produce a STALE action at reservation: say so now.
         return (
             "over_refundable_balance",

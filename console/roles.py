@@ -23,6 +23,7 @@ _VIEW = [
     "actions.view_actionevent",
     "actions.view_attempt",
     "approvals.view_approval",
+    "actions.view_ledgerauditrun",
 ]
 
 ROLE_PERMISSIONS: dict[str, list[str]] = {

@@ -147,6 +147,7 @@ STATIC_ROOT = DATA_DIR / "static"
 # WhiteNoise serves the console's own CSS and htmx straight from the apps' static folders, so
 # neither `make start` nor the tests need a collectstatic step; production may still run it.
 WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns at start-up when it is missing
 WHITENOISE_AUTOREFRESH = DEBUG
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -9,15 +9,17 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
+from actions.review_selectors import RESOLVE_PERMISSION, ledger_audit_last_get, review_summary_get
 from approvals.selectors import approval_summary_get
 
 
 @require_safe
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    context: dict[str, Any] = {}
-    # Managers get their numbers; the other roles' summaries arrive with their own pages, and
-    # until then the template explains in a sentence what each role does here.
+    context: dict[str, Any] = {"ledger_audit": ledger_audit_last_get()}
+    # Each role gets its own numbers; a person with several roles sees each part.
     if request.user.has_perm("actions.decide_action"):
         context["manager_summary"] = approval_summary_get(user=request.user)
+    if request.user.has_perm(RESOLVE_PERMISSION):
+        context["finance_summary"] = review_summary_get(user=request.user)
     return render(request, "console/dashboard.html", context)

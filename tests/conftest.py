@@ -35,6 +35,13 @@ def fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def process_local_cache(settings: Any) -> None:
+    """Production shares the API's rate counters through the database cache; tests use a
+    process-local cache, so that tests without database access can reset the counters."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+
 @pytest.fixture
 def manager(db: Any) -> Any:
     return make_user("maria.manager", "manager", limits={"EUR": "500", "USD": "500", "JPY": "50000"})

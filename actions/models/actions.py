@@ -20,6 +20,9 @@ from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transi
 
 class ActionKind(models.TextChoices):
     REFUND = "refund", "Refund"
+    # Recovers money the receiver paid out twice (a duplicate effect found by the ledger audit).
+    # Only the admin's correction service creates one; it must never go to the refund provider.
+    COMPENSATION = "compensation", "Compensation"
 
 
 class ActionStatus(models.TextChoices):
@@ -158,6 +161,9 @@ class Action(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["status", "next_reconcile_at"], name="action_status_reconcile_idx"),
             models.Index(fields=["owner", "status"], name="action_owner_status_idx"),
             models.Index(fields=["status", "created_at"], name="action_status_created_idx"),
+            # The admin's kind filter and its search by the provider's reference.
+            models.Index(fields=["kind", "created_at"], name="action_kind_created_idx"),
+            models.Index(fields=["provider_reference"], name="action_provider_ref_idx"),
             # The review queue and the dispatcher only look at a handful of live statuses:
             # a partial index keeps those scans small however many resolved actions pile up.
             models.Index(
@@ -366,7 +372,10 @@ class ActionEvent(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["action", "created_at"], name="event_action_created_idx")]
+        indexes = [
+            models.Index(fields=["action", "created_at"], name="event_action_created_idx"),
+            models.Index(fields=["transition", "created_at"], name="event_transition_created_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"

@@ -4,6 +4,7 @@ from decimal import Decimal
 
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.functions import Upper
 
 
 class Order(models.Model):
@@ -27,6 +28,11 @@ class Order(models.Model):
 
     class Meta:
         ordering = ["-paid_at"]
+        indexes = [
+            # The admin searches orders by charge and by customer email.
+            models.Index(fields=["charge_reference"], name="order_charge_ref_idx"),
+            models.Index(Upper("customer_email"), name="order_email_upper_idx"),
+        ]
         constraints = [
             # Invariant 5 at the database level: no code path can over-refund an order.
             models.CheckConstraint(

@@ -1,0 +1,835 @@
+"""Reads for finance's pages: the review queue, one action's whole story, a follow-up, and the
+numbers on the home page.
+
+Every function here runs a fixed number of queries however long the history is: related rows
+are joined, the latest attempt of each action is found by a subquery and fetched in one more
+query, and the queue's main query only touches the live statuses, which the partial index
+``action_live_idx`` covers. ``tests/actions/test_review_scale.py`` holds them to that.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db.models import Case, Count, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from actions.invariants import max_unknown_seconds
+from actions.models import (
+    Action,
+    ActionEvent,
+    ActionStatus,
+    Attempt,
+    AttemptKind,
+    Discrepancy,
+    DiscrepancyStatus,
+    FollowUpStatus,
+    LedgerAuditRun,
+    Order,
+    Remedy,
+)
+from actions.providers.money import from_minor_units
+from console.roles import FINANCE
+
+S = ActionStatus
+
+# Who may open finance's pages: finance resolves, admins read (and correct in the admin site).
+RESOLVE_PERMISSION = "actions.resolve_action"
+CORRECT_PERMISSION = "actions.correct_action"
+
+# Action statuses the queue watches. SUBMITTING only counts once its lease has expired: within
+# the lease a worker is still at work and nobody should step in.
+QUEUE_ACTION_STATUSES = (S.NEEDS_REVIEW, S.UNKNOWN, S.SUBMITTING, S.SETTLING)
+OPEN_FOLLOW_UP = (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS)
+OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
+
+# The queue shows the most urgent rows first and stops here, so a backlog of thousands still
+# gives a page that renders (and refreshes every few seconds) quickly. The filters narrow it.
+QUEUE_MAX_ROWS = 200
+
+# How long a not-found lookup stays good enough evidence for a retry with the same key.
+DEFAULT_RETRY_LOOKUP_MAX_AGE_SECONDS = 300
+
+
+class ItemKind:
+    ACTION = "action"
+    REMEDY = "remedy"
+    DISCREPANCY = "discrepancy"
+
+    CHOICES = ((ACTION, "Actions"), (REMEDY, "Remedies"), (DISCREPANCY, "Discrepancies"))
+
+
+# The state filter: the four watched action statuses, and the two open follow-up statuses.
+STATE_CHOICES = (
+    (S.NEEDS_REVIEW.value, "Needs review"),
+    (S.UNKNOWN.value, "Unknown"),
+    (S.SUBMITTING.value, "Stuck submitting"),
+    (S.SETTLING.value, "Settling"),
+    (FollowUpStatus.OPEN.value, "Follow-up open"),
+    (FollowUpStatus.IN_PROGRESS.value, "Follow-up in progress"),
+)
+ACTION_STATES = frozenset(status.value for status in QUEUE_ACTION_STATUSES)
+
+# Urgency after "overdue": what a person must do something about comes first.
+RANK = {
+    S.NEEDS_REVIEW.value: 0,
+    S.UNKNOWN.value: 1,
+    S.SUBMITTING.value: 2,
+    S.SETTLING.value: 3,
+    ItemKind.DISCREPANCY: 4,
+    ItemKind.REMEDY: 5,
+}
+
+
+# --- settings read at call time, so tests and deployments can change them -------------------
+
+
+def owners_only() -> bool:
+    """REVIEW_OWNERS_ONLY: a finance member may act only on items they own, or unassigned ones."""
+    return bool(getattr(settings, "REVIEW_OWNERS_ONLY", False))
+
+
+def retry_lookup_max_age() -> timedelta:
+    seconds = getattr(settings, "REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS", DEFAULT_RETRY_LOOKUP_MAX_AGE_SECONDS)
+    return timedelta(seconds=int(seconds))
+
+
+def owner_rule_refusal(*, user: Any, owner: Any) -> str | None:
+    """Why ``user`` may not act on an item owned by ``owner`` under REVIEW_OWNERS_ONLY, or None."""
+    if not owners_only() or owner is None or owner.pk == user.pk:
+        return None
+    return (
+        f"This item belongs to {owner.get_username()}. Only its owner may act on it while the console "
+        "runs with REVIEW_OWNERS_ONLY; an administrator can reassign it."
+    )
+
+
+def may_view_review(user: Any) -> bool:
+    return bool(user.has_perm(RESOLVE_PERMISSION) or user.has_perm(CORRECT_PERMISSION))
+
+
+def finance_members() -> list[Any]:
+    """Active members of the finance group: the people an item can be (re)assigned to."""
+    return list(get_user_model().objects.filter(is_active=True, groups__name=FINANCE).order_by("username").distinct())
+
+
+# --- what the receiver last said -----------------------------------------------------------------
+
+
+def _money_minor(amount: object, currency: object) -> str:
+    if isinstance(amount, int) and not isinstance(amount, bool) and isinstance(currency, str) and currency:
+        try:
+            return f"{from_minor_units(amount, currency.upper())} {currency.upper()}"
+        except (ValueError, KeyError):
+            pass
+    return f"{amount} {currency}"
+
+
+def _refund_phrase(refund: dict[str, Any]) -> str:
+    money = _money_minor(refund.get("amount"), refund.get("currency"))
+    return f"refund {refund.get('id', '?')} {refund.get('status', '?')} ({money})"
+
+
+def attempt_summary(attempt: Attempt | None) -> str:
+    """One line for a person: what the receiver answered to this attempt."""
+    if attempt is None:
+        return "Nothing has been sent to the provider."
+    error = attempt.error or None
+    if attempt.kind == AttemptKind.LOOKUP:
+        refunds = (attempt.response or {}).get("refunds") or []
+        if attempt.finished_at is None:
+            return "Lookup: no answer recorded yet."
+        if error:
+            return f"Lookup could not tell: {error.get('type', 'error')}: {error.get('message', '')}".strip()
+        if not refunds:
+            return "Lookup: no refund for this action at the provider."
+        return "Lookup found " + "; ".join(_refund_phrase(refund) for refund in refunds) + "."
+    if attempt.finished_at is None:
+        return "Sent; no answer recorded yet."
+    if error:
+        code = f" ({error['code']})" if error.get("code") else ""
+        return f"{error.get('type', 'Error')}: {error.get('message', '')}{code}"
+    if attempt.response:
+        return _refund_phrase(attempt.response).capitalize() + "."
+    return f"Answer recorded: {attempt.outcome or 'unknown'}."
+
+
+# --- the queue ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueFilters:
+    mine: bool = False
+    unassigned: bool = False
+    overdue: bool = False
+    state: str = ""
+    kind: str = ""
+
+    @property
+    def active(self) -> bool:
+        return any((self.mine, self.unassigned, self.overdue, self.state, self.kind))
+
+    @property
+    def query(self) -> str:
+        """The filters as a query string ("?mine=1&state=UNKNOWN"), or "" when none is set."""
+        params = {name: "1" for name in ("mine", "unassigned", "overdue") if getattr(self, name)}
+        params.update({name: getattr(self, name) for name in ("state", "kind") if getattr(self, name)})
+        return f"?{urlencode(params)}" if params else ""
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One item in the review queue, whatever its kind, with what the columns show."""
+
+    kind: str
+    item: Any
+    state: str
+    state_label: str
+    owner: Any
+    since: datetime
+    due: datetime | None
+    overdue: bool
+    amount: Decimal | None
+    currency: str
+    order: Order | None
+    submissions: int
+    lookups: int
+    last_answer: str
+    next_reconcile_at: datetime | None
+    next_reconcile_note: str
+    rank: int
+    refusal: str | None
+
+    @property
+    def pk(self) -> int:
+        return int(self.item.pk)
+
+    @property
+    def dom_id(self) -> str:
+        return f"queue-{self.kind}-{self.item.pk}"
+
+
+@dataclass(frozen=True)
+class Queue:
+    rows: list[QueueRow]
+    total: int
+    filters: QueueFilters
+    members: list[Any]
+    owners_only: bool
+    refresh_seconds: int = 5
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.rows)
+
+
+def queue_actions_queryset(*, now: datetime) -> QuerySet[Action]:
+    """The queue's main query: live actions that need a person or a look, with their latest attempt.
+
+    The status list matches the partial index ``action_live_idx``, so the scan stays small
+    however many resolved actions pile up; SUBMITTING within its lease is left out afterwards.
+    """
+    latest_attempt = Attempt.objects.filter(action=OuterRef("pk")).order_by("-started_at", "-pk").values("pk")[:1]
+    lookups = (
+        Attempt.objects.filter(action=OuterRef("pk"), kind=AttemptKind.LOOKUP)
+        .order_by()
+        .values("action")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return (
+        Action.objects.filter(status__in=list(QUEUE_ACTION_STATUSES))
+        .exclude(status=S.SUBMITTING, lease_expires_at__gte=now)
+        .select_related("order", "owner")
+        .annotate(
+            latest_attempt_pk=Subquery(latest_attempt),
+            lookup_count=Coalesce(Subquery(lookups, output_field=IntegerField()), Value(0)),
+        )
+        .order_by("status_changed_at", "pk")
+    )
+
+
+def action_due(action: Action, *, now: datetime) -> datetime | None:
+    """When the action should have left its state, by the rule that applies to that state.
+
+    NEEDS_REVIEW: the owner's due time. SUBMITTING: its lease plus a sweep interval (invariant
+    8), after which the lease sweeper should have moved it. UNKNOWN: the escalation policy's
+    longest schedule. SETTLING: the provider decides, so there is no due time.
+    """
+    if action.status == S.NEEDS_REVIEW:
+        return action.due_at
+    if action.status == S.SUBMITTING:
+        expiry = action.lease_expires_at or action.status_changed_at or action.created_at
+        return expiry + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
+    if action.status == S.UNKNOWN:
+        since = action.status_changed_at or action.created_at
+        return since + timedelta(seconds=max_unknown_seconds())
+    return None
+
+
+def follow_up_due(opened_at: datetime) -> datetime:
+    """Remedies and discrepancies are due like escalated actions: REVIEW_DUE_HOURS after opening."""
+    return opened_at + timedelta(hours=settings.REVIEW_DUE_HOURS)
+
+
+def _next_reconcile_note(action: Action) -> str:
+    if action.status == S.NEEDS_REVIEW:
+        return "stopped: a person decides"
+    if action.status == S.SUBMITTING:
+        return "after the lease sweep moves it to Unknown"
+    if action.next_reconcile_at is None:
+        return "not scheduled"
+    return ""
+
+
+def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now: datetime) -> QueueRow:
+    due = action_due(action, now=now)
+    label = "Stuck submitting" if action.status == S.SUBMITTING else action.get_status_display()
+    latest_pk = getattr(action, "latest_attempt_pk", None)
+    return QueueRow(
+        kind=ItemKind.ACTION,
+        item=action,
+        state=action.status,
+        state_label=label,
+        owner=action.owner,
+        since=action.status_changed_at or action.created_at,
+        due=due,
+        overdue=due is not None and due < now,
+        amount=action.amount,
+        currency=action.currency,
+        order=action.order,
+        submissions=action.attempt_count,
+        lookups=int(getattr(action, "lookup_count", 0) or 0),
+        last_answer=attempt_summary(attempts.get(latest_pk) if latest_pk else None),
+        next_reconcile_at=action.next_reconcile_at if action.status in (S.UNKNOWN, S.SETTLING) else None,
+        next_reconcile_note=_next_reconcile_note(action),
+        rank=RANK[action.status],
+        refusal=owner_rule_refusal(user=user, owner=action.owner),
+    )
+
+
+def _remedy_row(remedy: Remedy, *, user: Any, now: datetime) -> QueueRow:
+    due = follow_up_due(remedy.created_at)
+    action = remedy.action
+    return QueueRow(
+        kind=ItemKind.REMEDY,
+        item=remedy,
+        state=remedy.status,
+        state_label=f"Remedy {remedy.get_status_display().lower()}",
+        owner=remedy.owner,
+        since=remedy.created_at,
+        due=due,
+        overdue=due < now,
+        amount=remedy.amount,
+        currency=remedy.currency,
+        order=action.order if action is not None else None,
+        submissions=action.attempt_count if action is not None else 0,
+        lookups=0,
+        last_answer=f"{remedy.get_kind_display()}: the refund failed for good; the customer still expects the money.",
+        next_reconcile_at=None,
+        next_reconcile_note="",
+        rank=RANK[ItemKind.REMEDY],
+        refusal=owner_rule_refusal(user=user, owner=remedy.owner),
+    )
+
+
+def _discrepancy_row(discrepancy: Discrepancy, *, user: Any, now: datetime) -> QueueRow:
+    due = follow_up_due(discrepancy.detected_at)
+    action = discrepancy.action
+    return QueueRow(
+        kind=ItemKind.DISCREPANCY,
+        item=discrepancy,
+        state=discrepancy.status,
+        state_label=f"Discrepancy {discrepancy.get_status_display().lower()}",
+        owner=discrepancy.owner,
+        since=discrepancy.detected_at,
+        due=due,
+        overdue=due < now,
+        amount=action.amount if action is not None else None,
+        currency=action.currency if action is not None else "",
+        order=action.order if action is not None else None,
+        submissions=action.attempt_count if action is not None else 0,
+        lookups=0,
+        last_answer=f"{discrepancy.get_kind_display()}"
+        + (f" ({discrepancy.provider_reference})" if discrepancy.provider_reference else ""),
+        next_reconcile_at=None,
+        next_reconcile_note="",
+        rank=RANK[ItemKind.DISCREPANCY],
+        refusal=owner_rule_refusal(user=user, owner=discrepancy.owner),
+    )
+
+
+def _owner_filter(filters: QueueFilters, user: Any) -> Q | None:
+    # "Mine" and "unassigned" together mean "what I can pick up": mine or nobody's.
+    parts = []
+    if filters.mine:
+        parts.append(Q(owner=user))
+    if filters.unassigned:
+        parts.append(Q(owner__isnull=True))
+    if not parts:
+        return None
+    combined = parts[0]
+    for part in parts[1:]:
+        combined |= part
+    return combined
+
+
+def review_queue_get(*, user: Any, filters: QueueFilters | None = None, now: datetime | None = None) -> Queue:
+    """Every item that needs finance, most urgent first: overdue ones, then by state, oldest first."""
+    now = now or timezone.now()
+    filters = filters or QueueFilters()
+    owner_q = _owner_filter(filters, user)
+    want = filters.kind
+    state = filters.state
+    if state in ACTION_STATES:
+        want = want or ItemKind.ACTION
+    rows: list[QueueRow] = []
+
+    if want in ("", ItemKind.ACTION) and (not state or state in ACTION_STATES):
+        actions = queue_actions_queryset(now=now)
+        if state:
+            actions = actions.filter(status=state)
+        if owner_q is not None:
+            actions = actions.filter(owner_q)
+        action_list = list(actions)
+        attempt_pks = [pk for pk in (getattr(a, "latest_attempt_pk", None) for a in action_list) if pk]
+        attempts = Attempt.objects.in_bulk(attempt_pks) if attempt_pks else {}
+        rows.extend(_action_row(action, attempts, user=user, now=now) for action in action_list)
+
+    follow_up_states = [state] if state and state not in ACTION_STATES else None
+    if want in ("", ItemKind.REMEDY) and (not state or state not in ACTION_STATES):
+        remedies = Remedy.objects.filter(status__in=follow_up_states or list(OPEN_FOLLOW_UP)).select_related(
+            "action", "action__order", "owner"
+        )
+        if owner_q is not None:
+            remedies = remedies.filter(owner_q)
+        rows.extend(_remedy_row(remedy, user=user, now=now) for remedy in remedies)
+    if want in ("", ItemKind.DISCREPANCY) and (not state or state not in ACTION_STATES):
+        discrepancies = Discrepancy.objects.filter(
+            status__in=follow_up_states or list(OPEN_DISCREPANCY)
+        ).select_related("action", "action__order", "owner")
+        if owner_q is not None:
+            discrepancies = discrepancies.filter(owner_q)
+        rows.extend(_discrepancy_row(discrepancy, user=user, now=now) for discrepancy in discrepancies)
+
+    if filters.overdue:
+        rows = [row for row in rows if row.overdue]
+    rows.sort(key=lambda row: (not row.overdue, row.rank, row.since, row.pk))
+    return Queue(
+        rows=rows[:QUEUE_MAX_ROWS],
+        total=len(rows),
+        filters=filters,
+        members=finance_members(),
+        owners_only=owners_only(),
+    )
+
+
+# --- one action in full ---------------------------------------------------------------------------
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One line of an action's story. ``kind`` is event, approval, attempt, remedy or discrepancy."""
+
+    at: datetime
+    kind: str
+    item: Any
+    order: int
+    details: dict[str, str] = field(default_factory=dict)
+    summary: str = ""
+    approval: Any = None
+
+
+@dataclass(frozen=True)
+class LookupView:
+    """The latest lookup at the provider, as the detail page shows it."""
+
+    attempt: Attempt
+    verdict: str
+    refunds: list[dict[str, Any]]
+    summary: str
+    fresh: bool
+    fresh_until: datetime | None
+
+    @property
+    def not_found(self) -> bool:
+        return self.verdict == "not_found"
+
+    @property
+    def found_reference(self) -> str:
+        """The provider's reference when exactly one refund was found: the likely evidence."""
+        if len(self.refunds) == 1:
+            return str(self.refunds[0].get("id", ""))
+        return ""
+
+    def refund_lines(self) -> list[dict[str, str]]:
+        return [
+            {
+                "id": str(refund.get("id", "")),
+                "status": str(refund.get("status", "")),
+                "amount": _money_minor(refund.get("amount"), refund.get("currency")),
+                "created": str(refund.get("created", "")),
+            }
+            for refund in self.refunds
+        ]
+
+
+@dataclass(frozen=True)
+class ActionDetail:
+    action: Action
+    row_due: datetime | None
+    overdue: bool
+    timeline: list[TimelineEntry]
+    latest_lookup: LookupView | None
+    remedies: list[Remedy]
+    discrepancies: list[Discrepancy]
+    members: list[Any]
+    refusal: str | None
+    retry_allowed: bool
+    retry_refusal: str
+    limits: dict[str, str]
+
+    @property
+    def is_needs_review(self) -> bool:
+        return self.action.status == S.NEEDS_REVIEW
+
+    @property
+    def is_unknown(self) -> bool:
+        return self.action.status == S.UNKNOWN
+
+    @property
+    def was_sent(self) -> bool:
+        return self.action.attempt_count > 0
+
+
+def lookup_view(attempt: Attempt | None, *, now: datetime) -> LookupView | None:
+    if attempt is None:
+        return None
+    fresh_until = (attempt.finished_at + retry_lookup_max_age()) if attempt.finished_at else None
+    return LookupView(
+        attempt=attempt,
+        verdict=attempt.outcome,
+        refunds=list((attempt.response or {}).get("refunds") or []),
+        summary=attempt_summary(attempt),
+        fresh=fresh_until is not None and fresh_until >= now,
+        fresh_until=fresh_until,
+    )
+
+
+def _minutes(delta: timedelta) -> int:
+    return max(int(delta.total_seconds() // 60), 1)
+
+
+def retry_evidence(latest_lookup: LookupView | None) -> tuple[bool, str]:
+    """Whether the latest lookup allows offering a retry with the same key, and if not, why."""
+    minutes = _minutes(retry_lookup_max_age())
+    if latest_lookup is None:
+        return (
+            False,
+            f"Look the action up at the provider first: a retry needs a not-found answer from the last {minutes} min.",
+        )
+    if not latest_lookup.not_found:
+        return False, "The latest lookup did not say 'not found', so the refund may exist: a retry could pay twice."
+    if not latest_lookup.fresh:
+        return False, f"The latest not-found answer is older than {minutes} min. Look the action up again first."
+    return True, ""
+
+
+def _attempt_entry(attempt: Attempt) -> TimelineEntry:
+    details = {"request": _pretty(attempt.request)}
+    if attempt.response is not None:
+        details["response"] = _pretty(attempt.response)
+    if attempt.error is not None:
+        details["error"] = _pretty(attempt.error)
+    return TimelineEntry(
+        at=attempt.started_at, kind="attempt", item=attempt, order=2, details=details, summary=attempt_summary(attempt)
+    )
+
+
+def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None = None) -> ActionDetail:
+    """Everything finance needs to decide: the whole story of the action, and the latest lookup.
+
+    Raises Action.DoesNotExist.
+    """
+    # Imported here: approvals builds on actions, not the other way round.
+    from approvals.models import Approval
+
+    now = now or timezone.now()
+    action = Action.objects.select_related(
+        "order", "refund_request", "owner", "proposed_by_agent", "proposed_by_user"
+    ).get(pk=action_pk)
+    events = list(
+        ActionEvent.objects.filter(action_id=action.pk).select_related("actor_user").order_by("created_at", "id")
+    )
+    approvals = list(Approval.objects.filter(action_id=action.pk).order_by("decided_at", "pk"))
+    attempts = list(Attempt.objects.filter(action_id=action.pk).order_by("started_at", "pk"))
+    remedies = list(Remedy.objects.filter(action_id=action.pk).select_related("owner").order_by("created_at", "pk"))
+    discrepancies = list(
+        Discrepancy.objects.filter(action_id=action.pk).select_related("owner").order_by("detected_at", "pk")
+    )
+
+    # A decision is shown with the event that recorded it ("approve", "reject"), binding and all.
+    approvals_by_pk = {approval.pk: approval for approval in approvals}
+    timeline: list[TimelineEntry] = []
+    for event in events:
+        details = {"evidence": _pretty(event.evidence)} if event.evidence else {}
+        approval = approvals_by_pk.pop(event.evidence.get("approval_id"), None) if event.evidence else None
+        timeline.append(
+            TimelineEntry(at=event.created_at, kind="event", item=event, order=1, details=details, approval=approval)
+        )
+    for approval in approvals_by_pk.values():
+        timeline.append(
+            TimelineEntry(at=approval.decided_at, kind="approval", item=approval, order=0, approval=approval)
+        )
+    for attempt in attempts:
+        timeline.append(_attempt_entry(attempt))
+    for remedy in remedies:
+        timeline.append(TimelineEntry(at=remedy.created_at, kind="remedy", item=remedy, order=3))
+    for discrepancy in discrepancies:
+        timeline.append(TimelineEntry(at=discrepancy.detected_at, kind="discrepancy", item=discrepancy, order=3))
+    timeline.sort(key=lambda entry: (entry.at, entry.order, entry.item.pk))
+
+    finished_lookups = [a for a in attempts if a.kind == AttemptKind.LOOKUP and a.finished_at is not None]
+    latest = max(finished_lookups, key=lambda a: (a.finished_at, a.pk)) if finished_lookups else None
+    latest_lookup = lookup_view(latest, now=now)
+    allowed, why = retry_evidence(latest_lookup)
+    due = action_due(action, now=now) if action.status in QUEUE_ACTION_STATUSES else None
+    return ActionDetail(
+        action=action,
+        row_due=due,
+        overdue=due is not None and due < now,
+        timeline=timeline,
+        latest_lookup=latest_lookup,
+        remedies=remedies,
+        discrepancies=discrepancies,
+        members=finance_members(),
+        refusal=owner_rule_refusal(user=user, owner=action.owner),
+        retry_allowed=allowed,
+        retry_refusal=why,
+        limits={
+            "lease": f"{settings.LEASE_SECONDS} s",
+            "escalation": f"{settings.RECONCILE_MAX_FAILURES} inconclusive lookups within "
+            f"{settings.RECONCILE_WINDOW_SECONDS // 3600} h",
+            "review_due": f"{settings.REVIEW_DUE_HOURS} h after escalation",
+            "retry_evidence": f"a not-found lookup from the last {_minutes(retry_lookup_max_age())} min",
+            "visibility_delay": f"{settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS} s",
+        },
+    )
+
+
+# --- one follow-up ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FollowUpDetail:
+    kind: str
+    item: Any
+    due: datetime
+    overdue: bool
+    members: list[Any]
+    refusal: str | None
+    next_states: list[tuple[str, str]]
+
+    @property
+    def is_open(self) -> bool:
+        return self.item.status in (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS)
+
+
+REMEDY_NEXT = {
+    FollowUpStatus.OPEN: [(FollowUpStatus.IN_PROGRESS.value, "Start work")],
+    FollowUpStatus.IN_PROGRESS: [(FollowUpStatus.DONE.value, "Mark done")],
+}
+DISCREPANCY_NEXT = {
+    DiscrepancyStatus.OPEN: [(DiscrepancyStatus.IN_PROGRESS.value, "Start work")],
+    DiscrepancyStatus.IN_PROGRESS: [
+        (DiscrepancyStatus.EXPLAINED.value, "Explained"),
+        (DiscrepancyStatus.CORRECTED.value, "Corrected"),
+    ],
+}
+
+
+def follow_up_detail_get(*, kind: str, pk: int, user: Any, now: datetime | None = None) -> FollowUpDetail:
+    """A remedy or a discrepancy with its workflow. Raises Remedy/Discrepancy.DoesNotExist."""
+    now = now or timezone.now()
+    item: Remedy | Discrepancy
+    if kind == ItemKind.REMEDY:
+        item = Remedy.objects.select_related("action", "action__order", "owner").get(pk=pk)
+        opened, next_states = item.created_at, REMEDY_NEXT.get(item.status, [])  # type: ignore[call-overload]
+    else:
+        item = Discrepancy.objects.select_related("action", "action__order", "owner").get(pk=pk)
+        opened, next_states = item.detected_at, DISCREPANCY_NEXT.get(item.status, [])  # type: ignore[call-overload]
+    due = follow_up_due(opened)
+    return FollowUpDetail(
+        kind=kind,
+        item=item,
+        due=due,
+        overdue=due < now and item.status in (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS),
+        members=finance_members(),
+        refusal=owner_rule_refusal(user=user, owner=item.owner),
+        next_states=list(next_states),
+    )
+
+
+# --- the home page ------------------------------------------------------------------------------
+
+AGE_BUCKETS = (
+    ("< 1 h", timedelta(hours=1)),
+    ("1-4 h", timedelta(hours=4)),
+    ("4-24 h", timedelta(hours=24)),
+    ("> 24 h", None),
+)
+
+
+@dataclass(frozen=True)
+class StateLine:
+    state: str
+    label: str
+    count: int
+    oldest: datetime | None
+    overdue: int = 0
+
+
+@dataclass(frozen=True)
+class ChartBar:
+    label: str
+    count: int
+    x: int
+    y: int
+    width: int
+    height: int
+    label_y: int
+    tone: str
+
+    @property
+    def center(self) -> int:
+        return self.x + self.width // 2
+
+
+@dataclass(frozen=True)
+class FinanceSummary:
+    states: list[StateLine]
+    follow_ups: list[StateLine]
+    mine: int
+    stuck_total: int
+    buckets: list[ChartBar]
+    chart_width: int
+    chart_height: int
+    baseline: int
+
+
+CHART_WIDTH, CHART_HEIGHT, CHART_TOP, CHART_BOTTOM = 360, 170, 24, 140
+
+
+def _chart(counts: Iterable[tuple[str, int]]) -> list[ChartBar]:
+    counts = list(counts)
+    peak = max([count for _, count in counts] + [1])
+    slot = CHART_WIDTH // len(counts)
+    width = slot - 24
+    tones = ("accent", "accent", "warn", "bad")
+    bars = []
+    for index, (label, count) in enumerate(counts):
+        height = round((CHART_BOTTOM - CHART_TOP) * count / peak)
+        y = CHART_BOTTOM - height
+        bars.append(
+            ChartBar(
+                label=label,
+                count=count,
+                x=index * slot + 12,
+                y=y,
+                width=width,
+                height=height,
+                label_y=y - 6,
+                tone=tones[index],
+            )
+        )
+    return bars
+
+
+def review_summary_get(*, user: Any, now: datetime | None = None) -> FinanceSummary:
+    """Finance's home page: open items by state and age, and stuck actions by age bucket."""
+    now = now or timezone.now()
+    since = Coalesce("status_changed_at", "created_at")
+    whens = [
+        When(**{"since__gte": now - limit}, then=Value(index))
+        for index, (_, limit) in enumerate(AGE_BUCKETS)
+        if limit is not None
+    ]
+    grouped = (
+        Action.objects.filter(status__in=list(QUEUE_ACTION_STATUSES))
+        .exclude(status=S.SUBMITTING, lease_expires_at__gte=now)
+        .annotate(since=since)
+        .annotate(bucket=Case(*whens, default=Value(len(AGE_BUCKETS) - 1), output_field=IntegerField()))
+        .values("status", "bucket")
+        .annotate(
+            n=Count("pk"),
+            oldest=Min("since"),
+            overdue=Count("pk", filter=Q(status=S.NEEDS_REVIEW, due_at__lt=now)),
+            mine=Count("pk", filter=Q(owner=user)),
+        )
+        .order_by()
+    )
+    by_state: dict[str, dict[str, Any]] = {}
+    bucket_counts = [0] * len(AGE_BUCKETS)
+    mine = 0
+    for row in grouped:
+        state = by_state.setdefault(row["status"], {"count": 0, "oldest": None, "overdue": 0})
+        state["count"] += row["n"]
+        state["overdue"] += row["overdue"]
+        if state["oldest"] is None or row["oldest"] < state["oldest"]:
+            state["oldest"] = row["oldest"]
+        bucket_counts[row["bucket"]] += row["n"]
+        mine += row["mine"]
+    labels = dict(STATE_CHOICES)
+    states = [
+        StateLine(
+            state=status.value,
+            label=labels[status.value],
+            count=by_state.get(status.value, {}).get("count", 0),
+            oldest=by_state.get(status.value, {}).get("oldest"),
+            overdue=by_state.get(status.value, {}).get("overdue", 0),
+        )
+        for status in QUEUE_ACTION_STATUSES
+    ]
+    remedies = Remedy.objects.filter(status__in=list(OPEN_FOLLOW_UP)).aggregate(
+        n=Count("pk"), oldest=Min("created_at"), mine=Count("pk", filter=Q(owner=user))
+    )
+    discrepancies = Discrepancy.objects.filter(status__in=list(OPEN_DISCREPANCY)).aggregate(
+        n=Count("pk"), oldest=Min("detected_at"), mine=Count("pk", filter=Q(owner=user))
+    )
+    follow_ups = [
+        StateLine(
+            state=ItemKind.DISCREPANCY,
+            label="Open discrepancies",
+            count=discrepancies["n"],
+            oldest=discrepancies["oldest"],
+        ),
+        StateLine(state=ItemKind.REMEDY, label="Open remedies", count=remedies["n"], oldest=remedies["oldest"]),
+    ]
+    return FinanceSummary(
+        states=states,
+        follow_ups=follow_ups,
+        mine=mine + remedies["mine"] + discrepancies["mine"],
+        stuck_total=sum(bucket_counts),
+        buckets=_chart(zip([label for label, _ in AGE_BUCKETS], bucket_counts, strict=True)),
+        chart_width=CHART_WIDTH,
+        chart_height=CHART_HEIGHT,
+        baseline=CHART_BOTTOM,
+    )
+
+
+def ledger_audit_last_get() -> LedgerAuditRun | None:
+    """The ledger audit's latest run, for everyone's home page."""
+    return LedgerAuditRun.objects.order_by("-started_at", "-pk").first()

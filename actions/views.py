@@ -1,0 +1,399 @@
+"""Finance's pages: the review queue, one action's whole story, a remedy or a discrepancy, and the
+changes posted from them.
+
+Each change works twice over, like the manager's pages. With htmx it posts in the background and
+the answer is the part of the page it changed (the queue's table, or the detail), with a notice
+saying what happened. Without JavaScript it is an ordinary POST that redirects back with a
+message. A refused change writes nothing to the action or the order and answers with the
+refusal's own status code (400 bad input, 403 a rule about who may act, 409 the state or the
+provider's live answer does not allow it), never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST, require_safe
+from django_htmx.middleware import HtmxDetails
+
+from actions import finance
+from actions.finance import REMEDY_CHOICES, ReviewRefused
+from actions.models import Action, Discrepancy, Remedy
+from actions.providers.money import ZERO_DECIMAL_CURRENCIES
+from actions.review_selectors import (
+    STATE_CHOICES,
+    ItemKind,
+    QueueFilters,
+    follow_up_detail_get,
+    may_view_review,
+    review_action_detail_get,
+    review_queue_get,
+)
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+class QueueFilterForm(forms.Form):
+    """The queue's filters, read from the query string so that they survive a refresh."""
+
+    mine = forms.BooleanField(required=False)
+    unassigned = forms.BooleanField(required=False)
+    overdue = forms.BooleanField(required=False)
+    state = forms.ChoiceField(choices=[("", "Any state"), *STATE_CHOICES], required=False)
+    kind = forms.ChoiceField(choices=[("", "Every kind"), *ItemKind.CHOICES], required=False)
+
+
+RESOLUTIONS = ("succeeded", "retry", "failed")
+
+
+def _context(**extra: Any) -> dict[str, Any]:
+    return {
+        "zero_decimal_currencies": ZERO_DECIMAL_CURRENCIES,
+        "state_choices": STATE_CHOICES,
+        "kind_choices": ItemKind.CHOICES,
+        "remedy_choices": [(choice.value, choice.label) for choice in REMEDY_CHOICES],
+        **extra,
+    }
+
+
+def _require_view(request: HttpRequest) -> None:
+    # Finance works the queue; admins may read it. Everyone else gets the friendly 403 page.
+    if not may_view_review(request.user):
+        raise PermissionDenied("The review queue is for finance.")
+
+
+def _filters(data: QueryDict) -> tuple[QueueFilters, str]:
+    """The filters in ``data``; a bad value is dropped and named, never an error page."""
+    form = QueueFilterForm(data)
+    form.is_valid()
+    data_ok = form.cleaned_data
+    filters = QueueFilters(
+        mine=bool(data_ok.get("mine")),
+        unassigned=bool(data_ok.get("unassigned")),
+        overdue=bool(data_ok.get("overdue")),
+        state=str(data_ok.get("state") or ""),
+        kind=str(data_ok.get("kind") or ""),
+    )
+    problems = [f"{name}: {' '.join(str(e) for e in errors)}" for name, errors in form.errors.items()]
+    problem = ""
+    if problems:
+        problem = "That filter was ignored. " + "; ".join(problems)
+    return filters, problem
+
+
+def _query_of(next_url: str) -> QueryDict:
+    return QueryDict(urlsplit(next_url).query)
+
+
+def _safe_next(request: HttpRequest, default: str) -> str:
+    candidate = request.POST.get("next", "")
+    if candidate and url_has_allowed_host_and_scheme(candidate, allowed_hosts={request.get_host()}):
+        return candidate
+    return default
+
+
+def _notice(level: str, text: str, status: int) -> dict[str, Any]:
+    return {"level": level, "text": text, "status": status}
+
+
+# --- the queue ---------------------------------------------------------------------------------
+
+
+def _queue_context(request: HttpRequest, filters: QueueFilters, **extra: Any) -> dict[str, Any]:
+    return _context(queue=review_queue_get(user=request.user, filters=filters), **extra)
+
+
+@require_safe
+@login_required
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    _require_view(request)
+    filters, problem = _filters(request.GET)
+    notice = _notice("error", problem, 400) if problem else None
+    template = "actions/_queue_table.html" if request.htmx else "actions/queue.html"
+    response = render(
+        request, template, _queue_context(request, filters, notice=notice), status=400 if problem else 200
+    )
+    if request.htmx.trigger == "queue-filters":
+        # The filters changed: put them in the address bar (without empty ones), so a reload,
+        # a bookmark or the back button shows the same queue.
+        response["HX-Push-Url"] = reverse("review-queue") + filters.query
+    # The same address answers with the whole page or only its table: a cache must tell them apart.
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+# --- one action ----------------------------------------------------------------------------------
+
+
+def _detail_context(request: HttpRequest, pk: int, **extra: Any) -> dict[str, Any]:
+    try:
+        detail = review_action_detail_get(action_pk=pk, user=request.user)
+    except Action.DoesNotExist as missing:
+        raise Http404("There is no such action.") from missing
+    return _context(detail=detail, action=detail.action, **extra)
+
+
+@require_safe
+@login_required
+def action_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    template = "actions/_action_detail.html" if request.htmx else "actions/action_detail.html"
+    return render(request, template, _detail_context(request, pk))
+
+
+# --- answers shared by every change -------------------------------------------------------------
+
+
+def _answer(
+    request: HtmxHttpRequest, *, origin: str, kind: str, pk: int, level: str, text: str, status: int
+) -> HttpResponse:
+    """Show the outcome where the form was: the queue's table, an action's detail, or a follow-up."""
+    notice = _notice(level, text, status)
+    if origin == "queue":
+        if request.htmx:
+            filters, _ = _filters(request.POST)
+            return render(
+                request, "actions/_queue_table.html", _queue_context(request, filters, notice=notice), status=status
+            )
+        next_url = _safe_next(request, reverse("review-queue"))
+        if level == "success":
+            messages.success(request, text)
+            return redirect(next_url)
+        filters, _ = _filters(_query_of(next_url))
+        return render(request, "actions/queue.html", _queue_context(request, filters, notice=notice), status=status)
+    if kind == ItemKind.ACTION:
+        if request.htmx:
+            return render(
+                request, "actions/_action_detail.html", _detail_context(request, pk, notice=notice), status=status
+            )
+        if level == "success":
+            messages.success(request, text)
+            return redirect("review-action", pk=pk)
+        return render(request, "actions/action_detail.html", _detail_context(request, pk, notice=notice), status=status)
+    context = _follow_up_context(request, kind, pk, notice=notice)
+    if request.htmx:
+        return render(request, "actions/_follow_up_detail.html", context, status=status)
+    if level == "success":
+        messages.success(request, text)
+        return redirect(f"review-{kind}", pk=pk)
+    return render(request, "actions/follow_up_detail.html", context, status=status)
+
+
+def _refused(request: HtmxHttpRequest, refused: ReviewRefused, *, kind: str, pk: int) -> HttpResponse:
+    if refused.status == 404:
+        raise Http404(str(refused))
+    text = str(refused)
+    if refused.code == "provider_disagrees":
+        text += " The provider's answer is kept in the timeline."
+    return _answer(request, origin=_origin(request), kind=kind, pk=pk, level="error", text=text, status=refused.status)
+
+
+def _origin(request: HttpRequest) -> str:
+    return "queue" if request.POST.get("origin") == "queue" else "detail"
+
+
+def _done(request: HtmxHttpRequest, text: str, *, kind: str, pk: int) -> HttpResponse:
+    return _answer(request, origin=_origin(request), kind=kind, pk=pk, level="success", text=text, status=200)
+
+
+# --- changes to an action -------------------------------------------------------------------------
+
+
+@require_POST
+@login_required
+def action_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    try:
+        action = finance.action_assign(
+            action_pk=pk,
+            user=request.user,
+            owner_pk=request.POST.get("owner") or None,
+            note=request.POST.get("note", ""),
+        )
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
+    assert action.owner is not None
+    return _done(
+        request, f"{action.action_id} now belongs to {action.owner.get_username()}.", kind=ItemKind.ACTION, pk=pk
+    )
+
+
+@require_POST
+@login_required
+def action_lookup(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    try:
+        result = finance.action_lookup(action_pk=pk, user=request.user)
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
+    from actions.review_selectors import attempt_summary
+
+    return _done(request, f"The provider answered: {attempt_summary(result.attempt)}", kind=ItemKind.ACTION, pk=pk)
+
+
+@require_POST
+@login_required
+def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    resolution = request.POST.get("resolution", "")
+    try:
+        if resolution == "succeeded":
+            result = finance.action_resolve_succeeded(
+                action_pk=pk,
+                user=request.user,
+                provider_reference=request.POST.get("provider_reference", ""),
+                reason=request.POST.get("reason", ""),
+            )
+        elif resolution == "retry":
+            result = finance.action_resolve_retry(
+                action_pk=pk, user=request.user, reason=request.POST.get("reason", "")
+            )
+        elif resolution == "failed":
+            result = finance.action_resolve_failed(
+                action_pk=pk,
+                user=request.user,
+                reason=request.POST.get("reason", ""),
+                remedy_kind=request.POST.get("remedy_kind", ""),
+                expected_amount=request.POST.get("expected_amount", ""),
+            )
+        else:
+            raise ReviewRefused(
+                f"resolution: choose one of {', '.join(RESOLUTIONS)}.", code="invalid", status=400, field="resolution"
+            )
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
+    return _done(request, result.message, kind=ItemKind.ACTION, pk=pk)
+
+
+@require_POST
+@login_required
+def action_escalate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    try:
+        action = finance.action_escalate_to_user(action_pk=pk, user=request.user, reason=request.POST.get("reason", ""))
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
+    return _done(
+        request,
+        f"{action.action_id} needs review now and belongs to you; reconciliation stopped polling it.",
+        kind=ItemKind.ACTION,
+        pk=pk,
+    )
+
+
+# --- remedies and discrepancies ------------------------------------------------------------------
+
+
+def _follow_up_context(request: HttpRequest, kind: str, pk: int, **extra: Any) -> dict[str, Any]:
+    try:
+        detail = follow_up_detail_get(kind=kind, pk=pk, user=request.user)
+    except (Remedy.DoesNotExist, Discrepancy.DoesNotExist) as missing:
+        raise Http404(f"There is no such {kind}.") from missing
+    return _context(follow_up=detail, **extra)
+
+
+def _follow_up_page(request: HtmxHttpRequest, kind: str, pk: int) -> HttpResponse:
+    _require_view(request)
+    template = "actions/_follow_up_detail.html" if request.htmx else "actions/follow_up_detail.html"
+    return render(request, template, _follow_up_context(request, kind, pk))
+
+
+@require_safe
+@login_required
+def remedy_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    return _follow_up_page(request, ItemKind.REMEDY, pk)
+
+
+@require_safe
+@login_required
+def discrepancy_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    return _follow_up_page(request, ItemKind.DISCREPANCY, pk)
+
+
+@require_POST
+@login_required
+def remedy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    try:
+        remedy = finance.remedy_assign(
+            remedy_pk=pk,
+            user=request.user,
+            owner_pk=request.POST.get("owner") or None,
+            note=request.POST.get("note", ""),
+        )
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.REMEDY, pk=pk)
+    assert remedy.owner is not None
+    return _done(request, f"The remedy now belongs to {remedy.owner.get_username()}.", kind=ItemKind.REMEDY, pk=pk)
+
+
+@require_POST
+@login_required
+def discrepancy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    try:
+        discrepancy = finance.discrepancy_assign(
+            discrepancy_pk=pk,
+            user=request.user,
+            owner_pk=request.POST.get("owner") or None,
+            note=request.POST.get("note", ""),
+        )
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.DISCREPANCY, pk=pk)
+    assert discrepancy.owner is not None
+    return _done(
+        request,
+        f"The discrepancy now belongs to {discrepancy.owner.get_username()}.",
+        kind=ItemKind.DISCREPANCY,
+        pk=pk,
+    )
+
+
+@require_POST
+@login_required
+def remedy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    try:
+        remedy = finance.remedy_advance(
+            remedy_pk=pk,
+            user=request.user,
+            to_status=request.POST.get("status", ""),
+            note=request.POST.get("note", ""),
+            remedy_kind=request.POST.get("remedy_kind") or None,
+        )
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.REMEDY, pk=pk)
+    return _done(request, f"The remedy is {remedy.get_status_display().lower()}.", kind=ItemKind.REMEDY, pk=pk)
+
+
+@require_POST
+@login_required
+def discrepancy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
+    try:
+        discrepancy = finance.discrepancy_advance(
+            discrepancy_pk=pk,
+            user=request.user,
+            to_status=request.POST.get("status", ""),
+            note=request.POST.get("note", ""),
+        )
+    except ReviewRefused as refused:
+        return _refused(request, refused, kind=ItemKind.DISCREPANCY, pk=pk)
+    return _done(
+        request,
+        f"The discrepancy is {discrepancy.get_status_display().lower()}.",
+        kind=ItemKind.DISCREPANCY,
+        pk=pk,
+    )
