@@ -83,7 +83,7 @@ def fault_point(name: str) -> None:
 # --- money and follow-ups that go with outcomes ---------------------------------------------
 
 
-def _order_book_success(action: Action) -> None:
+def order_book_success(action: Action) -> None:
     """SUCCEEDED: the reserved amount becomes refunded money, in the same transaction."""
     assert action.order_id is not None, "a refund always targets an order"
     Order.objects.filter(pk=action.order_id).update(
@@ -92,7 +92,7 @@ def _order_book_success(action: Action) -> None:
     )
 
 
-def _order_release(action: Action) -> None:
+def order_release(action: Action) -> None:
     """FAILED_FINAL: the reservation is released; the customer still expects their money."""
     assert action.order_id is not None, "a refund always targets an order"
     Order.objects.filter(pk=action.order_id).update(reserved_amount=F("reserved_amount") - action.amount)
@@ -217,22 +217,32 @@ def apply_outcome(
         raise ValueError(f"cannot apply a receiver's answer to an action in {status}")
 
     if action.status == S.SUCCEEDED:
-        _order_book_success(action)
+        order_book_success(action)
     elif action.status == S.FAILED_FINAL:
-        _order_release(action)
+        order_release(action)
         _remedy_open(action)
     return action.status
 
 
 def action_escalate(*, action: Action, actor: Actor, now: datetime, reason: str, evidence: dict[str, Any]) -> Any:
-    """Hand the action to a named person: the owner group's member with the fewest open items."""
-    owner = owner_pick(kind=action.kind)
+    """Hand the action to a named person: the owner finance already set, if they are still an
+    active member able to resolve it, otherwise the owner group's member with the fewest open items."""
+    current = action.owner
+    if current is not None and current.is_active and current.has_perm("actions.resolve_action"):
+        owner = current
+    else:
+        owner = owner_pick(kind=action.kind)
     assignee = owner.get_username() if owner else "nobody: the owner group has no active member"
     action_transition(
         action=action,
         transition="escalate",
         actor=actor,
-        reason=f"{reason} Assigned to {assignee} (the owner group's member with the fewest open items).",
+        reason=f"{reason} Assigned to {assignee}"
+        + (
+            " (already its owner)."
+            if owner is current and owner is not None
+            else " (the owner group's member with the fewest open items)."
+        ),
         evidence={**evidence, "owner": owner.get_username() if owner else None},
         now=now,
         owner=owner,

@@ -25,8 +25,8 @@ from django.utils import timezone
 from django_fsm import has_transition_perm
 
 from actions.execution import (
-    _order_book_success,
-    _order_release,
+    order_book_success,
+    order_release,
     provider_from_settings,
     submission_request_body,
     submission_send_and_record,
@@ -506,7 +506,7 @@ def action_resolve_succeeded(
                     now=now,
                     provider_reference=reference,
                 )
-                _order_book_success(action)
+                order_book_success(action)
     # The lookup is kept even when the resolution is refused: it is what the provider said.
     if refusal is not None:
         raise refusal
@@ -577,7 +577,7 @@ def action_resolve_failed(
                     },
                     now=now,
                 )
-                _order_release(action)
+                order_release(action)
                 remedy = Remedy.objects.create(
                     action=action,
                     kind=kind,

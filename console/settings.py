@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
+from psycopg_pool import ConnectionPool
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -115,6 +116,10 @@ if DATABASE_URL:
                 "min_size": env_int("DATABASE_POOL_MIN", 1),
                 "max_size": env_int("DATABASE_POOL_MAX", 10),
                 "timeout": env_int("DATABASE_POOL_TIMEOUT", 10),
+                # Check a pooled connection before handing it out: after a PostgreSQL restart
+                # the pool's idle connections are dead, and this replaces them instead of
+                # failing the next request or task.
+                "check": ConnectionPool.check_connection,
             }
         _db["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "test_console")}
 else:
@@ -229,6 +234,10 @@ RECONCILE_BASE_BACKOFF_SECONDS: int = env_int("RECONCILE_BASE_BACKOFF_SECONDS", 
 KEY_RETENTION_MARGIN_SECONDS: int = env_int("KEY_RETENTION_MARGIN_SECONDS", 3600)
 # Escalated actions are due for a decision within this many hours.
 REVIEW_DUE_HOURS: int = env_int("REVIEW_DUE_HOURS", 24)
+# Review queue: when on, a member of finance may act only on items they own or nobody owns.
+REVIEW_OWNERS_ONLY: bool = env_bool("REVIEW_OWNERS_ONLY", False)
+# How recent a "not found" lookup must be before finance may retry a refund with the same key.
+REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS: int = env_int("REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS", 300)
 # How often the ledger audit compares the receiver's ledger with the console's records.
 LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 3600)
 # The API's per-token rate counters live in this cache, which every web process must share.

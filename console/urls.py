@@ -11,6 +11,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("approvals/", include("approvals.urls")),
+    path("review/", include("actions.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("actions.api.urls")),
     path("metrics", metrics.metrics, name="metrics"),

@@ -15,6 +15,9 @@ pytest_plugins = ["tests.processes"]
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``postgres`` need PostgreSQL. Outside CI they skip on SQLite with a reason;
     in CI (CI=true) a missing PostgreSQL fails the run instead of hiding the tests."""
+    # The chaos run restarts PostgreSQL and flushes Redis: it goes last, so nothing runs after
+    # it on connections it broke.
+    items.sort(key=lambda item: item.nodeid.startswith("tests/chaos/"))
     on_postgres = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
     if on_postgres:
         return
