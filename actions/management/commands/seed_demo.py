@@ -35,6 +35,7 @@ import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -43,6 +44,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
+from actions.agents import agent_token_issue
 from actions.audit import ledger_audit_run
 from actions.execution import action_escalate, apply_outcome, submission_send_and_record
 from actions.finance import ReviewRefused, action_assign
@@ -147,6 +149,7 @@ class Command(BaseCommand):
                 proposer=actor,
             )
 
+        token_note = self._demo_token(agent)
         if reachable:
             Scenario(self, sandbox=sandbox, users=users, proposer=actor).seed()
         else:
@@ -156,6 +159,22 @@ class Command(BaseCommand):
                 f"Demo data ready: {Order.objects.count()} orders, {Action.objects.count()} actions. "
                 f"Log in as maria (manager), fiona (finance) or adam (admin) with password {DEMO_PASSWORD!r}."
             )
+        )
+        self.stdout.write(token_note)
+
+    def _demo_token(self, agent: Agent) -> str:
+        """An API token for the demo agent, so an agent developer can call the API at once.
+
+        Like every token it is stored hashed; its only copy is this local demo file, written
+        once (a real token is shown once by create_agent and never written down).
+        """
+        path = Path(settings.DATA_DIR) / "demo-agent-token.txt"
+        if not path.exists():
+            path.write_text(agent_token_issue(agent=agent, label="demo").plain + "\n")
+            path.chmod(0o600)
+        return (
+            f"The demo agent support-bot's API token is in {path} "
+            f'(curl -H "Authorization: Bearer $(cat {path})" http://127.0.0.1:8000/api/v1/actions).'
         )
 
     def _user(self, spec: dict[str, Any]) -> User:
