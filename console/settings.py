@@ -13,7 +13,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
-from psycopg_pool import ConnectionPool
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -116,10 +115,9 @@ if DATABASE_URL:
                 "min_size": env_int("DATABASE_POOL_MIN", 1),
                 "max_size": env_int("DATABASE_POOL_MAX", 10),
                 "timeout": env_int("DATABASE_POOL_TIMEOUT", 10),
-                # Check a pooled connection before handing it out: after a PostgreSQL restart
-                # the pool's idle connections are dead, and this replaces them instead of
-                # failing the next request or task.
-                "check": ConnectionPool.check_connection,
+                # Django passes check=ConnectionPool.check_connection itself: a pooled connection
+                # is checked before it is handed out, so after a PostgreSQL restart the dead
+                # idle connections are replaced instead of failing the next request or task.
             }
         _db["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "test_console")}
 else:
