@@ -24,10 +24,10 @@ pytestmark = [
 def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     broker_url: str, settings: Any, tmp_path: Any
 ) -> None:
-    """Invariants 1, 2, 5 and 8 hold after 200 actions under worker kills, provider faults, a
+    """Invariants 1, 2, 5 and 8 hold after 300 actions under worker kills, provider faults, a
     PostgreSQL restart and a Redis flush, audited against the sandbox's own ledger."""
     settings.CELERY_BROKER_URL = broker_url
-    config = ChaosConfig(actions=200, workers=3, kill_every_seconds=4.0, drain_deadline_seconds=300, seed=7)
+    config = ChaosConfig(actions=300, workers=3, kill_every_seconds=4.0, drain_deadline_seconds=300, seed=7)
 
     report = ChaosRun(config, workdir=tmp_path).run()
     connection.close()  # the restart left this process's connection broken; the flush needs a new one
