@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import random
@@ -101,6 +102,7 @@ class ChaosReport:
     proposal_errors: int = 0
     kills: int = 0
     self_kills: int = 0
+    worker_exits: int = 0  # workers that exited without being killed by the run (replaced)
     postgres_restarts: int = 0
     redis_flushes: int = 0
     faults_fired: dict[str, int] = field(default_factory=dict)
@@ -125,7 +127,8 @@ class ChaosReport:
             f"  lost             {audit.lost if audit else '?'}   (must be 0)",
             f"  drained          {'yes' if self.drained else 'NO: deadline passed'}",
             f"  states           {states}",
-            f"  kills            {self.kills} by the run, {self.self_kills} at worker fault points",
+            f"  kills            {self.kills} workers by the run, {self.self_kills} at worker fault points, "
+            f"{self.worker_exits} other worker exits",
             f"  postgres         {self.postgres_restarts} restart(s); redis {self.redis_flushes} flush(es)",
             "  provider faults  " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults_fired.items())),
             f"  time             {self.seconds:.1f} s, {throughput:.1f} actions/s end to end",
@@ -140,10 +143,11 @@ class ChaosReport:
 
 
 class Process:
-    """A child process in its own session, so a kill takes any children (beat, pool) with it.
+    """A child process in its own session, so a kill takes its children (the pool) with it.
 
-    Workers run the solo pool, as ``make start`` does: the process a fault point kills is the
-    worker itself, and the run replaces it like any other dead worker.
+    Workers run Celery's prefork pool with one child: a fault point kills the child that runs
+    the task, and Celery's reject_on_worker_lost must requeue the message (the production
+    set-up under test); the run's own kills take the whole worker down.
     """
 
     def __init__(self, name: str, command: list[str], env: dict[str, str], log_path: Path) -> None:
@@ -219,6 +223,7 @@ class ChaosRun:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
         self.report = ChaosReport(config=vars(config).copy())
         self.workers: list[Process] = []
+        self.worker_numbers = itertools.count(1)
         self.others: list[Process] = []
         self.sandbox_url = ""
         self.web_url = ""
@@ -316,7 +321,7 @@ class ChaosRun:
     def start_worker(self, *, with_faults: bool = True) -> Process:
         p = self.config.worker_fault_probability
         points = ",".join(f"{name}@{p}" for name in WORKER_FAULT_POINTS) if with_faults and p > 0 else ""
-        name = f"worker{len(self.workers) + 1}"
+        name = f"worker{next(self.worker_numbers)}"
         process = Process(
             name,
             [
@@ -596,6 +601,10 @@ class ChaosRun:
                 time.sleep(0.5)
             sys.stderr.write("\n")
             self.report.seconds = time.monotonic() - started
+            # Each pool child a fault point killed left a line in its worker's log.
+            self.report.self_kills += sum(
+                log.read_text(errors="replace").count("fault point ") for log in self.workdir.glob("worker*.log")
+            )
             provider = StripeProvider(
                 api_key="sk_test_chaos",
                 api_base=self.sandbox_url,
@@ -622,7 +631,7 @@ class ChaosRun:
         for worker in list(self.workers):
             if not worker.alive:
                 self.workers.remove(worker)
-                self.report.self_kills += 1
+                self.report.worker_exits += 1
                 self.start_worker(with_faults=with_faults)
 
 
