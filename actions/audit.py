@@ -6,7 +6,9 @@ Discrepancy for each of these (DESIGN.md section 7):
 - an effect with no action (a refund whose metadata names no action we know);
 - two effects for one action;
 - an amount or currency that differs from the action's;
-- a SUCCEEDED action with no effect.
+- a SUCCEEDED action with no effect (or whose recorded reference is not the effect's);
+- an effect for an action the console holds as not succeeded (failed for good, rejected,
+  cancelled, stale, or never submitted): a remedy may be paying the customer twice.
 
 Failed and canceled refunds are records, not effects: they count for none of the above.
 """
@@ -28,6 +30,17 @@ from actions.providers.base import Provider, ProviderError, ProviderRefund, Refu
 from actions.providers.money import to_minor_units
 
 EFFECT_STATUSES = frozenset({RefundStatus.SUCCEEDED, RefundStatus.PENDING, RefundStatus.REQUIRES_ACTION})
+# Statuses in which the console holds that no refund happened, or not yet by our hand.
+NOT_SUCCEEDED_STATUSES = frozenset(
+    {
+        ActionStatus.FAILED_FINAL,
+        ActionStatus.REJECTED,
+        ActionStatus.CANCELLED,
+        ActionStatus.STALE,
+        ActionStatus.PROPOSED,
+        ActionStatus.AUTHORIZED,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,7 @@ def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timed
     known = {
         action.action_id: action
         for action in Action.objects.filter(action_id__in=[k for k in effects_by_action if k]).only(
-            "action_id", "amount", "currency", "status"
+            "action_id", "amount", "currency", "status", "provider_reference"
         )
     }
     for action_id, effects in effects_by_action.items():
@@ -73,6 +86,30 @@ def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timed
                 )
             continue
         result.actions_checked += 1
+        if action.status in NOT_SUCCEEDED_STATUSES:
+            for effect in effects:
+                result.findings.append(
+                    Finding(
+                        DiscrepancyKind.EFFECT_FOR_UNSUCCESSFUL_ACTION,
+                        action_id,
+                        effect.id,
+                        {"console_status": action.status, "refund_status": str(effect.status)},
+                    )
+                )
+        elif (
+            action.status == ActionStatus.SUCCEEDED
+            and len(effects) == 1
+            and action.provider_reference
+            and action.provider_reference != effects[0].id
+        ):
+            result.findings.append(
+                Finding(
+                    DiscrepancyKind.SUCCEEDED_WITHOUT_EFFECT,
+                    action_id,
+                    action.provider_reference,
+                    {"recorded_reference": action.provider_reference, "effect_at_provider": effects[0].id},
+                )
+            )
         if len(effects) > 1:
             result.findings.append(
                 Finding(

@@ -407,11 +407,17 @@ def _conflict_succeeded(action: Action, lookup: Lookup | None, reference: str) -
     if lookup.verdict == LookupVerdict.NOT_FOUND:
         return "The provider has no refund for this action, so it cannot be confirmed as succeeded."
     if lookup.verdict == LookupVerdict.DUPLICATE:
-        return (
-            f"The provider has {len(lookup.refunds)} refunds for this action ({_refunds_text(lookup.refunds)}). "
-            "Confirming one would hide the other: record a discrepancy and resolve it with the provider first."
-        )
-    refund = lookup.refunds[0]
+        # Confirming the one named refund books the amount once; the other effect stays on record
+        # as a discrepancy (reconciliation stored it), to be corrected by a compensating action.
+        named = [r for r in lookup.refunds if r.id == reference]
+        if not named:
+            return (
+                f"The provider has {len(lookup.refunds)} refunds for this action ({_refunds_text(lookup.refunds)}). "
+                "Name the one to record as this action's effect; the other stays open as a discrepancy."
+            )
+        refund = named[0]
+    else:
+        refund = lookup.refunds[0]
     if refund.id != reference:
         return f"The provider's refund for this action is {refund.id}, not {reference}."
     if refund.status != RefundStatus.SUCCEEDED:
@@ -453,6 +459,27 @@ def _retry_timing(action: Action, provider: Provider, now: datetime) -> str | No
     visible_after = (action.last_attempt_at or action.first_attempt_at or now) + guarantees.lookup_visibility_delay
     if now < visible_after:
         return f"The provider's lookup may still be catching up until {visible_after:%H:%M:%S}. Try again then."
+    return None
+
+
+def _failed_timing(action: Action, provider: Provider, now: datetime) -> str | None:
+    """A not-found proves "failed" only once no earlier attempt can still arrive at the provider.
+
+    Recording failed releases the reservation and opens a remedy (the customer is paid another
+    way): if the refund then appeared at the provider, the customer would be paid twice.
+    """
+    timing = _retry_timing(action, provider, now)
+    if timing is not None:
+        return timing
+    last = action.last_attempt_at or action.first_attempt_at
+    if last is None:
+        return None
+    quiet_after = last + timedelta(seconds=settings.LEASE_SECONDS) + provider.guarantees.lookup_visibility_delay
+    if now < quiet_after:
+        return (
+            f"The last attempt ({last:%H:%M:%S}) could still reach the provider until {quiet_after:%H:%M:%S}: "
+            "record it as failed after that, once a lookup still finds nothing."
+        )
     return None
 
 
@@ -560,6 +587,8 @@ def action_resolve_failed(
             refusal = refused
         else:
             conflict = _conflict_not_executed(lookup, retry=False)
+            if conflict is None and lookup is not None and lookup.verdict == LookupVerdict.NOT_FOUND:
+                conflict = _failed_timing(action, provider, now)
             if conflict is not None:
                 refusal = ReviewRefused(conflict, code="provider_disagrees")
             else:

@@ -62,8 +62,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "approvals.add_approvallimit",
         "approvals.change_approvallimit",
         "approvals.delete_approvallimit",
+        # Viewing only: with auth.change_user the admin role could grant itself any group or
+        # superuser status, defeating four eyes. Users and roles are managed by a superuser.
         "auth.view_user",
-        "auth.change_user",
         "auth.view_group",
     ],
 }

@@ -52,7 +52,9 @@ def env_list(name: str, default: str) -> list[str]:
 DATA_DIR = Path(env_str("CONSOLE_DATA_DIR", str(BASE_DIR / "data")))
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY", "insecure-development-key-change-me-in-production-0123456789")
+# The default is for development only; its "django-insecure-" prefix makes `check --deploy`
+# fail loudly if production ever runs without SECRET_KEY.
+SECRET_KEY = env_str("SECRET_KEY", "django-insecure-development-key-change-me-in-production-0123456789")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 

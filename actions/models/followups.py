@@ -51,6 +51,9 @@ class DiscrepancyKind(models.TextChoices):
     DUPLICATE_EFFECT = "duplicate_effect", "Two effects for one action"
     AMOUNT_MISMATCH = "amount_mismatch", "Amount or currency differs"
     SUCCEEDED_WITHOUT_EFFECT = "succeeded_without_effect", "Succeeded with no effect"
+    # A refund exists for an action the console holds as not (yet) succeeded: failed for good
+    # (a remedy may pay the customer a second time), rejected, cancelled or never submitted.
+    EFFECT_FOR_UNSUCCESSFUL_ACTION = "effect_for_unsuccessful_action", "Effect for an action that did not succeed"
 
 
 class DiscrepancyStatus(models.TextChoices):

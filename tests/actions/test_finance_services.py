@@ -746,3 +746,32 @@ def test_a_manager_cannot_work_a_remedy(agent_actor: Actor, manager: Any) -> Non
         finance_services.remedy_advance(remedy_pk=remedy.pk, user=manager, to_status="in_progress")
     assert refused.value.status == 403
     assert Remedy.objects.get(pk=remedy.pk).status == FollowUpStatus.OPEN
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_recording_failed_is_refused_while_the_last_attempt_could_still_reach_the_provider(
+    finance: Any, agent_actor: Actor, live_sandbox: Any, settings: Any
+) -> None:
+    """Invariant 1: "failed" releases the reservation and opens a remedy (the customer is paid
+    another way), so a not-found is only proof once no earlier attempt can still arrive."""
+    settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS = 0  # only the lease keeps it refused
+    fresh = answered(agent_actor, timed_out)
+    live_sandbox.seed_charge(fresh.payload["charge"], 10000, "eur")
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=fresh.pk)
+        action_transition(
+            action=locked,
+            transition="escalate",
+            actor=Actor.system("reconciler"),
+            reason="test",
+            owner=finance,
+            due_at=timezone.now() + timedelta(hours=1),
+        )
+
+    with pytest.raises(ReviewRefused) as refused:
+        finance_services.action_resolve_failed(action_pk=fresh.pk, user=finance, reason="r", remedy_kind="cheque")
+
+    assert "could still reach the provider" in str(refused.value)
+    assert Action.objects.get(pk=fresh.pk).status == S.NEEDS_REVIEW
+    assert not Remedy.objects.filter(action=fresh).exists()

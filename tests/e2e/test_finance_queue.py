@@ -38,11 +38,16 @@ def test_finance_filters_looks_up_and_resolves_an_action_that_leaves_the_queue(
     finance: Any,
     agent_actor: Actor,
     monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
 ) -> None:
     """Invariants 2, 5 and 8 end to end: the refund the provider made is recorded once, with its
     reference; the order's money adds up; the queue shows what is left, to its owner."""
     # Auto-approval publishes a dispatch on commit; the builders reserve and record by themselves.
     monkeypatch.setattr("actions.tasks.dispatch_enqueue", lambda pk: None)
+    # The items were just attempted; "failed" needs their lease and the provider's visibility
+    # delay to have passed. No worker runs here, so both are zero.
+    settings.LEASE_SECONDS = 0
+    settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS = 0
     felix = make_user("felix.finance", "finance")
     review = escalated(agent_actor, owner=finance)
     other_mine = escalated(agent_actor, owner=finance)

@@ -70,7 +70,7 @@ USERS: list[dict[str, Any]] = [
     {"username": "mark", "name": ("Mark", "Manager"), "roles": ["manager"], "limits": {"EUR": "100"}},
     {"username": "fiona", "name": ("Fiona", "Finance"), "roles": ["finance"]},
     {"username": "felix", "name": ("Felix", "Finance"), "roles": ["finance"]},
-    {"username": "adam", "name": ("Adam", "Admin"), "roles": ["admin"], "staff": True, "superuser": True},
+    {"username": "adam", "name": ("Adam", "Admin"), "roles": ["admin"], "staff": True},
     {"username": "otto", "name": ("Otto", "Owner"), "roles": ["agent"]},
 ]
 
