@@ -305,9 +305,10 @@ def submission_send_and_record(
     """The call and the record, for a caller that holds a freshly committed lease."""
     provider = provider or provider_from_settings()
     # A worker that stalled between its claim and the call (a long GC pause, a suspended VM)
-    # must not send once its lease is nearly over: the lease sweeper may already have handed the
-    # action to reconciliation or a person. The attempt stays unanswered; the lease expires.
-    margin = timedelta(seconds=2 * settings.PROVIDER_TIMEOUT_SECONDS)
+    # must not start a call that could outlast its lease: by then the lease sweeper may have
+    # handed the action to reconciliation or a person. The attempt stays unanswered and the
+    # lease expires, as if the worker had died here.
+    margin = timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
     if action.lease_expires_at is not None and timezone.now() + margin > action.lease_expires_at:
         log.warning("action_id=%s lease nearly expired before the provider call; not sending", action.action_id)
         return "lease_too_short"

@@ -74,11 +74,15 @@ class Lookup:
 # --- claim ---------------------------------------------------------------------------------
 
 
-def reconcile_claim(*, action_pk: int, now: datetime) -> tuple[Action, Attempt, uuid.UUID] | None:
+def reconcile_claim(
+    *, action_pk: int, now: datetime, published_mark: datetime | None = None
+) -> tuple[Action, Attempt, uuid.UUID] | None:
     """Take the reconciler's lease on a due UNKNOWN or SETTLING action, or return None.
 
     The lease is the action's lease token (free while UNKNOWN or SETTLING) and pushes the next
     reconciliation past the lease, so a reconciler that dies mid-way is replaced after it.
+    ``published_mark``: the sweep that published this task moved ``next_reconcile_at`` to this
+    mark; the task may take the action while the mark is still there (see reconcile_publish_due).
     """
     with transaction.atomic(durable=True):
         action = (
@@ -86,7 +90,10 @@ def reconcile_claim(*, action_pk: int, now: datetime) -> tuple[Action, Attempt, 
             .filter(pk=action_pk, status__in=[S.UNKNOWN, S.SETTLING])
             .first()
         )
-        if action is None or (action.next_reconcile_at is not None and action.next_reconcile_at > now):
+        if action is None:
+            return None
+        due = action.next_reconcile_at is None or action.next_reconcile_at <= now
+        if not due and not (published_mark is not None and action.next_reconcile_at == published_mark):
             return None
         token = uuid.uuid4()
         action.lease_token = token
@@ -160,12 +167,18 @@ def retry_allowed(*, action: Action, provider: Provider, now: datetime) -> tuple
     return True, "Authoritative not-found after the receiver's visibility delay: retry with the same key."
 
 
-def reconcile_action(*, action_pk: int, provider: Provider | None = None, now: datetime | None = None) -> str:
+def reconcile_action(
+    *,
+    action_pk: int,
+    provider: Provider | None = None,
+    now: datetime | None = None,
+    published_mark: datetime | None = None,
+) -> str:
     """One reconciliation pass for one action. Returns what happened, for logs and tests."""
     provider = provider or provider_from_settings()
     now = now or timezone.now()
     guarantees = provider.guarantees
-    claimed = reconcile_claim(action_pk=action_pk, now=now)
+    claimed = reconcile_claim(action_pk=action_pk, now=now, published_mark=published_mark)
     if claimed is None:
         return "not_due"
     action, attempt, token = claimed
@@ -356,3 +369,25 @@ def reconcile_due(*, now: datetime | None = None, limit: int = 200) -> list[int]
         .order_by("next_reconcile_at")
         .values_list("pk", flat=True)[:limit]
     )
+
+
+def reconcile_publish_due(*, now: datetime | None = None, limit: int = 200) -> list[tuple[int, datetime]]:
+    """Mark due actions as published and return (pk, mark) for one task each.
+
+    The mark moves ``next_reconcile_at`` one lease ahead, so the next sweeps do not publish the
+    action again while its task waits in the queue (the chaos run showed sweeps every second
+    flooding the queue with duplicates, starving real work). If the message is lost (a broker
+    flush or restart), the action becomes due again when the mark passes and is published anew.
+    Rows are taken with SKIP LOCKED, so concurrent sweeps split the work.
+    """
+    now = now or timezone.now()
+    mark = now + timedelta(seconds=settings.LEASE_SECONDS)
+    with transaction.atomic(durable=True):
+        pks = list(
+            Action.objects.select_for_update(skip_locked=True)
+            .filter(status__in=[S.UNKNOWN, S.SETTLING], next_reconcile_at__lte=now)
+            .order_by("next_reconcile_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        Action.objects.filter(pk__in=pks).update(next_reconcile_at=mark)
+    return [(pk, mark) for pk in pks]

@@ -32,26 +32,29 @@ def sweep_expired_leases() -> int:
 
 
 @shared_task(name="actions.tasks.reconcile")
-def reconcile(action_pk: int) -> str:
+def reconcile(action_pk: int, published_mark: str | None = None) -> str:
+    from datetime import datetime
+
     from actions.reconciliation import reconcile_action
 
-    return reconcile_action(action_pk=action_pk)
+    mark = datetime.fromisoformat(published_mark) if published_mark else None
+    return reconcile_action(action_pk=action_pk, published_mark=mark)
 
 
 @shared_task(name="actions.tasks.sweep_reconcile")
 def sweep_reconcile() -> int:
-    """Publish one reconcile task per due UNKNOWN or SETTLING action.
+    """Publish one reconcile task per due UNKNOWN or SETTLING action, once per lease.
 
     A task that finds its action no longer due (another reconciler claimed it) does nothing,
-    so a message published twice, or redelivered, is harmless; a lost message is published
-    again by the next sweep because the action is still due.
+    so a message redelivered is harmless; a lost message is published again once its mark
+    passes (actions.reconciliation.reconcile_publish_due).
     """
-    from actions.reconciliation import reconcile_due
+    from actions.reconciliation import reconcile_publish_due
 
-    due = reconcile_due()
-    for pk in due:
-        reconcile.delay(pk)
-    return len(due)
+    published = reconcile_publish_due()
+    for pk, mark in published:
+        reconcile.delay(pk, mark.isoformat())
+    return len(published)
 
 
 @shared_task(name="actions.tasks.ledger_audit")

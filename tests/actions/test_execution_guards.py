@@ -47,7 +47,7 @@ def test_a_worker_whose_lease_is_nearly_over_does_not_call_the_provider(
         reason_code="damaged",
         proposer=agent_actor,
     ).action
-    # Claimed long ago: the lease (60 s) ends within two provider timeouts from now.
+    # Claimed long ago: the lease (60 s) ends within one provider timeout (10 s) from now.
     claim = submission_begin(action_pk=action.pk, now=timezone.now() - timedelta(seconds=55))
     assert claim.outcome == ClaimOutcome.CLAIMED
     assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
