@@ -545,6 +545,11 @@ class ChaosRun:
         self._checks()
         started = time.monotonic()
         try:
+            # The run owns its broker database: messages left by an earlier run (for actions of
+            # another database) would only delay this one.
+            import redis
+
+            redis.Redis.from_url(self.broker_url).flushdb()
             self.start_sandbox()
             proposals = self.seed()
             self.start_web()
