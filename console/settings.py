@@ -269,7 +269,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # The stripe client logs every request at INFO; the attempts table is the record of those.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "stripe": {"level": "WARNING"}},
 }
 
 # Time limits shorter than the lease, whatever the lease: a task that overruns is stopped
