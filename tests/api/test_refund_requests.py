@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from actions.models import Order, RefundRequest, RequestSource
 from actions.requests import RefundRequestConflict, refund_request_open
 from actions.services import ProposalInvalid
 from tests.api.conftest import ApiClient, assert_problem
 from tests.factories import make_order
+from tests.threads import run_at_once
 
 REQUESTS = "/api/v1/refund-requests"
-THREAD_TIMEOUT = 30
 
 
 @pytest.mark.django_db
@@ -90,32 +88,6 @@ def test_the_service_refuses_bad_input_with_named_fields(order: Order) -> None:
     }
     with pytest.raises(RefundRequestConflict):
         refund_request_open(order_number=make_order(number="6000").number, external_reference="ZD-1")
-
-
-def run_at_once(*calls: Callable[[], Any]) -> list[Any]:
-    """Run each call in its own thread and database connection, released together."""
-    barrier = threading.Barrier(len(calls))
-    results: list[Any] = [None] * len(calls)
-
-    def run(index: int, call: Callable[[], Any]) -> None:
-        try:
-            connection.ensure_connection()
-            barrier.wait(timeout=THREAD_TIMEOUT)
-            results[index] = call()
-        except BaseException as exc:
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=THREAD_TIMEOUT)
-    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
-    errors = [result for result in results if isinstance(result, BaseException)]
-    assert not errors, f"the race raised instead of deciding: {errors!r}"
-    return results
 
 
 @pytest.mark.postgres

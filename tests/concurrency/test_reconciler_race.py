@@ -8,7 +8,6 @@ order's money booked once.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from actions.execution import provider_from_settings
 from actions.models import Action, ActionStatus, Order
@@ -34,13 +32,13 @@ from tests.actions.test_reconciliation import (
 )
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.providers.sandbox_client import SandboxClient
+from tests.threads import run_at_once
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 S = ActionStatus
 ROUNDS = 3
 RECONCILERS = 4  # below the connection pool's default size of 10, with the test's own connection
-THREAD_TIMEOUT = 30
 
 
 @pytest.fixture(autouse=True)
@@ -56,32 +54,6 @@ def sandbox(live_sandbox: SandboxClient, settings: Any) -> Iterator[SandboxClien
     settings.PROVIDER_TIMEOUT_SECONDS = PROVIDER_TIMEOUT_SECONDS
     provider_from_settings.cache_clear()
     yield live_sandbox
-
-
-def run_at_once(*calls: Callable[[], Any]) -> list[Any]:
-    """Run each call in its own thread and connection, released together by a barrier."""
-    barrier = threading.Barrier(len(calls))
-    results: list[Any] = [None] * len(calls)
-
-    def run(index: int, call: Callable[[], Any]) -> None:
-        try:
-            connection.ensure_connection()
-            barrier.wait(timeout=THREAD_TIMEOUT)
-            results[index] = call()
-        except BaseException as exc:
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(index, call)) for index, call in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=THREAD_TIMEOUT)
-    assert not any(thread.is_alive() for thread in threads), "a reconciler is stuck (a lock never released?)"
-    errors = [result for result in results if isinstance(result, BaseException)]
-    assert not errors, f"the race raised instead of deciding: {errors!r}"
-    return results
 
 
 def reconcile_at(action: Action, now: datetime) -> Callable[[], str]:

@@ -16,7 +16,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection
 
 import approvals.services
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order
@@ -25,13 +24,13 @@ from approvals.models import Approval, Decision
 from approvals.services import Claim, ClaimOutcome, approval_decide, submission_begin
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
+from tests.threads import THREAD_TIMEOUT, run_at_once
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 S = ActionStatus
 ROUNDS = 5
 CLAIMERS = 6  # below the connection pool's default size of 10, with the test's own connection
-THREAD_TIMEOUT = 30
 
 
 @pytest.fixture(autouse=True)
@@ -44,38 +43,6 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
     return calls
-
-
-def run_at_once(*calls: Callable[[], Any]) -> list[Any]:
-    """Run each call in its own thread and connection, released together by a barrier.
-
-    Returns each call's result, or the exception it raised: a test asserts there were none, so
-    an IntegrityError from the CHECK constraint fails the test instead of passing silently.
-    """
-    barrier = threading.Barrier(len(calls))
-    results: list[Any] = [None] * len(calls)
-
-    def run(index: int, call: Callable[[], Any]) -> None:
-        try:
-            # Connect before the barrier, so that the calls start together rather than
-            # staggered by connection set-up.
-            connection.ensure_connection()
-            barrier.wait(timeout=THREAD_TIMEOUT)
-            results[index] = call()
-        except BaseException as exc:
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(index, call)) for index, call in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=THREAD_TIMEOUT)
-    assert not any(thread.is_alive() for thread in threads), "a thread is stuck (a lock never released?)"
-    errors = [result for result in results if isinstance(result, BaseException)]
-    assert not errors, f"the race raised instead of deciding: {errors!r}"
-    return results
 
 
 def propose(proposer: Actor, order: Order, *, amount: str) -> Action:
