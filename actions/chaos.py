@@ -617,6 +617,10 @@ class ChaosRun:
                 key_retention=timedelta(seconds=self.config.key_retention_seconds),
                 lookup_visibility_delay=timedelta(seconds=self.config.visibility_delay_seconds),
             )
+            # The provider's lists lag by its lookup visibility delay: a refund created just
+            # before the drain ended is not listed yet. Read the ledger only once the last
+            # change is older than that delay, so the audit sees every effect.
+            self._wait_until_ledger_settles()
             ledger = list(provider.iter_ledger())
             # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
             with _override(
@@ -631,6 +635,16 @@ class ChaosRun:
         finally:
             for process in [*self.workers, *self.others]:
                 process.stop()
+
+    def _wait_until_ledger_settles(self) -> None:
+        from django.db.models import Max
+        from django.utils import timezone
+
+        last_change = _db_retry(lambda: Action.objects.aggregate(last=Max("status_changed_at"))["last"])
+        if last_change is None:
+            return
+        settled_at = last_change + timedelta(seconds=self.config.visibility_delay_seconds + 0.5)
+        _wait_for(lambda: timezone.now() >= settled_at, timeout=60, what="the provider's list to catch up")
 
     def _reap(self, *, with_faults: bool) -> None:
         for worker in list(self.workers):
