@@ -38,6 +38,7 @@ from actions.models import (
 )
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.providers.base import validate_idempotency_key
+from actions.refusals import Refused
 from actions.services import ProposalConflict, payload_hash, proposal_record
 from actions.trail import Actor, event_record
 
@@ -49,14 +50,8 @@ RESOLVE_PERMISSION = perms.RESOLVE
 MAX_REASON_LENGTH = 2000
 
 
-class CorrectionRefused(Exception):
-    """A correction the rules do not allow. Nothing was written; the message is shown as it is."""
-
-    def __init__(self, message: str, *, code: str, status: int = 409) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
+class CorrectionRefused(Refused):
+    """A correction the rules do not allow (the admin's corrections)."""
 
 
 def _require_admin(user: Any) -> None:

@@ -46,6 +46,7 @@ from actions.review_rules import (
     retry_evidence_from_attempt,
     retry_lookup_max_age,
 )
+from approvals.models import Approval
 from console.roles import FINANCE
 
 S = ActionStatus
@@ -539,9 +540,6 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
 
     Raises Action.DoesNotExist.
     """
-    # Imported here: approvals builds on actions, not the other way round.
-    from approvals.models import Approval
-
     now = now or timezone.now()
     action = Action.objects.select_related(
         "order", "refund_request", "owner", "proposed_by_agent", "proposed_by_user"

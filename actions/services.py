@@ -30,6 +30,7 @@ from actions.models import (
 )
 from actions.providers.base import validate_idempotency_key
 from actions.providers.money import currency_exponent
+from actions.refusals import Refused
 from actions.trail import Actor, action_transition, event_record
 from approvals.policy import approval_apply_auto_policy
 
@@ -395,8 +396,10 @@ def proposal_record(
     return ProposalResult(action=action, created=True)
 
 
-class ActionRefused(PermissionDenied):
-    """The actor may not make this change. The message is shown as it is."""
+class ActionRefused(Refused, PermissionDenied):
+    """The actor may not make this change (cancel). Django shows it as its 403 page."""
+
+    default_status = 403
 
 
 def action_cancel(*, action_pk: int, actor: Actor, reason: str) -> Action:

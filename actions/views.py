@@ -30,12 +30,14 @@ from actions import finance
 from actions.engine import resolutions
 from actions.engine.resolutions import ReviewRefused
 from actions.finance import REMEDY_CHOICES
+from actions.kind_selectors import kind_cards
 from actions.models import Action, Discrepancy, Remedy
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from actions.review_selectors import (
     STATE_CHOICES,
     ItemKind,
     QueueFilters,
+    attempt_summary,
     follow_up_detail_get,
     may_view_review,
     review_action_detail_get,
@@ -240,8 +242,6 @@ def action_lookup(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         result = resolutions.action_lookup(action_pk=pk, user=request.user)
     except ReviewRefused as refused:
         return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
-    from actions.review_selectors import attempt_summary
-
     return _done(request, f"The provider answered: {attempt_summary(result.attempt)}", kind=ItemKind.ACTION, pk=pk)
 
 
@@ -401,3 +401,11 @@ def discrepancy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         kind=ItemKind.DISCREPANCY,
         pk=pk,
     )
+
+
+@require_safe
+@login_required
+def kinds(request: HttpRequest) -> HttpResponse:
+    """The five checks for every kind of effect, for finance and admins."""
+    _require_view(request)
+    return render(request, "actions/kinds.html", {"cards": kind_cards()})

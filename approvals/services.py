@@ -17,6 +17,7 @@ from django_fsm import has_transition_perm
 
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
+from actions.refusals import Refused
 from actions.trail import Actor, action_transition
 from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
 from approvals.policy import approval_binding, approval_record
@@ -24,13 +25,10 @@ from approvals.policy import approval_binding, approval_record
 S = ActionStatus
 
 
-class DecisionRefused(Exception):
-    """A decision the rules do not allow. The message is shown to the person as it is."""
+class DecisionRefused(Refused):
+    """A decision the rules do not allow (a manager's approve, reject, ask again)."""
 
-    def __init__(self, message: str, *, code: str, status: int = 403) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
+    default_status = 403
 
 
 # --- who may decide ------------------------------------------------------------------------

@@ -67,9 +67,8 @@ def submission_begin(
 ) -> Claim:
     """Reserve and move AUTHORIZED -> SUBMITTING in one transaction.
 
-    1. The kind's ``reserve`` makes its conditional UPDATE (for a refund: reserve the amount on
-       the order only at the approved version and while the balance covers it, bumping the
-       version).
+    1. The kind's ``reserve`` makes its conditional UPDATE on its target (reserve only at the
+       approved version and while the balance covers it, bumping the version).
     2. The action's conditional UPDATE (ConcurrentTransitionMixin: WHERE status='AUTHORIZED')
        moves it to SUBMITTING with a fresh lease.
     The attempt row (the request the worker is about to send) is written in the same commit.

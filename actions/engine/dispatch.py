@@ -178,7 +178,7 @@ def action_escalate(*, action: Action, actor: Actor, now: datetime, reason: str,
     if current is not None and current.is_active and current.has_perm(perms.RESOLVE):
         owner = current
     else:
-        owner = owner_pick(kind=action.kind)
+        owner = owner_pick(kind=action.kind, default_group=kind_for(action.kind).owner_group)
     assignee = owner.get_username() if owner else "nobody: the owner group has no active member"
     action_transition(
         action=action,

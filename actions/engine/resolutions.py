@@ -31,6 +31,7 @@ from actions.kinds import kind_for
 from actions.kinds.base import Effect, Lookup, LookupVerdict, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind
 from actions.providers.money import currency_exponent
+from actions.refusals import Refused
 from actions.review_rules import owner_rule_refusal, retry_evidence_from_attempt
 from actions.trail import Actor, action_transition
 
@@ -41,19 +42,8 @@ REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,255}$")
 AMOUNT_PATTERN = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?$")
 
 
-class ReviewRefused(Exception):
-    """A change the rules do not allow. Nothing was changed; the message says why, for a person.
-
-    ``status`` is the HTTP status a view answers with: 400 bad input (``field`` names it), 403 a
-    rule about who may act, 404 no such thing, 409 the state or the receiver's answer does not
-    allow it now.
-    """
-
-    def __init__(self, message: str, *, code: str, status: int = 409, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-        self.field = field
+class ReviewRefused(Refused):
+    """A review change the rules do not allow (finance's lookups and resolutions)."""
 
 
 @dataclass(frozen=True)
@@ -309,8 +299,8 @@ def _retry_timing(action: Action, contract: ReceiverContract, now: datetime) -> 
 def _failed_timing(action: Action, contract: ReceiverContract, now: datetime) -> str | None:
     """A not-found proves "failed" only once no earlier attempt can still arrive at the receiver.
 
-    Recording failed releases the reservation and opens the kind's follow-up (for a refund, the
-    customer is paid another way): if the effect then appeared, it would have happened twice.
+    Recording failed releases the reservation and opens the kind's follow-up (the person affected
+    is served another way): if the effect then appeared, it would have happened twice.
     """
     timing = _retry_timing(action, contract, now)
     if timing is not None:
@@ -452,8 +442,8 @@ def action_resolve_failed(
 ) -> Resolution:
     """NEEDS_REVIEW -> FAILED_FINAL: the receiver has no effect, and none will come.
 
-    The reservation is released and the kind opens the chosen follow-up (for a refund, a remedy
-    with what the customer still expects back, owned by the person who resolved it).
+    The reservation is released and the kind opens the chosen follow-up (with what the person
+    affected still expects, owned by the person who resolved it).
     """
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
     reason_text = _reason(reason)

@@ -42,7 +42,7 @@ class FinanceDesk:
     """A receiver that is a person: no keys, no lookup. Every send goes to finance's queue."""
 
     contract = ReceiverContract(
-        receiver="finance (recovered by hand)",
+        receiver="finance desk",
         honours_keys=False,
         key_retention=None,
         supports_lookup=False,

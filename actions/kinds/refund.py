@@ -356,6 +356,6 @@ def remedy_open(action: Action) -> Remedy:
         action=action,
         amount=action.amount,
         currency=action.currency,
-        owner=owner_pick(kind=action.kind),
+        owner=owner_pick(kind=action.kind, default_group=RefundKind.owner_group),
         note="Opened automatically: the refund failed for good. Choose store credit, a manual transfer or a cheque.",
     )
