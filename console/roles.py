@@ -75,10 +75,10 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
 def ensure_roles(sender: Any = None, **kwargs: Any) -> None:
     if sender is not None and getattr(sender, "label", None) != "approvals":
         return
-    for role, perms in ROLE_PERMISSIONS.items():
+    for role, granted in ROLE_PERMISSIONS.items():
         group, _ = Group.objects.get_or_create(name=role)
         wanted = []
-        for dotted in perms:
+        for dotted in granted:
             app_label, codename = dotted.split(".")
             perm = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
             if perm is not None:
