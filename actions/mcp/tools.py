@@ -101,7 +101,7 @@ class ActionListQuery(Schema):
     model_config = ConfigDict(extra="forbid")
 
     status: list[ActionStatusName] = Field(
-        default_factory=list, description="Only actions in these statuses (repeat the parameter for several)."
+        [], description="Only actions in these statuses (repeat the parameter for several)."
     )
     cursor: str | None = Field(None, max_length=2000, description="From the previous page's next_cursor.")
     limit: int = Field(50, ge=1, le=MAX_PAGE_SIZE, description="Page size.")
@@ -117,7 +117,6 @@ class RefundRequestToolOut(RefundRequestOut):
 class ActionListOut(Schema):
     items: list[ActionOut]
     next_cursor: str | None = Field(description="Pass as cursor to read the next page; null on the last page.")
-
 
 
 class ActionExplanationOut(Schema):
