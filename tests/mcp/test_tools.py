@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from django.db import OperationalError
 
 from actions.agents import agent_token_issue
 from actions.models import Action, RefundRequest
@@ -191,3 +192,36 @@ def test_a_deactivated_agent_is_forbidden(mcp_url: str, agent: Any, token: str) 
     )
     assert response.status_code == 403
     assert response.json()["code"] == "agent_inactive"
+
+
+def test_calls_over_the_tokens_rate_limit_are_retryable_with_the_wait(mcp_url: str, token: str, settings: Any) -> None:
+    """One budget per token, shared with the HTTP API (the same counter)."""
+    settings.API_RATE_LIMIT_PER_MINUTE = 2
+    for _ in range(2):
+        assert not mcp_call(mcp_url, token, "list_actions", {}).is_error
+    limited = mcp_call(mcp_url, token, "list_actions", {})
+    assert limited.is_error
+    assert limited.structured_content is not None
+    assert (limited.structured_content["error"], limited.structured_content["code"]) == ("retryable", "rate_limited")
+    assert 1 <= limited.structured_content["retry_after_seconds"] <= 60
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        (RuntimeError("a bug"), "server_error"),
+        (OperationalError("the server closed the connection"), "database_unavailable"),
+    ],
+)
+def test_a_crash_or_a_lost_database_is_retryable_and_tells_nothing_of_the_internals(
+    mcp_url: str, token: str, monkeypatch: pytest.MonkeyPatch, failure: Exception, code: str
+) -> None:
+    def broken(**kwargs: Any) -> Any:
+        raise failure
+
+    monkeypatch.setattr("actions.mcp.tools.action_get_for_agent", broken)
+    result = mcp_call(mcp_url, token, "get_action", {"action_id": "refund:order-1:request-1"})
+    assert result.is_error
+    assert result.structured_content is not None
+    assert (result.structured_content["error"], result.structured_content["code"]) == ("retryable", code)
+    assert str(failure) not in result.content[0].text  # type: ignore[union-attr]
