@@ -143,3 +143,11 @@ def test_the_listing_and_the_refund_request_answers_add_only_what_http_says_with
     mcp = _fields(opened, opened)
     assert {name: mcp["properties"][name] for name in request["properties"]} == request["properties"]
     assert set(mcp["properties"]) - set(request["properties"]) == {"created"}
+
+
+def test_explain_action_explains_with_the_apis_explanation(document: dict[str, Any], tools: dict[str, Any]) -> None:
+    explained = tools["explain_action"].output_schema
+    action = _fields(_answer(document, "get", "/api/v1/actions/{action_id}"), document)
+    mcp = _fields(explained, explained)
+    for name in ("action_id", "status", "explanation"):
+        assert mcp["properties"][name] == action["properties"][name], name
