@@ -11,6 +11,7 @@ ensure_venv "$REPO_ROOT/requirements.txt"
 export DEBUG="${DEBUG:-1}"
 export CONSOLE_DATA_DIR="${CONSOLE_DATA_DIR:-$REPO_ROOT/data}"
 PORT="${PORT:-8000}"
+MCP_PORT="${MCP_PORT:-8001}"
 SANDBOX_PORT="${SANDBOX_PORT:-12111}"
 export PROVIDER_API_BASE="${PROVIDER_API_BASE:-http://127.0.0.1:$SANDBOX_PORT}"
 mkdir -p "$CONSOLE_DATA_DIR/logs"
@@ -45,6 +46,10 @@ echo "==> worker and beat (logs in $CONSOLE_DATA_DIR/logs/)"
 pids+=($!)
 "$PY" -m celery -A console beat --loglevel INFO --schedule "$CONSOLE_DATA_DIR/celerybeat-schedule" \
     >"$CONSOLE_DATA_DIR/logs/beat.log" 2>&1 &
+pids+=($!)
+
+echo "==> MCP server for agents on http://127.0.0.1:$MCP_PORT/mcp (log: $CONSOLE_DATA_DIR/logs/mcp.log)"
+"$PY" manage.py mcp_serve --port "$MCP_PORT" >"$CONSOLE_DATA_DIR/logs/mcp.log" 2>&1 &
 pids+=($!)
 
 echo "==> console on http://127.0.0.1:$PORT/  (maria / fiona / adam, password demo-password)"

@@ -1,0 +1,325 @@
+"""The MCP server: the tools of ``actions.mcp.tools`` on the official SDK, over streamable HTTP.
+
+Why a process of its own rather than a mount under ``/mcp/`` in Django: the console is served
+by WSGI (``runserver`` here, any WSGI server in production), and the SDK's streamable HTTP
+transport is an ASGI (Starlette) application. Mounting it would mean moving the whole
+console to ASGI for one endpoint. As its own process it calls the same services as the web
+process, against the same database and broker, and scales or restarts on its own.
+
+Why stateless JSON answers (``stateless_http=True, json_response=True``): each tool call is
+one POST answered with one JSON document. No session lives in this process, so a client
+that lost its connection reconnects to any process and sends the same call again; the
+business ids make that repeat safe, not a session.
+
+Authentication is the agent API's bearer token, checked by the API's own code
+(``actions.api.auth.authenticate_request``) before the SDK sees the request: no token, or a
+bad one, is a 401 problem document like the API's, a deactivated agent a 403.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, close_old_connections
+from django.http import HttpRequest
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from ninja import Schema
+from pydantic import ConfigDict
+
+from actions.api.auth import authenticate_request
+from actions.api.problems import PROBLEM_CONTENT_TYPE, ApiProblem, problem_body
+from actions.api.schemas import ActionOut, RefundProposal, RefundRequestOpen
+from actions.mcp import tools
+from actions.mcp.tools import ActionExplanationOut, ActionListOut, ActionListQuery, ActionRef, RefundRequestToolOut
+from actions.models import AgentToken
+
+logger = logging.getLogger("actions.mcp")
+
+# Where the authenticated token travels from the HTTP layer to the tool: the ASGI scope's
+# state, which the SDK hands to the tool as the request of its context.
+_STATE_KEY = "console_agent_token"
+
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+INSTRUCTIONS = """\
+The effect console records and executes refunds that agents propose. Open a refund request for
+the customer's ticket (open_refund_request), propose a refund for it (propose_refund), then read
+what became of it (get_action, explain_action). Every write tool is keyed by business references
+(order number, refund request), never by an id you make up: calling it again with the same
+arguments returns the same result and never executes twice, so after a timeout or a dropped
+connection send the same call again. Errors say what to do: bad_input (fix the named fields),
+needs_person (a person must decide: stop and report), retryable (send the same call again later).
+"""
+
+_REPEAT = (
+    "Calling this again with the same arguments returns the same action; it never refunds twice. After a timeout "
+    "or a dropped connection, send the same call again."
+)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    title: str
+    description: str
+    # Validates the arguments (inside the tool, so that every refusal is a typed bad_input)
+    # and gives the tool's advertised input schema.
+    input_model: type[Schema]
+    output_model: type[Schema]
+    annotations: ToolAnnotations
+    run: Callable[..., dict[str, Any]]
+
+
+_READ = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        name="open_refund_request",
+        title="Open a refund request",
+        description="Open a refund request on an order for a customer's ticket (external_reference: the support "
+        "ticket's id) and get its request number. Calling this again with the same ticket reference returns the same "
+        "request (created: false); it never opens a second one. A reference that already belongs to another order is "
+        "bad_input (reference_conflict). Then propose the refund with propose_refund.",
+        input_model=RefundRequestOpen,
+        output_model=RefundRequestToolOut,
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+        ),
+        run=tools.open_refund_request,
+    ),
+    ToolSpec(
+        name="propose_refund",
+        title="Propose a refund",
+        description="Propose a refund for a refund request on an order: the order number, the refund request (its "
+        "request_number, or the external_reference it was opened with, not both), the amount as a decimal string "
+        'such as "12.50", the currency, a reason code and evidence for the manager who decides. '
+        f"{_REPEAT} Different arguments for a refund request that already has a proposal are refused as "
+        "needs_person (payload_conflict, with the differing fields): do not change the request number or open "
+        "another request to get it through. The money moves only after approval (a manager, or the policy for "
+        "small amounts); follow the action with get_action.",
+        input_model=RefundProposal,
+        output_model=ActionOut,
+        # Destructive: once approved, the refund is money sent to a customer, which cannot be
+        # taken back. Idempotent: the same arguments name the same action.
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
+        ),
+        run=tools.propose_refund,
+    ),
+    ToolSpec(
+        name="get_action",
+        title="Read an action",
+        description="Read one of this agent's actions by its action_id: its status, a plain-language explanation "
+        "(what happens next, who holds it, whether it is final) and the payment provider's reference once known. "
+        "An id that is not this agent's is bad_input (action_not_found), exactly like an id that does not exist. "
+        "Read-only: repeat it as often as needed.",
+        input_model=ActionRef,
+        output_model=ActionOut,
+        annotations=_READ,
+        run=tools.get_action,
+    ),
+    ToolSpec(
+        name="list_actions",
+        title="List this agent's actions",
+        description="List this agent's actions, newest first, optionally only some statuses, a page at a time "
+        "(pass next_cursor as cursor for the next page). Read-only: repeat it as often as needed.",
+        input_model=ActionListQuery,
+        output_model=ActionListOut,
+        annotations=_READ,
+        run=tools.list_actions,
+    ),
+    ToolSpec(
+        name="explain_action",
+        title="Explain an action",
+        description="Explain one of this agent's actions in plain language: what is true now, what happens next, who "
+        "holds it, and what the agent should do (agent_should), with when to read it again. Use it whenever a status "
+        "is not final. Read-only: repeat it as often as needed.",
+        input_model=ActionRef,
+        output_model=ActionExplanationOut,
+        annotations=_READ,
+        run=tools.explain_action,
+    ),
+)
+
+
+class _RawArguments(ArgModelBase):
+    """Hands the arguments to the tool untouched.
+
+    The SDK would otherwise validate them against a model of its own and answer a bad one
+    with untyped text; the tool validates them with the API's schema instead and answers
+    bad_input with the API's field codes.
+    """
+
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
+
+    def model_dump_one_level(self) -> dict[str, Any]:
+        return {"arguments": dict(self.model_extra or {})}
+
+
+def _result(data: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))], structured_content=data
+    )
+
+
+def _error_result(failure: tools.ToolFailure) -> CallToolResult:
+    data = failure.as_dict()
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
+        structured_content=data,
+        is_error=True,
+    )
+
+
+def _call(spec: ToolSpec, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    # A connection that PostgreSQL closed (a restart, an idle timeout) is replaced before and
+    # after the call, as Django does around each web request.
+    close_old_connections()
+    try:
+        return spec.run(token=token, arguments=arguments)
+    except tools.ToolFailure:
+        raise
+    except DatabaseError:
+        logger.exception("mcp.tool.database_error tool=%s", spec.name)
+        raise tools.ToolFailure(
+            "retryable",
+            code="database_unavailable",
+            detail="The console's database did not answer. Whether anything was written is unknown: send the same "
+            "call again in a few seconds (it is safe).",
+        ) from None
+    except Exception:
+        logger.exception("mcp.tool.crashed tool=%s", spec.name)
+        raise tools.ToolFailure(
+            "retryable",
+            code="server_error",
+            detail="The console failed while answering. Read the action before anything else; sending the same call "
+            "again is safe.",
+        ) from None
+    finally:
+        close_old_connections()
+
+
+def _token_of(ctx: Context[Any, Any]) -> AgentToken | None:
+    request = ctx.request_context.request
+    scope = getattr(request, "scope", None)
+    if not isinstance(scope, dict):
+        return None
+    token = scope.get("state", {}).get(_STATE_KEY)
+    return token if isinstance(token, AgentToken) else None
+
+
+def _runner(spec: ToolSpec) -> Callable[..., Awaitable[CallToolResult]]:
+    async def run(arguments: dict[str, Any], ctx: Context[Any, Any]) -> CallToolResult:
+        token = _token_of(ctx)
+        if token is None:
+            # Only reachable if the app is served without AgentTokenMiddleware.
+            return _error_result(
+                tools.ToolFailure("needs_person", code="token_missing", detail="This server was reached with no token.")
+            )
+        try:
+            # Django's ORM is synchronous: the call runs in asgiref's one thread for
+            # synchronous code, the same way Django itself runs sync views under ASGI.
+            data = await sync_to_async(_call)(spec, token, arguments)
+        except tools.ToolFailure as failure:
+            return _error_result(failure)
+        return _result(data)
+
+    run.__name__ = spec.name
+    return run
+
+
+def _tool(spec: ToolSpec) -> Tool:
+    return Tool(
+        fn=_runner(spec),
+        name=spec.name,
+        title=spec.title,
+        description=spec.description,
+        parameters=spec.input_model.model_json_schema(),
+        fn_metadata=FuncMetadata(arg_model=_RawArguments, output_model=spec.output_model),
+        is_async=True,
+        context_kwarg="ctx",
+        annotations=spec.annotations,
+    )
+
+
+def mcp_server() -> MCPServer:
+    return MCPServer(
+        "effect-console",
+        title="Effect console",
+        instructions=INSTRUCTIONS,
+        version="1",
+        tools=[_tool(spec) for spec in TOOLS],
+    )
+
+
+# --- the HTTP front door --------------------------------------------------------------------
+
+
+def _django_request(scope: Mapping[str, Any]) -> HttpRequest:
+    """A Django request carrying what the API's token check reads: the Authorization header."""
+    request = HttpRequest()
+    request.method = str(scope.get("method", "POST"))
+    request.path = request.path_info = str(scope.get("path", "/"))
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            request.META["HTTP_AUTHORIZATION"] = value.decode("latin-1")
+    return request
+
+
+def _authenticate(request: HttpRequest) -> AgentToken:
+    close_old_connections()
+    try:
+        return authenticate_request(request)
+    finally:
+        close_old_connections()
+
+
+class AgentTokenMiddleware:
+    """Authenticates every HTTP request with the agent's token before the MCP app sees it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # the lifespan, which starts the SDK's session manager
+            await self.app(scope, receive, send)
+            return
+        if scope.get("path") == "/healthz":
+            await _send(send, 200, b"ok", [(b"content-type", b"text/plain")])
+            return
+        request = _django_request(scope)
+        try:
+            token = await sync_to_async(_authenticate)(request)
+        except ApiProblem as problem:
+            body = json.dumps(problem_body(request, problem), ensure_ascii=False).encode()
+            headers = [(b"content-type", PROBLEM_CONTENT_TYPE.encode())]
+            headers += [(name.lower().encode(), value.encode()) for name, value in problem.headers.items()]
+            await _send(send, problem.kind.status, body, headers)
+            return
+        scope.setdefault("state", {})[_STATE_KEY] = token
+        await self.app(scope, receive, send)
+
+
+async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def mcp_asgi_app(*, host: str = "127.0.0.1", path: str = "/mcp") -> AgentTokenMiddleware:
+    """The whole ASGI application: the token check in front of the SDK's streamable HTTP app.
+
+    ``host`` is the address the server binds to: on a loopback address the SDK refuses
+    requests whose Host or Origin header is not local (DNS rebinding protection).
+    """
+    app = mcp_server().streamable_http_app(
+        streamable_http_path=path, stateless_http=True, json_response=True, host=host
+    )
+    return AgentTokenMiddleware(app)
