@@ -59,6 +59,9 @@ def keep_test_connection() -> Iterator[None]:
 def fuzz_token(agent: Agent, settings: Any) -> str:
     # Hundreds of requests with one token: the limit is tested on its own elsewhere.
     settings.API_RATE_LIMIT_PER_MINUTE = 0
+    # Both scopes, so that every operation, the orders one included, gets past the scope check.
+    agent.scopes = ["orders", "refund"]
+    agent.save(update_fields=["scopes"])
     return agent_token_issue(agent=agent, label="fuzz").plain
 
 
