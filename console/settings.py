@@ -263,6 +263,8 @@ PROVIDER_API_KEY: str = env_str("PROVIDER_API_KEY", "sk_test_sandbox")
 PROVIDER_TIMEOUT_SECONDS: int = env_int("PROVIDER_TIMEOUT_SECONDS", 10)
 PROVIDER_KEY_RETENTION_SECONDS: int = env_int("PROVIDER_KEY_RETENTION_SECONDS", 24 * 3600)
 PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS: int = env_int("PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS", 2)
+# import_charges: the charge's metadata key that names the shop's order number.
+CHARGE_ORDER_NUMBER_METADATA_KEY: str = env_str("CHARGE_ORDER_NUMBER_METADATA_KEY", "order_number")
 
 LOGGING = {
     "version": 1,
