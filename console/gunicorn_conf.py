@@ -48,3 +48,8 @@ errorlog = os.environ.get("GUNICORN_ERROR_LOG", "-")
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
 logger_class = JsonAccessLogger
 proc_name = "effect-console-web"
+# Gunicorn's control socket defaults to one path per user, which two instances on one host (web
+# on two ports, a second checkout) would fight over. systemd reloads with HUP instead; set
+# GUNICORN_CONTROL_SOCKET to a path of this instance's own to use gunicornc.
+control_socket = os.environ.get("GUNICORN_CONTROL_SOCKET", "")
+control_socket_disable = not control_socket
