@@ -23,6 +23,7 @@ from django.db.models import Case, Count, IntegerField, Min, OuterRef, Q, QueryS
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from actions.housekeeping import body_pruned
 from actions.invariants import max_unknown_seconds
 from actions.models import (
     Action,
@@ -143,6 +144,11 @@ def attempt_summary(attempt: Attempt | None) -> str:
     """One line for a person: what the receiver answered to this attempt."""
     if attempt is None:
         return "Nothing has been sent to the provider."
+    if body_pruned(attempt.response) or body_pruned(attempt.request):
+        return (
+            f"Answer recorded: {attempt.outcome or 'unknown'}. The request and answer were removed after "
+            f"{settings.ATTEMPT_BODY_RETENTION_DAYS} days (the action is final)."
+        )
     error = attempt.error or None
     if attempt.kind == AttemptKind.LOOKUP:
         refunds = (attempt.response or {}).get("refunds") or []

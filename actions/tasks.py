@@ -62,3 +62,10 @@ def ledger_audit() -> int:
     from actions.audit import ledger_audit_run
 
     return ledger_audit_run().discrepancies_found
+
+
+@shared_task(name="actions.tasks.housekeeping_prune_attempt_bodies")
+def housekeeping_prune_attempt_bodies() -> int:
+    from actions.housekeeping import attempts_prune_bodies
+
+    return attempts_prune_bodies().pruned
