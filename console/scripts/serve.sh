@@ -5,7 +5,7 @@
 # provider. Ctrl-C stops everything this script started.
 #
 # Settings come from the environment, as in production (console/deploy/console.env lists them).
-# Defaults: database "console" on the local PostgreSQL (created if missing), Redis database 1,
+# Defaults: database "console" (SERVE_DB_NAME) on the local PostgreSQL, created if missing, Redis database 1,
 # data folder data/serve/, port 8000.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -19,10 +19,11 @@ export DEBUG=0
 export CONSOLE_DATA_DIR="${CONSOLE_DATA_DIR:-$REPO_ROOT/data/serve}"
 mkdir -p "$CONSOLE_DATA_DIR/logs"
 if [ -z "${DATABASE_URL:-}" ]; then
-    export DATABASE_URL="postgres://postgres@127.0.0.1:5432/console"
-    if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'console'" | grep -q 1; then
-        echo "==> creating the PostgreSQL database 'console'"
-        createdb -h 127.0.0.1 -U postgres console
+    SERVE_DB_NAME="${SERVE_DB_NAME:-console}"
+    export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$SERVE_DB_NAME"
+    if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$SERVE_DB_NAME'" | grep -q 1; then
+        echo "==> creating the PostgreSQL database '$SERVE_DB_NAME'"
+        createdb -h 127.0.0.1 -U postgres "$SERVE_DB_NAME"
     fi
 fi
 export CELERY_BROKER_URL="${CELERY_BROKER_URL:-redis://127.0.0.1:6379/1}"
