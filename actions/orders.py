@@ -195,8 +195,17 @@ def order_data_check(
     )
 
 
+# Optional fields: left empty, they mean "not given", and what the order has is kept (the shop
+# may not know the charge id that import_charges recorded, and must not be refused for it).
+OPTIONAL_FIELDS = frozenset({"customer_email", "charge_reference"})
+
+
 def _differences(order: Order, data: OrderData) -> dict[str, Any]:
-    return {name: getattr(data, name) for name in SHOP_FIELDS if getattr(order, name) != getattr(data, name)}
+    return {
+        name: getattr(data, name)
+        for name in SHOP_FIELDS
+        if getattr(order, name) != getattr(data, name) and not (name in OPTIONAL_FIELDS and not getattr(data, name))
+    }
 
 
 def _refuse(order: Order, changes: dict[str, Any]) -> None:

@@ -163,7 +163,9 @@ class OrderUpsert(_Request):
 
     order_number: OrderNumber
     customer_name: str = Field(min_length=1, max_length=200, description="The customer's name, for managers.")
-    customer_email: str = Field("", max_length=254, description="The customer's email address, if known.")
+    customer_email: str = Field(
+        "", max_length=254, description="The customer's email address; empty keeps the one recorded."
+    )
     currency: str = Field(
         min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"]
     )
@@ -179,7 +181,8 @@ class OrderUpsert(_Request):
         "",
         max_length=255,
         pattern=r"^[A-Za-z0-9_]*$",
-        description="The payment provider's charge id (refunds are made on it). Once set it cannot change.",
+        description="The payment provider's charge id (refunds are made on it). Once set it cannot change; "
+        "empty means not known, and the one recorded (e.g. by the charge import) is kept.",
         examples=["ch_4821"],
     )
     paid_at: AwareDatetime = Field(description="When the customer paid, with its UTC offset.")

@@ -160,6 +160,17 @@ def test_a_change_of_currency_or_charge_is_refused_naming_the_field(
     assert order_rows() == before
 
 
+def test_an_order_sent_without_its_optional_fields_keeps_them(shop: ApiClient, order_body: dict[str, Any]) -> None:
+    """The shop may not know the charge id that import_charges recorded: empty means not given."""
+    shop.post(ORDERS, order_body)
+
+    response = shop.post(ORDERS, {**order_body, "charge_reference": "", "customer_email": ""})
+
+    assert response.status_code == 200 and response.json()["changed"] == []
+    order = Order.objects.get(number="5001")
+    assert (order.charge_reference, order.customer_email, order.version) == ("ch_5001", "grace@example.com", 1)
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
