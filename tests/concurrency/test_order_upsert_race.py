@@ -56,7 +56,7 @@ def test_a_change_read_before_a_reservation_is_decided_again_after_it(monkeypatc
     reads again and refuses, naming the field. The reservation stands."""
     order_upsert(data=order_data(), source="test")
     real_refuse = actions.orders._refuse
-    reserved = []
+    reserved: list[int] = []
 
     def reserve_in_between(order: Order, changes: dict[str, Any]) -> None:
         # The first time through: a worker's reservation commits between the read and the write.
