@@ -48,6 +48,7 @@ from actions.corrections import (
     followup_owner_assign,
     owner_candidates,
 )
+from actions.kinds.base import Outcome
 from actions.models import (
     Action,
     ActionEvent,
@@ -66,8 +67,8 @@ from actions.models import (
     Remedy,
 )
 from actions.models.actions import UNRESOLVED_STATUSES
-from actions.outcomes import Outcome
 from actions.services import ActionRefused, Actor, action_cancel
+from approvals.services import DecisionRefused, action_reopen
 
 # --- big tables ----------------------------------------------------------------------------
 
@@ -315,7 +316,6 @@ def _cancel(*, action_pk: int, user: Any, reason: str) -> None:
 
 def _reopen(*, action_pk: int, user: Any, reason: str) -> None:
     # Imported here: approvals builds on actions, not the other way round.
-    from approvals.services import action_reopen
 
     action_reopen(action_pk=action_pk, user=user, note=reason)
 
@@ -516,7 +516,6 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
                 request, self.fsm_transition_not_allowed_msg.format(transition_name=transition_name), messages.ERROR
             )
             return False
-        from approvals.services import DecisionRefused
 
         reason = str((kwargs or {}).get("reason", ""))
         try:
@@ -756,7 +755,7 @@ class LedgerAuditRunAdmin(ReadOnlyAdmin):
     list_display = (
         "started_at",
         "finished_at",
-        "refunds_seen",
+        "effects_seen",
         "actions_checked",
         "discrepancies_found",
         "discrepancies_new",

@@ -47,12 +47,14 @@ from django.contrib.auth.models import Group
 from django.db import InterfaceError, OperationalError, connection
 
 from actions.agents import agent_create, agent_token_issue
-from actions.invariants import EffectsReport, check_effects
+from actions.engine.invariants import EffectsReport, check_effects
+from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionStatus, Order, RefundRequest
 from actions.models.actions import TERMINAL_STATUSES
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider
 from approvals.models import ApprovalLimit, Decision
+from approvals.services import DecisionRefused, action_reopen, approval_decide
 from console.roles import ensure_roles
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -484,7 +486,6 @@ class ChaosRun:
     def approve_waiting(self) -> None:
         """The scripted manager: approves whatever waits for a decision, and asks for a new
         decision on what went stale (then approves that too, against the order as it is now)."""
-        from approvals.services import DecisionRefused, action_reopen, approval_decide
 
         def waiting() -> list[int]:
             return list(
@@ -621,7 +622,7 @@ class ChaosRun:
             # before the drain ended is not listed yet. Read the ledger only once the last
             # change is older than that delay, so the audit sees every effect.
             self._wait_until_ledger_settles()
-            ledger = list(provider.iter_ledger())
+            ledger = list(RefundReceiver(provider).ledger())
             # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
             with _override(
                 LEASE_SECONDS=self.config.lease_seconds,

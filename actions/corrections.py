@@ -20,10 +20,11 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from actions import permissions as perms
 from actions.models import (
     Action,
     ActionKind,
@@ -37,24 +38,20 @@ from actions.models import (
 )
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.providers.base import validate_idempotency_key
-from actions.services import Actor, event_record, payload_hash
+from actions.refusals import Refused
+from actions.services import ProposalConflict, payload_hash, proposal_record
+from actions.trail import Actor, event_record
 
 S = ActionStatus
 
-CORRECT_PERMISSION = "actions.correct_action"
+CORRECT_PERMISSION = perms.CORRECT
 # The owner of an action is the person who must resolve it, so only someone who may resolve can own it.
-RESOLVE_PERMISSION = "actions.resolve_action"
+RESOLVE_PERMISSION = perms.RESOLVE
 MAX_REASON_LENGTH = 2000
 
 
-class CorrectionRefused(Exception):
-    """A correction the rules do not allow. Nothing was written; the message is shown as it is."""
-
-    def __init__(self, message: str, *, code: str, status: int = 409) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
+class CorrectionRefused(Refused):
+    """A correction the rules do not allow (the admin's corrections)."""
 
 
 def _require_admin(user: Any) -> None:
@@ -183,7 +180,9 @@ def compensation_action_id(*, duplicate_reference: str) -> str:
 
 
 def _duplicate_references(discrepancy: Discrepancy, original: Action) -> list[str]:
-    refunds = sorted(str(reference) for reference in discrepancy.details.get("refunds", []))
+    # Reconciliation and the audit list the effects found; records from before effect kinds say "refunds".
+    found = discrepancy.details.get("effects", discrepancy.details.get("refunds", []))
+    refunds = sorted(str(reference) for reference in found)
     if not original.provider_reference:
         raise CorrectionRefused(
             f"{original.action_id} has no recorded refund yet, so which refund is the duplicate is not known. "
@@ -273,31 +272,31 @@ def discrepancy_compensate(*, discrepancy_pk: int, user: Any, note: str, now: da
                     f"The receiver paid {original.action_id} out {len(duplicates) + 1} times "
                     f"(recorded {original.provider_reference}; duplicate {', '.join(duplicates)}). "
                     f"This recovers {amount} {original.currency} from the customer, e.g. by an invoice: "
-                    f"finance does it by hand, nothing is sent to the refund provider. {note}"
+                    f"finance records the recovery, nothing is sent to the refund provider. {note}"
                 ),
                 proposed_by_user=user,
             )
-            action.propose()
-            action.status_changed_at = now
             try:
-                with transaction.atomic():
-                    action.save()
-            except IntegrityError as error:
-                raise CorrectionRefused(f"{action_id} was created at the same time; try again.", code="race") from error
-            event_record(
-                action=action,
-                transition="propose",
-                from_state="",
-                actor=Actor.for_user(user),
-                reason=note,
-                evidence={
-                    "payload": payload,
-                    "payload_hash": digest,
-                    "compensates": original.action_id,
-                    "discrepancy": discrepancy.pk,
-                },
-                now=now,
-            )
+                action = proposal_record(
+                    action=action,
+                    proposer=Actor.for_user(user),
+                    now=now,
+                    policy_reasons=[],
+                    event_evidence={
+                        "payload": payload,
+                        "payload_hash": digest,
+                        "compensates": original.action_id,
+                        "discrepancy": discrepancy.pk,
+                    },
+                    # Four eyes apply as to any proposal; no auto-approval policy applies.
+                    auto_policy=False,
+                    reason=note,
+                ).action
+            except ProposalConflict as conflict:
+                raise CorrectionRefused(
+                    f"{action_id} was created at the same time for another discrepancy or amount. Nothing was changed.",
+                    code="conflict",
+                ) from conflict
 
         # The owner stays as it is: finance, not the admin, recovers the money and closes the item.
         discrepancy.status = DiscrepancyStatus.IN_PROGRESS

@@ -23,8 +23,9 @@ from django.db.models import Case, Count, IntegerField, Min, OuterRef, Q, QueryS
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from actions import permissions as perms
+from actions.engine.invariants import max_unknown_seconds
 from actions.housekeeping import body_pruned
-from actions.invariants import max_unknown_seconds
 from actions.models import (
     Action,
     ActionEvent,
@@ -39,13 +40,21 @@ from actions.models import (
     Remedy,
 )
 from actions.providers.money import from_minor_units
+from actions.review_rules import (
+    lookup_fresh_until,
+    owner_rule_refusal,
+    owners_only,
+    retry_evidence_from_attempt,
+    retry_lookup_max_age,
+)
+from approvals.models import Approval
 from console.roles import FINANCE
 
 S = ActionStatus
 
 # Who may open finance's pages: finance resolves, admins read (and correct in the admin site).
-RESOLVE_PERMISSION = "actions.resolve_action"
-CORRECT_PERMISSION = "actions.correct_action"
+RESOLVE_PERMISSION = perms.RESOLVE
+CORRECT_PERMISSION = perms.CORRECT
 
 # Action statuses the queue watches. SUBMITTING only counts once its lease has expired: within
 # the lease a worker is still at work and nobody should step in.
@@ -57,8 +66,6 @@ OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
 # gives a page that renders (and refreshes every few seconds) quickly. The filters narrow it.
 QUEUE_MAX_ROWS = 200
 
-# How long a not-found lookup stays good enough evidence for a retry with the same key.
-DEFAULT_RETRY_LOOKUP_MAX_AGE_SECONDS = 300
 
 
 class ItemKind:
@@ -89,29 +96,6 @@ RANK = {
     ItemKind.DISCREPANCY: 4,
     ItemKind.REMEDY: 5,
 }
-
-
-# --- settings read at call time, so tests and deployments can change them -------------------
-
-
-def owners_only() -> bool:
-    """REVIEW_OWNERS_ONLY: a finance member may act only on items they own, or unassigned ones."""
-    return bool(getattr(settings, "REVIEW_OWNERS_ONLY", False))
-
-
-def retry_lookup_max_age() -> timedelta:
-    seconds = getattr(settings, "REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS", DEFAULT_RETRY_LOOKUP_MAX_AGE_SECONDS)
-    return timedelta(seconds=int(seconds))
-
-
-def owner_rule_refusal(*, user: Any, owner: Any) -> str | None:
-    """Why ``user`` may not act on an item owned by ``owner`` under REVIEW_OWNERS_ONLY, or None."""
-    if not owners_only() or owner is None or owner.pk == user.pk:
-        return None
-    return (
-        f"This item belongs to {owner.get_username()}. Only its owner may act on it while the console "
-        "runs with REVIEW_OWNERS_ONLY; an administrator can reassign it."
-    )
 
 
 def may_view_review(user: Any) -> bool:
@@ -151,7 +135,7 @@ def attempt_summary(attempt: Attempt | None) -> str:
         )
     error = attempt.error or None
     if attempt.kind == AttemptKind.LOOKUP:
-        refunds = (attempt.response or {}).get("refunds") or []
+        refunds = (attempt.response or {}).get("effects") or (attempt.response or {}).get("refunds") or []
         if attempt.finished_at is None:
             return "Lookup: no answer recorded yet."
         if error:
@@ -524,11 +508,13 @@ class ActionDetail:
 def lookup_view(attempt: Attempt | None, *, now: datetime) -> LookupView | None:
     if attempt is None:
         return None
-    fresh_until = (attempt.finished_at + retry_lookup_max_age()) if attempt.finished_at else None
+    fresh_until = lookup_fresh_until(attempt)
+    response = attempt.response or {}
     return LookupView(
         attempt=attempt,
         verdict=attempt.outcome,
-        refunds=list((attempt.response or {}).get("refunds") or []),
+        # Lookups recorded before effect kinds listed "refunds"; newer ones list "effects".
+        refunds=list(response.get("effects") or response.get("refunds") or []),
         summary=attempt_summary(attempt),
         fresh=fresh_until is not None and fresh_until >= now,
         fresh_until=fresh_until,
@@ -541,17 +527,7 @@ def _minutes(delta: timedelta) -> int:
 
 def retry_evidence(latest_lookup: LookupView | None) -> tuple[bool, str]:
     """Whether the latest lookup allows offering a retry with the same key, and if not, why."""
-    minutes = _minutes(retry_lookup_max_age())
-    if latest_lookup is None:
-        return (
-            False,
-            f"Look the action up at the provider first: a retry needs a not-found answer from the last {minutes} min.",
-        )
-    if not latest_lookup.not_found:
-        return False, "The latest lookup did not say 'not found', so the refund may exist: a retry could pay twice."
-    if not latest_lookup.fresh:
-        return False, f"The latest not-found answer is older than {minutes} min. Look the action up again first."
-    return True, ""
+    return retry_evidence_from_attempt(latest_lookup.attempt if latest_lookup else None, now=timezone.now())
 
 
 def _attempt_entry(attempt: Attempt) -> TimelineEntry:
@@ -570,9 +546,6 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
 
     Raises Action.DoesNotExist.
     """
-    # Imported here: approvals builds on actions, not the other way round.
-    from approvals.models import Approval
-
     now = now or timezone.now()
     action = Action.objects.select_related(
         "order", "refund_request", "owner", "proposed_by_agent", "proposed_by_user"

@@ -18,22 +18,24 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import has_transition_perm
 
+from actions.kinds.refund import refund_action_id
 from actions.models import (
     Action,
-    ActionEvent,
     ActionKind,
     ActionStatus,
     ActorKind,
-    Agent,
     Order,
     ReasonCode,
     RefundRequest,
 )
 from actions.providers.base import validate_idempotency_key
 from actions.providers.money import currency_exponent
+from actions.refusals import Refused
+from actions.trail import Actor, action_transition, event_record
+from approvals.policy import approval_apply_auto_policy
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+    pass
 
 S = ActionStatus
 
@@ -45,99 +47,6 @@ MAX_EVIDENCE_LENGTH = 4000
 MAX_AMOUNT_DIGITS = 12  # whole-unit digits: far above any real refund, well inside the column
 
 
-# --- who acts ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who caused a change: a console user, an agent, or the system (a worker or a policy)."""
-
-    kind: ActorKind
-    label: str
-    user: Any = None
-    agent: Agent | None = None
-
-    @classmethod
-    def for_user(cls, user: AbstractBaseUser | AnonymousUser) -> Actor:
-        return cls(kind=ActorKind.USER, label=user.get_username(), user=user)
-
-    @classmethod
-    def for_agent(cls, agent: Agent) -> Actor:
-        return cls(kind=ActorKind.AGENT, label=f"agent:{agent.name}", agent=agent)
-
-    @classmethod
-    def system(cls, name: str) -> Actor:
-        return cls(kind=ActorKind.SYSTEM, label=f"system:{name}")
-
-    @property
-    def accountable_user(self) -> Any:
-        """The person four eyes compare with: the user, or the agent's owner."""
-        if self.user is not None:
-            return self.user
-        if self.agent is not None:
-            return self.agent.owner
-        return None
-
-
-# --- the audit trail ----------------------------------------------------------------------
-
-
-def event_record(
-    *,
-    action: Action,
-    transition: str,
-    from_state: str,
-    actor: Actor,
-    reason: str = "",
-    evidence: dict[str, Any] | None = None,
-    now: datetime | None = None,
-) -> ActionEvent:
-    """Append one audit event. Call it inside the transaction that made the change."""
-    return ActionEvent.objects.create(
-        action=action,
-        transition=transition,
-        from_state=from_state,
-        to_state=action.status,
-        actor_kind=actor.kind,
-        actor_user=actor.user if actor.kind == ActorKind.USER else None,
-        actor_agent=actor.agent,
-        actor_label=actor.label,
-        reason=reason,
-        evidence=evidence or {},
-        created_at=now or timezone.now(),
-    )
-
-
-def action_transition(
-    *,
-    action: Action,
-    transition: str,
-    actor: Actor,
-    reason: str = "",
-    evidence: dict[str, Any] | None = None,
-    now: datetime | None = None,
-    **kwargs: Any,
-) -> ActionEvent:
-    """Run one FSM transition, save it and write its audit event.
-
-    Must run inside a transaction. The save is the conditional UPDATE of
-    ConcurrentTransitionMixin (``WHERE status = <old>``): if another process moved the action
-    first it raises ConcurrentTransition and the caller's transaction rolls back.
-    """
-    now = now or timezone.now()
-    from_state = action.status
-    getattr(action, transition)(**kwargs)
-    action.status_changed_at = now
-    action.save()
-    return event_record(
-        action=action,
-        transition=transition,
-        from_state=from_state,
-        actor=actor,
-        reason=reason,
-        evidence=evidence,
-        now=now,
-    )
 
 
 # --- proposals ----------------------------------------------------------------------------
@@ -187,11 +96,6 @@ def payload_canonical_json(payload: dict[str, Any]) -> str:
 
 def payload_hash(payload: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(payload_canonical_json(payload).encode()).hexdigest()
-
-
-def refund_action_id(*, order_number: str, request_number: int) -> str:
-    """The action id names the business action; it is composed here and nowhere else."""
-    return f"{ActionKind.REFUND}:order-{order_number}:request-{request_number}"
 
 
 def _parse_amount(raw: object, currency: str | None, problems: list[FieldProblem]) -> Decimal | None:
@@ -437,40 +341,65 @@ def action_propose_refund(
             proposed_by_agent=proposer.agent,
             proposed_by_user=actor_user if getattr(actor_user, "pk", None) else None,
         )
-        if policy_reasons:
-            action.reject_proposal(reasons=policy_reasons)
-        else:
-            action.propose()
-        action.status_changed_at = now
-        try:
-            # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
-            # transaction usable for reading the winner's row.
-            with transaction.atomic():
-                action.save()
-        except IntegrityError:
-            winner = Action.objects.get(action_id=action_id)
-            return _existing_or_conflict(winner, payload, digest)
-
-        event_record(
+        return proposal_record(
             action=action,
-            transition="propose" if not policy_reasons else "reject_proposal",
-            from_state="",
-            actor=proposer,
-            reason="; ".join(r["message"] for r in policy_reasons) or "Validation passed.",
-            evidence={"payload": payload, "payload_hash": digest, "evidence": evidence_text},
+            proposer=proposer,
             now=now,
+            policy_reasons=policy_reasons,
+            event_evidence={"payload": payload, "payload_hash": digest, "evidence": evidence_text},
+            auto_policy=True,
         )
 
-        if action.status == S.PROPOSED:
-            # Imported here: approvals builds on actions, not the other way round.
-            from approvals.services import approval_apply_auto_policy
 
-            approval_apply_auto_policy(action=action, order=order, now=now)
-        return ProposalResult(action=action, created=True)
+def proposal_record(
+    *,
+    action: Action,
+    proposer: Actor,
+    now: datetime,
+    policy_reasons: list[dict[str, str]],
+    event_evidence: dict[str, Any],
+    auto_policy: bool,
+    reason: str = "",
+) -> ProposalResult:
+    """Record a new, validated proposal of any kind. Call inside the proposal's transaction.
+
+    The UNIQUE action id makes concurrent proposals produce one row: the loser returns the
+    winner (same payload) or raises ProposalConflict. A proposal against policy is recorded as
+    REJECTED with its reasons. ``auto_policy``: the auto-approval policy may authorize it in the
+    same transaction (one commit).
+    """
+    if policy_reasons:
+        action.reject_proposal(reasons=policy_reasons)
+    else:
+        action.propose()
+    action.status_changed_at = now
+    try:
+        # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
+        # transaction usable for reading the winner's row.
+        with transaction.atomic():
+            action.save()
+    except IntegrityError:
+        winner = Action.objects.get(action_id=action.action_id)
+        return _existing_or_conflict(winner, action.payload, action.payload_hash)
+
+    event_record(
+        action=action,
+        transition="propose" if not policy_reasons else "reject_proposal",
+        from_state="",
+        actor=proposer,
+        reason="; ".join(r["message"] for r in policy_reasons) or reason or "Validation passed.",
+        evidence=event_evidence,
+        now=now,
+    )
+    if auto_policy and action.status == S.PROPOSED:
+        approval_apply_auto_policy(action=action, now=now)
+    return ProposalResult(action=action, created=True)
 
 
-class ActionRefused(PermissionDenied):
-    """The actor may not make this change. The message is shown as it is."""
+class ActionRefused(Refused, PermissionDenied):
+    """The actor may not make this change (cancel). Django shows it as its 403 page."""
+
+    default_status = 403
 
 
 def action_cancel(*, action_pk: int, actor: Actor, reason: str) -> Action:

@@ -27,13 +27,17 @@ from django.views.decorators.http import require_POST, require_safe
 from django_htmx.middleware import HtmxDetails
 
 from actions import finance
-from actions.finance import REMEDY_CHOICES, ReviewRefused
+from actions.engine import resolutions
+from actions.engine.resolutions import ReviewRefused
+from actions.finance import REMEDY_CHOICES
+from actions.kind_selectors import kind_cards
 from actions.models import Action, Discrepancy, Remedy
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from actions.review_selectors import (
     STATE_CHOICES,
     ItemKind,
     QueueFilters,
+    attempt_summary,
     follow_up_detail_get,
     may_view_review,
     review_action_detail_get,
@@ -235,11 +239,9 @@ def action_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def action_lookup(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
-        result = finance.action_lookup(action_pk=pk, user=request.user)
+        result = resolutions.action_lookup(action_pk=pk, user=request.user)
     except ReviewRefused as refused:
         return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
-    from actions.review_selectors import attempt_summary
-
     return _done(request, f"The provider answered: {attempt_summary(result.attempt)}", kind=ItemKind.ACTION, pk=pk)
 
 
@@ -250,18 +252,18 @@ def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     resolution = request.POST.get("resolution", "")
     try:
         if resolution == "succeeded":
-            result = finance.action_resolve_succeeded(
+            result = resolutions.action_resolve_succeeded(
                 action_pk=pk,
                 user=request.user,
                 provider_reference=request.POST.get("provider_reference", ""),
                 reason=request.POST.get("reason", ""),
             )
         elif resolution == "retry":
-            result = finance.action_resolve_retry(
+            result = resolutions.action_resolve_retry(
                 action_pk=pk, user=request.user, reason=request.POST.get("reason", "")
             )
         elif resolution == "failed":
-            result = finance.action_resolve_failed(
+            result = resolutions.action_resolve_failed(
                 action_pk=pk,
                 user=request.user,
                 reason=request.POST.get("reason", ""),
@@ -282,7 +284,9 @@ def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def action_escalate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
-        action = finance.action_escalate_to_user(action_pk=pk, user=request.user, reason=request.POST.get("reason", ""))
+        action = resolutions.action_escalate_to_user(
+            action_pk=pk, user=request.user, reason=request.POST.get("reason", "")
+        )
     except ReviewRefused as refused:
         return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
     return _done(
@@ -397,3 +401,11 @@ def discrepancy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         kind=ItemKind.DISCREPANCY,
         pk=pk,
     )
+
+
+@require_safe
+@login_required
+def kinds(request: HttpRequest) -> HttpResponse:
+    """The five checks for every kind of effect, for finance and admins."""
+    _require_view(request)
+    return render(request, "actions/kinds.html", {"cards": kind_cards()})

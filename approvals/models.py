@@ -36,7 +36,9 @@ class Approval(models.Model):
     note = models.TextField(blank=True)
     decided_at = models.DateTimeField()
 
-    order_version = models.PositiveIntegerField()
+    # The version of the action's target the decider saw (an order's, for a refund); null for a
+    # kind that binds to no target.
+    order_version = models.PositiveIntegerField(null=True, blank=True)
     amount = models.DecimalField(max_digits=14, decimal_places=2)
     currency = models.CharField(max_length=3)
     payload_hash = models.CharField(max_length=80)

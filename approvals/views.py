@@ -19,6 +19,7 @@ from django.utils.timesince import timeuntil
 from django.views.decorators.http import require_POST, require_safe
 from django_htmx.middleware import HtmxDetails
 
+from actions import permissions as perms
 from actions.models import Action
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from approvals.forms import DecisionForm, ReopenForm, form_problem
@@ -28,7 +29,7 @@ from approvals.services import DecisionRefused, action_reopen, approval_decide
 
 # The manager role is whoever holds this permission: the inbox, the detail page and the
 # decisions all check it, and the services check it again inside their transactions.
-DECIDE_PERMISSION = "actions.decide_action"
+DECIDE_PERMISSION = perms.DECIDE
 
 
 class HtmxHttpRequest(HttpRequest):

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.contrib.auth.models import Group, Permission
 
+from actions import permissions as perms
+
 AGENT, MANAGER, FINANCE, ADMIN = "agent", "manager", "finance", "admin"
 ROLES = (AGENT, MANAGER, FINANCE, ADMIN)
 
@@ -27,11 +29,11 @@ _VIEW = [
 ]
 
 ROLE_PERMISSIONS: dict[str, list[str]] = {
-    AGENT: ["actions.propose_action", "actions.view_order", "actions.view_action"],
-    MANAGER: [*_VIEW, "actions.decide_action", "actions.cancel_action"],
+    AGENT: [perms.PROPOSE, "actions.view_order", "actions.view_action"],
+    MANAGER: [*_VIEW, perms.DECIDE, perms.CANCEL],
     FINANCE: [
         *_VIEW,
-        "actions.resolve_action",
+        perms.RESOLVE,
         "actions.view_remedy",
         "actions.change_remedy",
         "actions.view_discrepancy",
@@ -39,8 +41,8 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     ],
     ADMIN: [
         *_VIEW,
-        "actions.correct_action",
-        "actions.cancel_action",
+        perms.CORRECT,
+        perms.CANCEL,
         "actions.change_order",
         "actions.add_order",
         "actions.add_refundrequest",
@@ -73,10 +75,10 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
 def ensure_roles(sender: Any = None, **kwargs: Any) -> None:
     if sender is not None and getattr(sender, "label", None) != "approvals":
         return
-    for role, perms in ROLE_PERMISSIONS.items():
+    for role, granted in ROLE_PERMISSIONS.items():
         group, _ = Group.objects.get_or_create(name=role)
         wanted = []
-        for dotted in perms:
+        for dotted in granted:
             app_label, codename = dotted.split(".")
             perm = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
             if perm is not None:

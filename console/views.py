@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
+from actions import permissions as perms
 from actions.review_selectors import RESOLVE_PERMISSION, ledger_audit_last_get, review_summary_get
 from approvals.selectors import approval_summary_get
 
@@ -18,7 +19,7 @@ from approvals.selectors import approval_summary_get
 def dashboard(request: HttpRequest) -> HttpResponse:
     context: dict[str, Any] = {"ledger_audit": ledger_audit_last_get()}
     # Each role gets its own numbers; a person with several roles sees each part.
-    if request.user.has_perm("actions.decide_action"):
+    if request.user.has_perm(perms.DECIDE):
         context["manager_summary"] = approval_summary_get(user=request.user)
     if request.user.has_perm(RESOLVE_PERMISSION):
         context["finance_summary"] = review_summary_get(user=request.user)

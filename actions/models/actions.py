@@ -17,6 +17,8 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
+from actions import permissions as perms
+
 
 class ActionKind(models.TextChoices):
     REFUND = "refund", "Refund"
@@ -222,11 +224,11 @@ class Action(ConcurrentTransitionMixin, models.Model):
         """Validation failed; the proposal is recorded with its reasons."""
         self.rejection_reasons = reasons
 
-    @transition(field=status, source=S.PROPOSED, target=S.AUTHORIZED, permission="actions.decide_action")
+    @transition(field=status, source=S.PROPOSED, target=S.AUTHORIZED, permission=perms.DECIDE)
     def approve(self) -> None:
         """A manager within limit, or the auto-approval policy, approved it."""
 
-    @transition(field=status, source=S.PROPOSED, target=S.REJECTED, permission="actions.decide_action")
+    @transition(field=status, source=S.PROPOSED, target=S.REJECTED, permission=perms.DECIDE)
     def reject(self, *, note: str) -> None:
         self.rejection_reasons = [{"code": "rejected_by_manager", "message": note}]
 
@@ -238,7 +240,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
     def invalidate(self) -> None:
         """The approval no longer matches the order, or it expired."""
 
-    @transition(field=status, source=S.STALE, target=S.PROPOSED, permission="actions.decide_action")
+    @transition(field=status, source=S.STALE, target=S.PROPOSED, permission=perms.DECIDE)
     def reopen(self) -> None:
         """Ask for a new decision on the same, unchanged action."""
 
@@ -246,7 +248,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
         field=status,
         source=[S.PROPOSED, S.AUTHORIZED, S.STALE],
         target=S.CANCELLED,
-        permission="actions.cancel_action",
+        permission=perms.CANCEL,
     )
     def cancel(self) -> None:
         pass
@@ -308,15 +310,15 @@ class Action(ConcurrentTransitionMixin, models.Model):
         self.next_reconcile_at = None
         return S.SUCCEEDED if succeeded else S.FAILED_FINAL
 
-    @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUCCEEDED, permission="actions.resolve_action")
+    @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUCCEEDED, permission=perms.RESOLVE)
     def resolve_succeeded(self, *, provider_reference: str) -> None:
         self.provider_reference = provider_reference
 
-    @transition(field=status, source=S.NEEDS_REVIEW, target=S.FAILED_FINAL, permission="actions.resolve_action")
+    @transition(field=status, source=S.NEEDS_REVIEW, target=S.FAILED_FINAL, permission=perms.RESOLVE)
     def resolve_failed(self) -> None:
         pass
 
-    @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUBMITTING, permission="actions.resolve_action")
+    @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUBMITTING, permission=perms.RESOLVE)
     def resolve_retry(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
         self._take_lease(lease_token=lease_token, lease_expires_at=lease_expires_at, started_at=started_at)
 

@@ -104,7 +104,7 @@ class LedgerAuditRun(models.Model):
 
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
-    refunds_seen = models.PositiveIntegerField(default=0)
+    effects_seen = models.PositiveIntegerField(default=0)
     actions_checked = models.PositiveIntegerField(default=0)
     discrepancies_found = models.PositiveIntegerField(default=0)
     discrepancies_new = models.PositiveIntegerField(default=0)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from actions.admin import EstimatedCountPaginator
 from actions.agents import AgentAuthenticationFailed, agent_authenticate, agent_token_issue, token_hash
 from actions.corrections import discrepancy_compensate
+from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import (
     Action,
     ActionEvent,
@@ -39,7 +40,7 @@ from actions.models import (
 )
 from actions.services import Actor
 from approvals.models import Decision
-from approvals.services import ClaimOutcome, approval_decide, submission_begin
+from approvals.services import approval_decide
 from tests.actions.test_corrections import duplicate_found, needs_review, refund_of, succeeded_refund
 from tests.approvals.test_decisions import make_stale
 from tests.factories import make_agent, make_user
@@ -59,7 +60,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published on commit, by action pk, instead of publishing to the broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -17,9 +17,13 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions.audit import ledger_audit_run
 from actions.corrections import CorrectionRefused, action_owner_assign, discrepancy_compensate
-from actions.execution import action_escalate, execution_dispatch, submission_record
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.dispatch import action_escalate, execution_dispatch, submission_record
+from actions.engine.ledger import ledger_audit_run
+from actions.engine.resolutions import action_resolve_succeeded
+from actions.kinds.base import Answer
+from actions.kinds.refund import RefundReceiver, answer_from_refund
 from actions.models import (
     Action,
     ActionEvent,
@@ -31,11 +35,10 @@ from actions.models import (
     DiscrepancyStatus,
     Order,
 )
-from actions.outcomes import Answer, Outcome
-from actions.providers.base import ProviderRefund, RefundStatus
+from actions.providers.base import ProviderGuarantees, ProviderRefund, RefundStatus
 from actions.services import Actor, action_propose_refund, payload_hash
 from approvals.models import Decision
-from approvals.services import ClaimOutcome, DecisionRefused, approval_decide, submission_begin
+from approvals.services import DecisionRefused, approval_decide
 from tests.factories import make_order, make_request, make_user
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +56,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published on commit, by action pk, instead of publishing to the broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 
@@ -95,7 +98,7 @@ def succeeded_refund(proposer: Actor, approver: Any, *, reference: str = "re_fir
     claim = submission_begin(action_pk=action.pk)
     assert claim.outcome == ClaimOutcome.CLAIMED
     assert claim.attempt is not None and claim.lease_token is not None
-    answer = Answer(outcome=Outcome.SUCCEEDED, refund=provider_refund(action, reference))
+    answer = answer_from_refund(provider_refund(action, reference))
     submission_record(action_pk=action.pk, attempt_pk=claim.attempt.pk, lease_token=claim.lease_token, answer=answer)
     action = Action.objects.get(pk=action.pk)
     assert action.status == S.SUCCEEDED
@@ -107,7 +110,15 @@ class FakeLedger:
     """A receiver's ledger, as the audit reads it."""
 
     refunds: list[ProviderRefund]
-    guarantees: Any = field(default_factory=lambda: type("G", (), {"lookup_visibility_delay": timedelta(0)})())
+    guarantees: ProviderGuarantees = field(
+        default_factory=lambda: ProviderGuarantees(
+            honours_idempotency_keys=True,
+            key_retention=None,
+            supports_lookup=True,
+            lookup_authoritative=True,
+            lookup_visibility_delay=timedelta(0),
+        )
+    )
 
     def iter_ledger(self) -> Any:
         return iter(self.refunds)
@@ -117,7 +128,7 @@ def duplicate_found(action: Action, *duplicates: str) -> Discrepancy:
     """The receiver paid ``action`` out again; the ledger audit finds it."""
     refunds = [provider_refund(action, action.provider_reference)]
     refunds += [provider_refund(action, reference) for reference in duplicates]
-    ledger_audit_run(provider=FakeLedger(refunds), now=timezone.now() + timedelta(hours=1))  # type: ignore[arg-type]
+    ledger_audit_run(receivers={"refund": RefundReceiver(FakeLedger(refunds))}, now=timezone.now() + timedelta(hours=1))  # type: ignore[arg-type]
     return Discrepancy.objects.get(kind=DiscrepancyKind.DUPLICATE_EFFECT, action=action)
 
 
@@ -187,7 +198,7 @@ def test_a_duplicate_effect_is_compensated_by_a_new_proposed_action_never_by_edi
     duplicate.refresh_from_db()
     assert duplicate.status == DiscrepancyStatus.IN_PROGRESS
     assert duplicate.details["compensating_action"] == "compensation:re_second"
-    assert duplicate.details["refunds"] == ["re_first", "re_second"], "what the audit found stays"
+    assert duplicate.details["effects"] == ["re_first", "re_second"], "what the audit found stays"
     assert duplicate.owner is None, "finance takes it: the admin does not recover the money"
     assert "compensation:re_second" in duplicate.note
 
@@ -224,24 +235,52 @@ def test_a_compensation_needs_a_managers_approval_and_four_eyes_apply(
     assert Action.objects.get(pk=compensation.pk).status == S.AUTHORIZED
 
 
+@pytest.mark.django_db(transaction=True)
 def test_an_approved_compensation_is_never_sent_to_the_refund_provider(
-    duplicate: Discrepancy, admin_user: Any, manager: Any, monkeypatch: pytest.MonkeyPatch
+    duplicate: Discrepancy, admin_user: Any, manager: Any, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 1: recovering a duplicate refund is finance's manual step; the dispatcher must not
-    turn the compensation into a third refund, nor reserve its amount on the order."""
+    turn the compensation into a third refund, nor reserve its amount on the order. It hands the
+    compensation to finance (NEEDS_REVIEW with a named owner and a due time) instead."""
 
-    def provider_submit(*, action: Action, provider: Any = None) -> Answer:
+    def refund_send(self: Any, action: Action) -> Answer:
         raise AssertionError(f"{action.action_id} was sent to the refund provider")
 
-    monkeypatch.setattr("actions.execution.provider_submit", provider_submit)
+    monkeypatch.setattr("actions.kinds.refund.RefundReceiver.send", refund_send)
     compensation = discrepancy_compensate(discrepancy_pk=duplicate.pk, user=admin_user, note="Invoice it.")
     approval_decide(action_pk=compensation.pk, user=manager, decision=Decision.APPROVE)
     order = Order.objects.filter(actions=compensation)
     order_before = order.values("reserved_amount", "refunded_amount", "version").get()
 
+    assert execution_dispatch(action_pk=compensation.pk) == S.NEEDS_REVIEW
+
+    handed_over = Action.objects.get(pk=compensation.pk)
+    assert handed_over.status == S.NEEDS_REVIEW
+    assert handed_over.owner is not None and handed_over.due_at is not None
+    assert order.values("reserved_amount", "refunded_amount", "version").get() == order_before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_finance_records_the_recovery_and_the_compensation_succeeds(
+    duplicate: Discrepancy, admin_user: Any, manager: Any, finance: Any
+) -> None:
+    """The compensation's real ending (no approved action is left without a way forward):
+    finance records the recovery with its evidence, which books nothing on the order."""
+    compensation = discrepancy_compensate(discrepancy_pk=duplicate.pk, user=admin_user, note="Invoice it.")
+    approval_decide(action_pk=compensation.pk, user=manager, decision=Decision.APPROVE)
+    order = Order.objects.filter(actions=compensation)
+    order_before = order.values("reserved_amount", "refunded_amount", "version").get()
     execution_dispatch(action_pk=compensation.pk)
 
-    assert Action.objects.get(pk=compensation.pk).status == S.AUTHORIZED
+    resolution = action_resolve_succeeded(
+        action_pk=compensation.pk,
+        user=finance,
+        provider_reference="INV-2026-0042",
+        reason="The customer paid the recovery invoice.",
+    )
+
+    assert resolution.action.status == S.SUCCEEDED
+    assert Action.objects.get(pk=compensation.pk).provider_reference == "INV-2026-0042"
     assert order.values("reserved_amount", "refunded_amount", "version").get() == order_before
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group
 
+from actions.engine.reconcile import reconcile_action
+from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, OwnerGroup
-from actions.reconciliation import reconcile_action
 from actions.services import Actor
 from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver, unknown_without_receiver
 from tests.factories import make_user
@@ -32,7 +33,9 @@ def no_broker(dispatched: list[int]) -> list[int]:
 def escalated(proposer: Actor) -> Action:
     action = unknown_without_receiver(proposer)
     result = reconcile_action(
-        action_pk=action.pk, provider=FakeReceiver(guarantees=NO_LOOKUP_NO_KEYS), now=action.next_reconcile_at
+        action_pk=action.pk,
+        receiver=RefundReceiver(FakeReceiver(guarantees=NO_LOOKUP_NO_KEYS)),
+        now=action.next_reconcile_at,
     )
     assert result == S.NEEDS_REVIEW
     return Action.objects.get(pk=action.pk)

@@ -1,4 +1,4 @@
-"""Guards around the provider call in actions.execution."""
+"""Guards around the receiver call in actions.engine.dispatch."""
 
 from __future__ import annotations
 
@@ -8,25 +8,24 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.execution import submission_send_and_record
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.dispatch import submission_send_and_record
 from actions.models import Action, ActionStatus
 from actions.services import Actor, action_propose_refund
-from approvals.services import ClaimOutcome, submission_begin
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class RecordingProvider:
+class RecordingReceiver:
     """Fails the test if it is called at all."""
 
-    name = "recording"
-    guarantees: Any = None
+    contract: Any = None
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def create_refund(self, req: Any) -> Any:
+    def send(self, action: Any) -> Any:
         self.calls += 1
         raise AssertionError("the provider must not be called")
 
@@ -36,7 +35,7 @@ def test_a_worker_whose_lease_is_nearly_over_does_not_call_the_provider(
 ) -> None:
     """Invariant 3: no receiver call without a lease the caller still holds (with a margin for
     the call itself): a worker that stalled after its claim leaves the action to the sweeper."""
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
     order = make_order(captured="100.00")
     request = make_request(order)
     action = action_propose_refund(
@@ -51,13 +50,13 @@ def test_a_worker_whose_lease_is_nearly_over_does_not_call_the_provider(
     claim = submission_begin(action_pk=action.pk, now=timezone.now() - timedelta(seconds=55))
     assert claim.outcome == ClaimOutcome.CLAIMED
     assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
-    provider = RecordingProvider()
+    provider = RecordingReceiver()
 
     result = submission_send_and_record(
         action=claim.action,
         attempt=claim.attempt,
         lease_token=claim.lease_token,
-        provider=provider,  # type: ignore[arg-type]
+        receiver=provider,  # type: ignore[arg-type]
     )
 
     assert result == "lease_too_short"

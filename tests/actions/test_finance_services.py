@@ -22,8 +22,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions import finance as finance_services
-from actions.execution import action_escalate, provider_from_settings, submission_record
-from actions.finance import ReviewRefused
+from actions.engine import resolutions
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.dispatch import action_escalate, submission_record
+from actions.engine.resolutions import ReviewRefused
+from actions.kinds.base import Answer, Outcome
+from actions.kinds.refund import answer_from_refund, provider_from_settings
 from actions.models import (
     Action,
     ActionEvent,
@@ -37,10 +41,8 @@ from actions.models import (
     Remedy,
     RemedyKind,
 )
-from actions.outcomes import Answer, Outcome
 from actions.providers.base import AmbiguousError, DefinitiveError, ProviderRefund, RefundStatus
 from actions.services import Actor, action_transition
-from approvals.services import ClaimOutcome, submission_begin
 from tests.actions.test_reconciliation import AMOUNT, AMOUNT_MINOR, CHARGE_MINOR, authorized_refund
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_user
@@ -139,8 +141,7 @@ def escalated(proposer: Actor, *, owner: Any = None, due_at: datetime | None = N
 def settling(proposer: Actor) -> Action:
     action = answered(
         proposer,
-        lambda a: Answer(
-            Outcome.PENDING, refund=provider_refund(a, reference=f"re_pending_{a.pk}", status=RefundStatus.PENDING)
+        lambda a: answer_from_refund(provider_refund(a, reference=f"re_pending_{a.pk}", status=RefundStatus.PENDING)
         ),
     )
     assert action.status == S.SETTLING
@@ -150,8 +151,7 @@ def settling(proposer: Actor) -> Action:
 def succeeded(proposer: Actor) -> Action:
     action = answered(
         proposer,
-        lambda a: Answer(
-            Outcome.SUCCEEDED, refund=provider_refund(a, reference=f"re_done_{a.pk}", status=RefundStatus.SUCCEEDED)
+        lambda a: answer_from_refund(provider_refund(a, reference=f"re_done_{a.pk}", status=RefundStatus.SUCCEEDED)
         ),
     )
     assert action.status == S.SUCCEEDED
@@ -252,7 +252,7 @@ def test_a_refund_the_provider_confirms_is_resolved_as_succeeded_and_its_money_b
     reference = at_provider(sandbox, action)
     assert money(action) == (Decimal("0"), AMOUNT)
 
-    result = finance_services.action_resolve_succeeded(
+    result = resolutions.action_resolve_succeeded(
         action_pk=action.pk, user=finance, provider_reference=reference, reason="The timeout had committed."
     )
 
@@ -271,7 +271,7 @@ def test_a_refund_the_provider_confirms_is_resolved_as_succeeded_and_its_money_b
     assert check.outcome == "found"
     assert check.request["requested_by"] == finance.username
     assert check.response is not None
-    assert [r["id"] for r in check.response["refunds"]] == [reference]
+    assert [r["id"] for r in check.response["effects"]] == [reference]
     assert reference in result.message
 
 
@@ -297,7 +297,7 @@ def test_succeeded_is_refused_when_the_provider_does_not_show_that_refund(
     before = snapshot(action)
 
     with pytest.raises(ReviewRefused) as refused:
-        finance_services.action_resolve_succeeded(
+        resolutions.action_resolve_succeeded(
             action_pk=action.pk, user=finance, provider_reference=claimed or reference, reason="Customer says so."
         )
 
@@ -323,7 +323,7 @@ def test_a_refund_the_provider_never_made_is_resolved_as_failed_with_a_remedy_an
     # A refund the provider created and then failed is a record, not an effect.
     at_provider(sandbox, action, status="failed")
 
-    result = finance_services.action_resolve_failed(
+    result = resolutions.action_resolve_failed(
         action_pk=action.pk,
         user=finance,
         reason="The provider failed it; the card is closed.",
@@ -361,7 +361,7 @@ def test_failed_is_refused_when_the_provider_shows_a_refund_that_happened_or_wil
     before = snapshot(action)
 
     with pytest.raises(ReviewRefused) as refused:
-        finance_services.action_resolve_failed(
+        resolutions.action_resolve_failed(
             action_pk=action.pk, user=finance, reason="Looks failed.", remedy_kind=RemedyKind.STORE_CREDIT
         )
 
@@ -382,10 +382,10 @@ def test_a_retry_after_a_fresh_not_found_sends_once_more_with_the_same_key_and_s
     lease, records the attempt before the call, and the provider ends with exactly one refund."""
     action = escalated(agent_actor, owner=finance)
     charge_exists(sandbox, action)
-    looked = finance_services.action_lookup(action_pk=action.pk, user=finance)
+    looked = resolutions.action_lookup(action_pk=action.pk, user=finance)
     assert looked.attempt.outcome == "not_found"
 
-    result = finance_services.action_resolve_retry(
+    result = resolutions.action_resolve_retry(
         action_pk=action.pk, user=finance, reason="Not at the provider; resend."
     )
 
@@ -408,12 +408,12 @@ def test_a_retry_without_a_recent_not_found_lookup_is_refused_before_the_provide
     agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 7: no retry without evidence. Nothing is sent, nothing is written."""
-    monkeypatch.setattr(finance_services, "provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
     action = escalated(agent_actor, owner=finance)
     before = snapshot(action)
 
     with pytest.raises(ReviewRefused) as refused:
-        finance_services.action_resolve_retry(action_pk=action.pk, user=finance, reason="Try again.")
+        resolutions.action_resolve_retry(action_pk=action.pk, user=finance, reason="Try again.")
 
     assert refused.value.status == 409
     assert "Look the action up at the provider first" in str(refused.value)
@@ -430,13 +430,13 @@ def test_a_not_found_older_than_the_setting_no_longer_allows_a_retry(
     settings.REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS = 60
     action = escalated(agent_actor, owner=finance)
     charge_exists(sandbox, action)
-    looked = finance_services.action_lookup(action_pk=action.pk, user=finance)
+    looked = resolutions.action_lookup(action_pk=action.pk, user=finance)
     # Attempts are evidence rows, not the audit trail: moving the clock of one is how the test ages it.
     Attempt.objects.filter(pk=looked.attempt.pk).update(finished_at=timezone.now() - timedelta(seconds=61))
     before = snapshot(action)
 
     with pytest.raises(ReviewRefused) as refused:
-        finance_services.action_resolve_retry(action_pk=action.pk, user=finance, reason="Try again.")
+        resolutions.action_resolve_retry(action_pk=action.pk, user=finance, reason="Try again.")
 
     assert "older than 1 min" in str(refused.value)
     assert snapshot(action) == before
@@ -452,12 +452,12 @@ def test_a_retry_is_refused_when_the_refund_appeared_at_the_provider_since_the_l
     stops the retry that would have paid twice."""
     action = escalated(agent_actor, owner=finance)
     charge_exists(sandbox, action)
-    finance_services.action_lookup(action_pk=action.pk, user=finance)
+    resolutions.action_lookup(action_pk=action.pk, user=finance)
     reference = at_provider(sandbox, action, status=planted)
     before = snapshot(action)
 
     with pytest.raises(ReviewRefused) as refused:
-        finance_services.action_resolve_retry(action_pk=action.pk, user=finance, reason="Try again.")
+        resolutions.action_resolve_retry(action_pk=action.pk, user=finance, reason="Try again.")
 
     assert refused.value.code == "provider_disagrees"
     assert reference in str(refused.value)
@@ -479,14 +479,14 @@ def test_a_lookup_keeps_the_providers_live_answer_as_an_attempt_without_changing
     reference = at_provider(sandbox, action)
     before = snapshot(action)
 
-    result = finance_services.action_lookup(action_pk=action.pk, user=finance)
+    result = resolutions.action_lookup(action_pk=action.pk, user=finance)
 
     assert result.lookup.verdict == "found"
     attempt = Attempt.objects.get(pk=result.attempt.pk)
     assert (attempt.kind, attempt.outcome, attempt.idempotency_key) == (AttemptKind.LOOKUP, "found", action.action_id)
     assert attempt.request["requested_by"] == finance.username
     assert attempt.response is not None
-    assert attempt.response["refunds"][0]["id"] == reference
+    assert attempt.response["effects"][0]["id"] == reference
     assert attempt.finished_at is not None
     assert snapshot(action) == before
 
@@ -496,7 +496,7 @@ def test_an_action_never_sent_has_nothing_to_look_up(agent_actor: Actor, finance
     """Invariant 3's other side: no call to the receiver for an action that was never submitted."""
     action = authorized_refund(agent_actor)
     with pytest.raises(ReviewRefused, match="never been sent"):
-        finance_services.action_lookup(action_pk=action.pk, user=finance)
+        resolutions.action_lookup(action_pk=action.pk, user=finance)
     assert lookups(action) == []
 
 
@@ -510,14 +510,14 @@ def _provider_must_not_be_called() -> Any:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda pk, user: finance_services.action_resolve_succeeded(
+        lambda pk, user: resolutions.action_resolve_succeeded(
             action_pk=pk, user=user, provider_reference="re_1", reason="r"
         ),
-        lambda pk, user: finance_services.action_resolve_failed(
+        lambda pk, user: resolutions.action_resolve_failed(
             action_pk=pk, user=user, reason="r", remedy_kind="cheque"
         ),
-        lambda pk, user: finance_services.action_resolve_retry(action_pk=pk, user=user, reason="r"),
-        lambda pk, user: finance_services.action_lookup(action_pk=pk, user=user),
+        lambda pk, user: resolutions.action_resolve_retry(action_pk=pk, user=user, reason="r"),
+        lambda pk, user: resolutions.action_lookup(action_pk=pk, user=user),
         lambda pk, user: finance_services.action_assign(action_pk=pk, user=user),
     ],
     ids=["succeeded", "failed", "retry", "lookup", "assign"],
@@ -526,7 +526,7 @@ def test_a_manager_cannot_resolve_look_up_or_take_an_action(
     call: Any, agent_actor: Actor, manager: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 10: only finance resolves. The service refuses by itself, before asking anyone."""
-    monkeypatch.setattr(finance_services, "provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
     action = escalated(agent_actor)
     before = snapshot(action)
 
@@ -559,7 +559,7 @@ def test_bad_resolution_input_is_refused_naming_the_field_before_anything_is_ask
     arguments: dict[str, Any], field: str, agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 11: a clear error naming the field; the provider is not asked, nothing is written."""
-    monkeypatch.setattr(finance_services, "provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
     action = escalated(agent_actor, owner=finance)
     before = snapshot(action)
     arguments = dict(arguments)
@@ -567,9 +567,9 @@ def test_bad_resolution_input_is_refused_naming_the_field_before_anything_is_ask
 
     with pytest.raises(ReviewRefused) as refused:
         if resolution == "succeeded":
-            finance_services.action_resolve_succeeded(action_pk=action.pk, user=finance, **arguments)
+            resolutions.action_resolve_succeeded(action_pk=action.pk, user=finance, **arguments)
         else:
-            finance_services.action_resolve_failed(action_pk=action.pk, user=finance, **arguments)
+            resolutions.action_resolve_failed(action_pk=action.pk, user=finance, **arguments)
 
     assert (refused.value.status, refused.value.field) == (400, field)
     assert str(refused.value).startswith(f"{field}:")
@@ -581,12 +581,12 @@ def test_an_action_that_is_not_waiting_for_review_cannot_be_resolved(
     agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 7: an UNKNOWN action belongs to reconciliation; finance resolves only NEEDS_REVIEW."""
-    monkeypatch.setattr(finance_services, "provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
     action = unknown(agent_actor)
     before = snapshot(action)
 
     with pytest.raises(ReviewRefused) as refused:
-        finance_services.action_resolve_failed(action_pk=action.pk, user=finance, reason="r", remedy_kind="cheque")
+        resolutions.action_resolve_failed(action_pk=action.pk, user=finance, reason="r", remedy_kind="cheque")
 
     assert refused.value.status == 409
     assert "not waiting for review" in str(refused.value)
@@ -633,7 +633,7 @@ def test_taking_over_an_unknown_action_escalates_it_to_me_now(agent_actor: Actor
     """Invariant 8: UNKNOWN -> NEEDS_REVIEW with a named owner and a due time; polling stops."""
     action = unknown(agent_actor)
 
-    finance_services.action_escalate_to_user(action_pk=action.pk, user=finance, reason="Customer is calling.")
+    resolutions.action_escalate_to_user(action_pk=action.pk, user=finance, reason="Customer is calling.")
 
     action = Action.objects.get(pk=action.pk)
     assert action.status == S.NEEDS_REVIEW
@@ -644,7 +644,7 @@ def test_taking_over_an_unknown_action_escalates_it_to_me_now(agent_actor: Actor
     assert (event.transition, event.from_state, event.to_state) == ("escalate", S.UNKNOWN, S.NEEDS_REVIEW)
     assert "Customer is calling." in event.reason
     with pytest.raises(ReviewRefused, match="not unknown"):
-        finance_services.action_escalate_to_user(action_pk=action.pk, user=finance)
+        resolutions.action_escalate_to_user(action_pk=action.pk, user=finance)
 
 
 def test_with_review_owners_only_finance_cannot_act_on_a_colleagues_action(
@@ -652,17 +652,17 @@ def test_with_review_owners_only_finance_cannot_act_on_a_colleagues_action(
 ) -> None:
     """Invariant 10 (and issue 6's REVIEW_OWNERS_ONLY): another owner's item is refused, nothing written."""
     settings.REVIEW_OWNERS_ONLY = True
-    monkeypatch.setattr(finance_services, "provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
     theirs = escalated(agent_actor, owner=felix)
     before = snapshot(theirs)
 
     attempts = [
         lambda: finance_services.action_assign(action_pk=theirs.pk, user=finance),
-        lambda: finance_services.action_lookup(action_pk=theirs.pk, user=finance),
-        lambda: finance_services.action_resolve_failed(
+        lambda: resolutions.action_lookup(action_pk=theirs.pk, user=finance),
+        lambda: resolutions.action_resolve_failed(
             action_pk=theirs.pk, user=finance, reason="r", remedy_kind="cheque"
         ),
-        lambda: finance_services.action_resolve_retry(action_pk=theirs.pk, user=finance, reason="r"),
+        lambda: resolutions.action_resolve_retry(action_pk=theirs.pk, user=finance, reason="r"),
     ]
     for attempt in attempts:
         with pytest.raises(ReviewRefused) as refused:
@@ -770,7 +770,7 @@ def test_recording_failed_is_refused_while_the_last_attempt_could_still_reach_th
         )
 
     with pytest.raises(ReviewRefused) as refused:
-        finance_services.action_resolve_failed(action_pk=fresh.pk, user=finance, reason="r", remedy_kind="cheque")
+        resolutions.action_resolve_failed(action_pk=fresh.pk, user=finance, reason="r", remedy_kind="cheque")
 
     assert "could still reach the provider" in str(refused.value)
     assert Action.objects.get(pk=fresh.pk).status == S.NEEDS_REVIEW

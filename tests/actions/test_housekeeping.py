@@ -76,7 +76,7 @@ def events() -> list[tuple[Any, ...]]:
 
 @pytest.fixture(autouse=True)
 def quiet_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
 
 
 def test_it_never_touches_an_action_that_is_not_final_however_old(agent_actor: Actor) -> None:

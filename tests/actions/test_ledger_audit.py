@@ -19,13 +19,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from actions.audit import ledger_audit_run
-from actions.execution import provider_from_settings, submission_record
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.dispatch import submission_record
+from actions.engine.ledger import ledger_audit_run
+from actions.kinds.refund import RefundReceiver, answer_from_refund, provider_from_settings
 from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
-from actions.outcomes import Answer, Outcome
 from actions.providers.base import ProviderRefund, RefundStatus
 from actions.services import Actor
-from approvals.services import ClaimOutcome, submission_begin
 from tests.actions.test_reconciliation import (
     AMOUNT_MINOR,
     PROVIDER_TIMEOUT_SECONDS,
@@ -65,7 +65,9 @@ def receiver_down(settings: Any) -> Iterator[None]:
 
 def audit_later() -> LedgerAuditRun:
     """An audit an hour from now, past the grace a just-SUCCEEDED action gets for visibility."""
-    return ledger_audit_run(provider=provider_from_settings(), now=timezone.now() + timedelta(hours=1))
+    return ledger_audit_run(
+        receivers={"refund": RefundReceiver(provider_from_settings())}, now=timezone.now() + timedelta(hours=1)
+    )
 
 
 def succeeded_without_a_receiver_record(proposer: Actor, sandbox: SandboxClient) -> Action:
@@ -90,7 +92,7 @@ def succeeded_without_a_receiver_record(proposer: Actor, sandbox: SandboxClient)
         action_pk=action.pk,
         attempt_pk=claim.attempt.pk,
         lease_token=claim.lease_token,
-        answer=Answer(Outcome.SUCCEEDED, refund=refund),
+        answer=answer_from_refund(refund),
     )
     action.refresh_from_db()
     assert action.status == S.SUCCEEDED
@@ -124,7 +126,7 @@ def test_the_audit_finds_nothing_when_the_ledger_matches_the_console(
     run = audit_later()
 
     assert run.ok, run.error
-    assert (run.refunds_seen, run.discrepancies_found, run.discrepancies_new) == (3, 0, 0)
+    assert (run.effects_seen, run.discrepancies_found, run.discrepancies_new) == (3, 0, 0)
     assert not Discrepancy.objects.exists()
     out = audit_command()
     assert "agree" in out
@@ -159,7 +161,7 @@ def test_the_audit_records_each_kind_of_discrepancy_once(
     found = discrepancies()
     duplicate = Discrepancy.objects.get(kind=K.DUPLICATE_EFFECT)
     assert duplicate.action == twice
-    assert sorted(duplicate.details["refunds"]) == sorted([first["id"], second["id"]])
+    assert sorted(duplicate.details["effects"]) == sorted([first["id"], second["id"]])
     assert found == {
         (K.DUPLICATE_EFFECT, twice.action_id, duplicate.provider_reference),
         (K.EFFECT_WITHOUT_ACTION, None, stray["id"]),

@@ -9,7 +9,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions.audit import ledger_compare
+from actions.engine.ledger import ledger_compare
+from actions.kinds import kind_for
+from actions.kinds.refund import effect_from_refund
 from actions.models import Action, DiscrepancyKind
 from actions.providers.base import ProviderRefund, RefundStatus
 from actions.services import Actor, action_propose_refund, action_transition
@@ -52,7 +54,12 @@ def test_a_refund_for_a_cancelled_action_is_a_discrepancy(agent_actor: Actor, se
     with transaction.atomic():
         action_transition(action=Action.objects.get(pk=action.pk), transition="cancel", actor=Actor.system("test"))
 
-    result = ledger_compare(refunds=[refund_for(action, reference="re_stray")], now=timezone.now(), grace=timedelta(0))
+    result = ledger_compare(
+        kind=kind_for("refund"),
+        effects=[effect_from_refund(refund_for(action, reference="re_stray"))],
+        now=timezone.now(),
+        grace=timedelta(0),
+    )
 
     assert [(f.kind, f.provider_reference) for f in result.findings] == [
         (DiscrepancyKind.EFFECT_FOR_UNSUCCESSFUL_ACTION, "re_stray")
@@ -65,6 +72,8 @@ def test_a_failed_refund_for_a_cancelled_action_is_not_an_effect(agent_actor: Ac
         action_transition(action=Action.objects.get(pk=action.pk), transition="cancel", actor=Actor.system("test"))
 
     failed = refund_for(action, reference="re_failed", status=RefundStatus.FAILED)
-    result = ledger_compare(refunds=[failed], now=timezone.now(), grace=timedelta(0))
+    result = ledger_compare(
+        kind=kind_for("refund"), effects=[effect_from_refund(failed)], now=timezone.now(), grace=timedelta(0)
+    )
 
     assert result.findings == []

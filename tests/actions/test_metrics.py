@@ -14,10 +14,10 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from actions.execution import sweep_expired_leases
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.dispatch import sweep_expired_leases
 from actions.models import Action, ActionStatus
 from actions.services import Actor
-from approvals.services import ClaimOutcome, submission_begin
 from tests.actions.test_reconciliation import authorized_refund
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

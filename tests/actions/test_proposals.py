@@ -239,15 +239,15 @@ def test_a_failing_auto_approval_leaves_no_proposal_behind(
 ) -> None:
     """Intent and authorization are one commit: a small refund is never left half-done,
     recorded as PROPOSED without the policy's decision."""
-    import approvals.services
+    import actions.services
 
-    real = approvals.services.approval_apply_auto_policy
+    real = actions.services.approval_apply_auto_policy
 
     def approve_then_crash(**kwargs: Any) -> Any:
         real(**kwargs)
         raise RuntimeError("crash after the approval was written")
 
-    monkeypatch.setattr(approvals.services, "approval_apply_auto_policy", approve_then_crash)
+    monkeypatch.setattr(actions.services, "approval_apply_auto_policy", approve_then_crash)
 
     with pytest.raises(RuntimeError, match="crash after the approval"):
         propose(amount="10.00")

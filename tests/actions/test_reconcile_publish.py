@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from actions.execution import submission_record
+from actions.engine.claim import submission_begin
+from actions.engine.dispatch import submission_record
+from actions.engine.reconcile import reconcile_claim, reconcile_publish_due
+from actions.kinds.base import Answer, Outcome
 from actions.models import Action, ActionStatus
-from actions.outcomes import Answer, Outcome
 from actions.providers.base import AmbiguousError
-from actions.reconciliation import reconcile_claim, reconcile_publish_due
 from actions.services import Actor, action_propose_refund
-from approvals.services import submission_begin
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def unknown_action(agent_actor: Actor, monkeypatch: pytest.MonkeyPatch) -> Action:
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
     order = make_order(captured="100.00")
     request = make_request(order)
     action = action_propose_refund(

@@ -23,9 +23,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from actions.execution import execution_dispatch, provider_from_settings, submission_record
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.dispatch import execution_dispatch, submission_record
+from actions.engine.reconcile import reconcile_action, reconcile_due
+from actions.kinds.base import Answer, Outcome
+from actions.kinds.refund import RefundReceiver, provider_from_settings
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order
-from actions.outcomes import Answer, Outcome
 from actions.providers.base import (
     AmbiguousError,
     CreateRefund,
@@ -37,9 +40,7 @@ from actions.providers.base import (
     RefundStatus,
 )
 from actions.providers.stripe_adapter import StripeProvider
-from actions.reconciliation import reconcile_action, reconcile_due
 from actions.services import Actor, action_propose_refund
-from approvals.services import ClaimOutcome, submission_begin
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
 from tests.providers.sandbox_client import SandboxClient
@@ -278,7 +279,9 @@ def test_a_refund_committed_before_a_timeout_is_found_and_recorded_once(
     assert attempt.error is not None and attempt.error["type"] == "AmbiguousError"
     assert order_money(action) == (Decimal("0.00"), AMOUNT)
 
-    result = reconcile_action(action_pk=action.pk, provider=provider_from_settings(), now=action.next_reconcile_at)
+    result = reconcile_action(
+        action_pk=action.pk, receiver=RefundReceiver(provider_from_settings()), now=action.next_reconcile_at
+    )
 
     assert result == S.SUCCEEDED
     action.refresh_from_db()
@@ -304,7 +307,7 @@ def test_past_key_retention_the_first_refund_is_found_before_anything_is_sent_ag
     now = action.first_attempt_at + timedelta(hours=25)
     align_receiver_clock(sandbox, now)
 
-    result = reconcile_action(action_pk=action.pk, provider=provider, now=now)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(provider), now=now)
 
     assert result == S.SUCCEEDED
     action.refresh_from_db()
@@ -333,7 +336,7 @@ def test_an_authoritative_not_found_past_key_retention_allows_one_retry_with_the
     now = action.next_reconcile_at
     align_receiver_clock(sandbox, now)
 
-    result = reconcile_action(action_pk=action.pk, provider=provider, now=now)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(provider), now=now)
 
     assert result == S.SUCCEEDED
     action.refresh_from_db()
@@ -365,7 +368,7 @@ def test_the_visibility_delay_is_judged_as_of_the_pass_not_as_of_the_wall_clock(
     assert action.next_reconcile_at is not None and action.last_attempt_at is not None
     now = max(action.next_reconcile_at, action.last_attempt_at + visibility + timedelta(seconds=1))
 
-    result = reconcile_action(action_pk=action.pk, provider=receiver, now=now)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(receiver), now=now)
 
     assert receiver.calls == ["find_refunds", "create_refund"]
     assert result == S.SUCCEEDED
@@ -379,7 +382,7 @@ def test_inside_key_retention_a_not_found_is_resent_with_the_same_key_without_wa
     action = dispatch_with_fault(sandbox, agent_actor, mode="fail_before_commit")
     provider = sandbox_provider(sandbox, key_retention=timedelta(hours=24), lookup_visibility_delay=timedelta(hours=1))
 
-    result = reconcile_action(action_pk=action.pk, provider=provider, now=action.next_reconcile_at)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(provider), now=action.next_reconcile_at)
 
     assert result == S.SUCCEEDED
     assert len(refunds_at_receiver(sandbox, action)) == 1
@@ -404,7 +407,7 @@ def test_no_retry_while_the_receivers_lookup_may_still_be_catching_up(
     [hidden] = refunds_at_receiver(sandbox, action)
     assert not hidden["sandbox"]["visible"]
 
-    result = reconcile_action(action_pk=action.pk, provider=provider, now=now)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(provider), now=now)
 
     assert result == "too_early"
     action.refresh_from_db()
@@ -436,7 +439,7 @@ def test_a_receiver_unreachable_beyond_the_policy_goes_to_a_named_person_and_pol
         action.refresh_from_db()
         assert action.next_reconcile_at is not None
         now = action.next_reconcile_at
-        results.append(reconcile_action(action_pk=action.pk, provider=unreachable, now=now))
+        results.append(reconcile_action(action_pk=action.pk, receiver=RefundReceiver(unreachable), now=now))
 
     assert results == ["inconclusive", "inconclusive", S.NEEDS_REVIEW]
     action.refresh_from_db()
@@ -452,7 +455,7 @@ def test_a_receiver_unreachable_beyond_the_policy_goes_to_a_named_person_and_pol
 
     later = now + timedelta(days=365)
     assert action.pk not in reconcile_due(now=later)
-    assert reconcile_action(action_pk=action.pk, provider=unreachable, now=later) == "not_due"
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(unreachable), now=later) == "not_due"
     assert len(lookup_attempts(action)) == 3, "nobody asks the receiver after escalation"
     assert order_money(action) == (Decimal("0.00"), AMOUNT), "the reservation is held through review"
 
@@ -466,10 +469,12 @@ def test_a_receiver_with_no_lookup_and_no_keys_escalates_on_the_first_pass(agent
     assert action.next_reconcile_at is not None
     early = action.next_reconcile_at - timedelta(seconds=1)
     assert action.pk not in reconcile_due(now=early)
-    assert reconcile_action(action_pk=action.pk, provider=receiver, now=early) == "not_due", "the backoff holds"
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(receiver), now=early) == "not_due", (
+        "the backoff holds"
+    )
     assert action.pk in reconcile_due(now=action.next_reconcile_at)
 
-    result = reconcile_action(action_pk=action.pk, provider=receiver, now=action.next_reconcile_at)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(receiver), now=action.next_reconcile_at)
 
     assert result == S.NEEDS_REVIEW
     assert receiver.calls == []
@@ -491,7 +496,7 @@ def test_a_timeout_from_a_receiver_with_no_lookup_and_no_keys_goes_straight_to_a
     receiver = FakeReceiver(
         guarantees=NO_LOOKUP_NO_KEYS, create_error=AmbiguousError("read timed out", code="connection_error")
     )
-    monkeypatch.setattr("actions.execution.provider_from_settings", lambda: receiver)
+    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
     action = authorized_refund(agent_actor)
 
     execution_dispatch(action_pk=action.pk)
@@ -522,7 +527,7 @@ def test_a_not_found_from_a_lookup_that_is_not_authoritative_ends_with_a_person(
         if action.status != S.UNKNOWN:
             break
         assert action.next_reconcile_at is not None
-        reconcile_action(action_pk=action.pk, provider=receiver, now=action.next_reconcile_at)
+        reconcile_action(action_pk=action.pk, receiver=RefundReceiver(receiver), now=action.next_reconcile_at)
 
     action.refresh_from_db()
     assert action.status == S.NEEDS_REVIEW
@@ -538,7 +543,7 @@ def test_a_retry_goes_to_the_receiver_that_was_asked(agent_actor: Actor, unreach
         guarantees=guarantees(keys=True, lookup=True, authoritative=True, key_retention=timedelta(hours=24))
     )
 
-    result = reconcile_action(action_pk=action.pk, provider=receiver, now=action.next_reconcile_at)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(receiver), now=action.next_reconcile_at)
 
     assert receiver.calls == ["find_refunds", "create_refund"]
     assert result == S.SUCCEEDED

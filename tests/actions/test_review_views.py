@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from actions.agents import agent_token_issue
+from actions.engine.claim import submission_begin
 from actions.models import (
     Action,
     ActionEvent,
@@ -36,7 +37,7 @@ from actions.models import (
 )
 from actions.services import Actor, action_cancel
 from approvals.models import Approval
-from approvals.services import approval_decide, submission_begin
+from approvals.services import approval_decide
 from tests.actions.test_finance_services import (
     escalated,
     failed,
@@ -680,7 +681,7 @@ def test_a_manager_keeps_the_approvals_summary_and_everyone_sees_the_ledger_audi
     run = LedgerAuditRun.objects.create(
         started_at=timezone.now() - timedelta(minutes=5),
         finished_at=timezone.now() - timedelta(minutes=4),
-        refunds_seen=12,
+        effects_seen=12,
         actions_checked=10,
         discrepancies_found=2,
         discrepancies_new=1,

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from actions.execution import provider_from_settings
+from actions.engine.reconcile import reconcile_action
+from actions.kinds.refund import RefundReceiver, provider_from_settings
 from actions.models import Action, ActionStatus, Remedy, RemedyKind
-from actions.reconciliation import reconcile_action
 from actions.services import Actor
 from tests.actions.test_reconciliation import (
     AMOUNT,
@@ -67,7 +67,10 @@ def poll_until_the_receiver_settled(sandbox: SandboxClient, action: Action) -> s
     early = action.next_reconcile_at
     align_receiver_clock(sandbox, early)
 
-    assert reconcile_action(action_pk=action.pk, provider=provider_from_settings(), now=early) == "still_pending"
+    assert (
+        reconcile_action(action_pk=action.pk, receiver=RefundReceiver(provider_from_settings()), now=early)
+        == "still_pending"
+    )
     action.refresh_from_db()
     assert action.status == S.SETTLING
     assert action.lease_token is None
@@ -76,7 +79,7 @@ def poll_until_the_receiver_settled(sandbox: SandboxClient, action: Action) -> s
 
     later = max(action.next_reconcile_at, action.first_attempt_at + SETTLES_AFTER + timedelta(seconds=1))
     align_receiver_clock(sandbox, later)
-    return reconcile_action(action_pk=action.pk, provider=provider_from_settings(), now=later)
+    return reconcile_action(action_pk=action.pk, receiver=RefundReceiver(provider_from_settings()), now=later)
 
 
 def test_a_pending_refund_that_the_receiver_fails_releases_the_reservation_and_opens_a_remedy(

@@ -31,7 +31,10 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from actions import execution, reconciliation
+from actions.engine import dispatch as execution
+from actions.engine import reconcile as reconciliation
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Order
 from actions.models.actions import RESERVING_STATUSES
 from actions.providers.base import (
@@ -47,7 +50,7 @@ from actions.providers.base import (
 )
 from actions.services import Actor, ProposalConflict, ProposalInvalid, action_propose_refund
 from approvals.models import Approval, Decision
-from approvals.services import ClaimOutcome, DecisionRefused, approval_decide, submission_begin
+from approvals.services import DecisionRefused, approval_decide
 from tests.factories import make_agent, make_order, make_request, make_user
 
 S = ActionStatus
@@ -284,7 +287,7 @@ class ServicesMachine(RuleBasedStateMachine):
         if claim.outcome != ClaimOutcome.CLAIMED or crash == "after_claim":
             return
         assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
-        answer = execution.provider_submit(action=claim.action, provider=self.receiver)
+        answer = execution.receiver_send(action=claim.action, receiver=RefundReceiver(self.receiver))
         if crash == "after_answer":
             return
         execution.submission_record(
@@ -300,7 +303,7 @@ class ServicesMachine(RuleBasedStateMachine):
             return
         self.receiver.mode = mode
         self.receiver.lookups_down = lookups_down
-        reconciliation.reconcile_action(action_pk=action.pk, provider=self.receiver, now=self.now)
+        reconciliation.reconcile_action(action_pk=action.pk, receiver=RefundReceiver(self.receiver), now=self.now)
         self.receiver.lookups_down = False
 
     def receiver_settles_a_pending_refund(self, index: int, succeeded: bool) -> None:
@@ -389,7 +392,7 @@ def test_random_interleavings_never_break_an_invariant(monkeypatch: pytest.Monke
     settings.AUTO_APPROVAL_ENABLED = True
     settings.REFUND_WINDOW_DAYS = 3650
     settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS = 0
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
     # The clock is the machine's: services that read the time get the simulated one. Each
     # sequence starts a day after the previous one ended, so time never runs backwards.
     monkeypatch.setattr("django.utils.timezone.now", lambda: CLOCK[0])

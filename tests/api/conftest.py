@@ -49,7 +49,7 @@ def fast_password_hashing(settings: Any) -> None:
 def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Action pks whose dispatch was published. The dispatcher is not part of these tests."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 

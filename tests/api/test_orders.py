@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from actions.agents import agent_token_issue
+from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionStatus, Order
 from actions.requests import refund_request_open
 from actions.services import Actor, action_propose_refund
 from approvals.models import Decision
-from approvals.services import ClaimOutcome, approval_decide, submission_begin
+from approvals.services import approval_decide
 from tests.api.conftest import ApiClient, assert_problem
 from tests.factories import make_agent
 

@@ -17,10 +17,11 @@ from django.contrib.auth.models import Group
 from django.db.models import F
 from django.utils import timezone
 
+from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Order
 from actions.services import Actor, action_propose_refund
 from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
-from approvals.services import ClaimOutcome, DecisionRefused, action_reopen, approval_decide, submission_begin
+from approvals.services import DecisionRefused, action_reopen, approval_decide
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +39,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published to the broker, by action pk, instead of publishing them."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 

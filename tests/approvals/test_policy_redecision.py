@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 from django.db.models import F
 
+from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionStatus, Order
 from actions.services import Actor, action_propose_refund
 from approvals.models import Approval, ApprovalPolicy, Decision
-from approvals.services import ClaimOutcome, approval_decide, submission_begin
+from approvals.services import approval_decide
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     published: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", published.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", published.append)
     return published
 
 

@@ -18,18 +18,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from actions.engine.claim import Claim, ClaimOutcome, submission_begin
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order
 from actions.services import Actor, action_propose_refund
 from approvals.models import Approval, Decision
-from approvals.services import (
-    Claim,
-    ClaimOutcome,
-    DecisionRefused,
-    _record_approval,
-    action_reopen,
-    approval_decide,
-    submission_begin,
-)
+from approvals.policy import approval_record
+from approvals.services import DecisionRefused, action_reopen, approval_decide
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db
@@ -75,7 +69,7 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 
@@ -297,12 +291,10 @@ def test_an_approval_at_the_current_version_whose_balance_no_longer_covers_it_is
     partial = propose(agent_actor, order, amount="30.00")
     approve(partial, manager)
     submission_begin(action_pk=partial.pk)
-    current = order_of(full)
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=full.pk)
-        _record_approval(
+        approval_record(
             action=locked,
-            order=current,
             approver=manager,
             label=manager.username,
             policy="manager",
@@ -400,6 +392,7 @@ def test_a_stale_action_reopened_and_approved_again_is_reserved_under_the_new_ap
     assert event.evidence["approval_id"] == new_approval.pk
     after = order_of(full)
     assert after.reserved_amount == Decimal("130.00")
+    assert new_approval.order_version is not None
     assert after.version == new_approval.order_version + 1
     assert_order_money_adds_up(order)
 

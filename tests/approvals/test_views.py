@@ -19,10 +19,11 @@ from django.db.models import F
 from django.test import Client
 from django.urls import reverse
 
+from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionEvent, ActionStatus, Order
 from actions.services import Actor, action_propose_refund, action_transition
 from approvals.models import Approval, ApprovalLimit
-from approvals.services import ClaimOutcome, approval_decide, submission_begin
+from approvals.services import approval_decide
 from tests.factories import PASSWORD, make_agent, make_order, make_request, make_user
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +43,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published after an approval, by action pk, instead of publishing them."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -330,20 +330,20 @@ def propose_all(fixture: Fixture) -> None:
 
 def propose_held_back(fixture: Fixture) -> list[int]:
     """Propose as ``propose_all`` does, keeping each on-commit publish instead of sending it."""
-    import actions.tasks
+    import actions.publish
 
     held: list[int] = []
-    publish = actions.tasks.dispatch_enqueue
-    actions.tasks.dispatch_enqueue = held.append  # type: ignore[assignment]  # looked up at call time
+    publish = actions.publish.dispatch_enqueue
+    actions.publish.dispatch_enqueue = held.append  # type: ignore[assignment]  # looked up at call time
     try:
         propose_all(fixture)
     finally:
-        actions.tasks.dispatch_enqueue = publish
+        actions.publish.dispatch_enqueue = publish
     return held
 
 
 def publish_dispatches(action_pks: list[int]) -> None:
-    from actions.tasks import dispatch_enqueue
+    from actions.publish import dispatch_enqueue
 
     for action_pk in action_pks:
         dispatch_enqueue(action_pk)

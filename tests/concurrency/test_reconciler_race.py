@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from actions.execution import provider_from_settings
+from actions.engine.reconcile import reconcile_action
+from actions.kinds.refund import RefundReceiver, provider_from_settings
 from actions.models import Action, ActionStatus, Order
 from actions.providers.base import CreateRefund, ProviderRefund
-from actions.reconciliation import reconcile_action
 from actions.services import Actor
 from tests.actions.test_reconciliation import (
     AMOUNT,
@@ -45,7 +45,7 @@ RECONCILERS = 4  # below the connection pool's default size of 10, with the test
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Dispatch runs in this process; nothing is published to a broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 
@@ -57,7 +57,7 @@ def sandbox(live_sandbox: SandboxClient, settings: Any) -> Iterator[SandboxClien
 
 
 def reconcile_at(action: Action, now: datetime) -> Callable[[], str]:
-    return lambda: reconcile_action(action_pk=action.pk, provider=provider_from_settings(), now=now)
+    return lambda: reconcile_action(action_pk=action.pk, receiver=RefundReceiver(provider_from_settings()), now=now)
 
 
 def assert_decided_once(sandbox: SandboxClient, action: Action) -> None:
@@ -125,7 +125,7 @@ def test_a_reconciler_whose_lease_was_taken_over_records_nothing(sandbox: Sandbo
     after_its_lease = first_now + timedelta(seconds=settings.LEASE_SECONDS + 1)
     stalled = TakenOverMidLookup(takeover=reconcile_at(action, after_its_lease))
 
-    result = reconcile_action(action_pk=action.pk, provider=stalled, now=first_now)
+    result = reconcile_action(action_pk=action.pk, receiver=RefundReceiver(stalled), now=first_now)
 
     assert stalled.takeover_result == S.SUCCEEDED
     assert result == "lease_lost"

@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-import approvals.services
+from actions.engine.claim import Claim, ClaimOutcome, submission_begin
+from actions.kinds import kind_for
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order
 from actions.services import Actor, action_propose_refund
 from approvals.models import Approval, Decision
-from approvals.services import Claim, ClaimOutcome, approval_decide, submission_begin
+from approvals.services import approval_decide
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
 from tests.threads import THREAD_TIMEOUT, run_at_once
@@ -41,7 +42,7 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 
@@ -225,16 +226,17 @@ def test_an_approval_made_while_another_reservation_is_uncommitted_is_bound_to_t
 
     reserved_not_committed = threading.Event()
     approval_made = threading.Event()
-    request_body = approvals.services.submission_request_body
+    refund_kind = kind_for("refund")
+    request_body = refund_kind.request_body
 
     def pause_inside_the_reservation(being_submitted: Action) -> dict[str, Any]:
-        # Called inside submission_begin's transaction, after the order's UPDATE.
+        # Called inside submission_begin's transaction, after the order's UPDATE (the lease's attempt).
         if being_submitted.pk == other.pk:
             reserved_not_committed.set()
             assert approval_made.wait(THREAD_TIMEOUT), "the approval never finished"
         return request_body(being_submitted)
 
-    monkeypatch.setattr("approvals.services.submission_request_body", pause_inside_the_reservation)
+    monkeypatch.setattr(refund_kind, "request_body", pause_inside_the_reservation)
 
     def approve_in_between() -> Approval:
         assert reserved_not_committed.wait(THREAD_TIMEOUT), "the reservation never started"

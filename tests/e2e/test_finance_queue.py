@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from actions import finance as finance_services
+from actions.engine import resolutions
 from actions.models import Action, ActionEvent, ActionStatus, Order, Remedy
 from actions.services import Actor
 from tests.actions.test_finance_services import AMOUNT_MINOR, CHARGE_MINOR, escalated, settling, unknown
@@ -43,7 +43,7 @@ def test_finance_filters_looks_up_and_resolves_an_action_that_leaves_the_queue(
     """Invariants 2, 5 and 8 end to end: the refund the provider made is recorded once, with its
     reference; the order's money adds up; the queue shows what is left, to its owner."""
     # Auto-approval publishes a dispatch on commit; the builders reserve and record by themselves.
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
     # The items were just attempted; "failed" needs their lease and the provider's visibility
     # delay to have passed. No worker runs here, so both are zero.
     settings.LEASE_SECONDS = 0
@@ -81,7 +81,7 @@ def test_finance_filters_looks_up_and_resolves_an_action_that_leaves_the_queue(
         # A colleague resolves one of Fiona's items as failed: the queue refreshes by itself, with
         # her filter, and shows the remedy (now hers) instead of the action.
         as_someone_else(
-            lambda: finance_services.action_resolve_failed(
+            lambda: resolutions.action_resolve_failed(
                 action_pk=other_mine.pk, user=finance, reason="Card closed.", remedy_kind="manual_transfer"
             )
         )

@@ -65,7 +65,7 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
     # Seeded proposals must wait for a person instead of being approved by policy.
     settings.AUTO_APPROVAL_ENABLED = False
     published: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", published.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", published.append)
     to_approve = propose(
         agent_actor,
         amount="120.00",

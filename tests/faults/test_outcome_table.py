@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 import requests
 
-from actions.execution import execution_dispatch, provider_from_settings
+from actions.engine.dispatch import execution_dispatch
+from actions.engine.reconcile import reconcile_action
+from actions.kinds.refund import provider_from_settings
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Order, Remedy
 from actions.providers.money import to_minor_units
-from actions.reconciliation import reconcile_action
 from actions.services import Actor, action_propose_refund
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
@@ -56,7 +57,7 @@ def fast_settings(settings: Any, live_sandbox: SandboxClient) -> Iterator[None]:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatcher is called by the test itself; nothing goes to the broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.tasks.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
 
 

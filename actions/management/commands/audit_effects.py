@@ -14,8 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from actions.execution import provider_from_settings
-from actions.invariants import audit_effects
+from actions.engine.invariants import audit_effects
 
 INVARIANTS = {
     1: "at most one effect per action",
@@ -38,12 +37,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        report = audit_effects(provider=provider_from_settings(), stuck_grace_seconds=options["stuck_grace"])
+        report = audit_effects(stuck_grace_seconds=options["stuck_grace"])
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict(), indent=2, default=str))
         else:
             self.stdout.write(
-                f"actions {report.actions}   effects {report.effects}   orders checked {report.orders}   "
+                f"actions {report.actions}   effects {report.effects}   targets checked {report.targets}   "
                 f"duplicates {report.duplicates}   lost {report.lost}"
             )
             self.stdout.write("states: " + ", ".join(f"{k} {v}" for k, v in sorted(report.states.items())))

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from actions.audit import ledger_audit_run
+from actions.engine.ledger import ledger_audit_run
 from actions.models import Discrepancy
 
 
@@ -22,7 +22,7 @@ class Command(BaseCommand):
         if run.error:
             raise CommandError(run.error)
         self.stdout.write(
-            f"Ledger audit: {run.refunds_seen} refunds at the receiver, {run.actions_checked} actions checked, "
+            f"Ledger audit: {run.effects_seen} effects at the receivers, {run.actions_checked} actions checked, "
             f"{run.discrepancies_found} discrepancies ({run.discrepancies_new} new)."
         )
         if run.discrepancies_found:

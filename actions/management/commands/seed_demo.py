@@ -45,17 +45,20 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.agents import agent_token_issue
-from actions.audit import ledger_audit_run
-from actions.execution import action_escalate, apply_outcome, submission_send_and_record
-from actions.finance import ReviewRefused, action_assign
+from actions.engine.claim import Claim, ClaimOutcome, submission_begin
+from actions.engine.dispatch import action_escalate, apply_outcome, submission_send_and_record
+from actions.engine.ledger import ledger_audit_run
+from actions.engine.resolutions import ReviewRefused
+from actions.finance import action_assign
+from actions.kinds.base import Answer, Outcome
+from actions.kinds.refund import RefundReceiver, answer_from_refund, refund_action_id
 from actions.models import Action, ActionStatus, Agent, Attempt, Discrepancy, Order, RefundRequest
-from actions.outcomes import Answer, Outcome
 from actions.providers.base import AmbiguousError, DefinitiveError
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider, refund_from_stripe_json
-from actions.services import Actor, action_cancel, action_propose_refund, refund_action_id
+from actions.services import Actor, action_cancel, action_propose_refund
 from approvals.models import ApprovalLimit
-from approvals.services import Claim, ClaimOutcome, approval_decide, submission_begin
+from approvals.services import approval_decide
 from console.roles import ensure_roles
 
 DEMO_PASSWORD = "demo-password"  # noqa: S105 - printed in the README for the local demo only
@@ -401,7 +404,7 @@ class Scenario:
         if claim is None or claim.action is None:
             return
         refund = refund_from_stripe_json(self.plant(claim.action, status="pending"))
-        self.record(claim, Answer(Outcome.PENDING, refund=refund), at=self.ago(hours=2, minutes=55))
+        self.record(claim, answer_from_refund(refund), at=self.ago(hours=2, minutes=55))
 
     def succeeded(self, order: Order) -> None:
         claim = self.reserve(order, proposed=self.ago(hours=6), reserved=self.now)
@@ -409,7 +412,10 @@ class Scenario:
             return
         # A real call to the sandbox, outside any transaction, by the lease holder.
         submission_send_and_record(
-            action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, provider=self.provider
+            action=claim.action,
+            attempt=claim.attempt,
+            lease_token=claim.lease_token,
+            receiver=RefundReceiver(self.provider),
         )
 
     def failed_final(self, order: Order) -> None:
@@ -456,4 +462,4 @@ class Scenario:
     def discrepancy(self, order: Order) -> None:
         # A refund made by hand in the provider's dashboard names no action.
         sandbox_post(self.sandbox, "refunds", {"charge": order.charge_reference, "amount": 1500, "status": "succeeded"})
-        ledger_audit_run(provider=self.provider)
+        ledger_audit_run(receivers={"refund": RefundReceiver(self.provider)})

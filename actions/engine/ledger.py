@@ -1,16 +1,16 @@
 """The ledger audit: the answer to "has it already happened twice?".
 
-It reads every refund the receiver has and compares them with the console's actions, storing a
-Discrepancy for each of these (DESIGN.md section 7):
+For every kind whose receiver can list its effects, it reads them all and compares them with the
+console's actions, storing a Discrepancy for each of these (DESIGN.md section 7):
 
-- an effect with no action (a refund whose metadata names no action we know);
+- an effect with no action (one whose metadata names no action we know);
 - two effects for one action;
 - an amount or currency that differs from the action's;
 - a SUCCEEDED action with no effect (or whose recorded reference is not the effect's);
 - an effect for an action the console holds as not succeeded (failed for good, rejected,
   cancelled, stale, or never submitted): a remedy may be paying the customer twice.
 
-Failed and canceled refunds are records, not effects: they count for none of the above.
+Failed and canceled records are not effects: they count for none of the above.
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from actions.execution import provider_from_settings
+from actions.kinds import all_kinds
+from actions.kinds.base import Effect, EffectKind, LedgerUnavailable, Receiver
 from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
-from actions.providers.base import Provider, ProviderError, ProviderRefund, RefundStatus
-from actions.providers.money import to_minor_units
 
-EFFECT_STATUSES = frozenset({RefundStatus.SUCCEEDED, RefundStatus.PENDING, RefundStatus.REQUIRES_ACTION})
-# Statuses in which the console holds that no refund happened, or not yet by our hand.
+# Statuses in which the console holds that no effect happened, or not yet by our hand.
 NOT_SUCCEEDED_STATUSES = frozenset(
     {
         ActionStatus.FAILED_FINAL,
@@ -53,18 +51,18 @@ class Finding:
 
 @dataclass
 class LedgerComparison:
-    refunds_seen: int = 0
+    effects_seen: int = 0
     actions_checked: int = 0
     findings: list[Finding] = field(default_factory=list)
 
 
-def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timedelta) -> LedgerComparison:
-    """Compare the receiver's refunds with the console's actions. Reads only."""
-    result = LedgerComparison(refunds_seen=len(refunds))
-    effects_by_action: dict[str, list[ProviderRefund]] = defaultdict(list)
-    for refund in refunds:
-        if refund.status in EFFECT_STATUSES:
-            effects_by_action[refund.action_id or ""].append(refund)
+def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, grace: timedelta) -> LedgerComparison:
+    """Compare one kind's effects at its receiver with the console's actions. Reads only."""
+    result = LedgerComparison(effects_seen=len(effects))
+    effects_by_action: dict[str, list[Effect]] = defaultdict(list)
+    for effect in effects:
+        if effect.is_effect:
+            effects_by_action[effect.action_id or ""].append(effect)
 
     known = {
         action.action_id: action
@@ -80,7 +78,7 @@ def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timed
                     Finding(
                         DiscrepancyKind.EFFECT_WITHOUT_ACTION,
                         None,
-                        effect.id,
+                        effect.reference,
                         {"metadata_action_id": action_id or None, "amount_minor": effect.amount_minor},
                     )
                 )
@@ -92,22 +90,22 @@ def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timed
                     Finding(
                         DiscrepancyKind.EFFECT_FOR_UNSUCCESSFUL_ACTION,
                         action_id,
-                        effect.id,
-                        {"console_status": action.status, "refund_status": str(effect.status)},
+                        effect.reference,
+                        {"console_status": action.status, "effect_status": effect.status},
                     )
                 )
         elif (
             action.status == ActionStatus.SUCCEEDED
             and len(effects) == 1
             and action.provider_reference
-            and action.provider_reference != effects[0].id
+            and action.provider_reference != effects[0].reference
         ):
             result.findings.append(
                 Finding(
                     DiscrepancyKind.SUCCEEDED_WITHOUT_EFFECT,
                     action_id,
                     action.provider_reference,
-                    {"recorded_reference": action.provider_reference, "effect_at_provider": effects[0].id},
+                    {"recorded_reference": action.provider_reference, "effect_at_provider": effects[0].reference},
                 )
             )
         if len(effects) > 1:
@@ -115,18 +113,20 @@ def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timed
                 Finding(
                     DiscrepancyKind.DUPLICATE_EFFECT,
                     action_id,
-                    effects[0].id,
-                    {"refunds": sorted(e.id for e in effects), "count": len(effects)},
+                    effects[0].reference,
+                    {"effects": sorted(e.reference for e in effects), "count": len(effects)},
                 )
             )
-        expected_minor = to_minor_units(action.amount, action.currency)
+        expected_minor = kind.expected_amount_minor(action)
         for effect in effects:
-            if effect.amount_minor != expected_minor or effect.currency.upper() != action.currency:
+            if (expected_minor is not None and effect.amount_minor != expected_minor) or (
+                effect.currency and effect.currency.upper() != action.currency
+            ):
                 result.findings.append(
                     Finding(
                         DiscrepancyKind.AMOUNT_MISMATCH,
                         action_id,
-                        effect.id,
+                        effect.reference,
                         {
                             "expected": {"amount_minor": expected_minor, "currency": action.currency},
                             "found": {"amount_minor": effect.amount_minor, "currency": effect.currency.upper()},
@@ -135,7 +135,7 @@ def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timed
                 )
 
     # A SUCCEEDED action younger than the receiver's visibility delay may not be listed yet.
-    succeeded = Action.objects.filter(status=ActionStatus.SUCCEEDED, status_changed_at__lt=now - grace)
+    succeeded = Action.objects.filter(kind=kind.name, status=ActionStatus.SUCCEEDED, status_changed_at__lt=now - grace)
     for action_id, reference in succeeded.values_list("action_id", "provider_reference").iterator(chunk_size=2000):
         result.actions_checked += 1
         if action_id not in effects_by_action:
@@ -147,28 +147,32 @@ def ledger_compare(*, refunds: list[ProviderRefund], now: datetime, grace: timed
     return result
 
 
-def ledger_audit_run(*, provider: Provider | None = None, now: datetime | None = None) -> LedgerAuditRun:
-    """Run the audit and store what it finds. A finding already on record is not stored twice."""
-    provider = provider or provider_from_settings()
+def ledger_audit_run(*, receivers: dict[str, Receiver] | None = None, now: datetime | None = None) -> LedgerAuditRun:
+    """Run the audit over every kind with a ledger and store what it finds. A finding already on
+    record is not stored twice. ``receivers`` replaces a kind's configured receiver (tests)."""
     now = now or timezone.now()
     run = LedgerAuditRun.objects.create(started_at=now)
+    comparisons: list[LedgerComparison] = []
     try:
-        # The whole ledger is read before any transaction opens: it is network I/O.
-        refunds = list(provider.iter_ledger())
-    except ProviderError as error:
+        for kind in all_kinds():
+            if not kind.has_ledger:
+                continue
+            receiver = (receivers or {}).get(kind.name) or kind.receiver()
+            # The whole ledger is read before any transaction opens: it is network I/O.
+            effects = list(receiver.ledger())
+            grace = receiver.contract.lookup_visibility_delay + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
+            comparisons.append(ledger_compare(kind=kind, effects=effects, now=now, grace=grace))
+    except LedgerUnavailable as error:
         run.error = f"Could not read the receiver's ledger: {error}"
         run.finished_at = timezone.now()
         run.save(update_fields=["error", "finished_at"])
         return run
 
-    grace = provider.guarantees.lookup_visibility_delay + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
-    comparison = ledger_compare(refunds=refunds, now=now, grace=grace)
+    findings = [finding for comparison in comparisons for finding in comparison.findings]
     new = 0
     with transaction.atomic():
-        actions = {
-            a.action_id: a for a in Action.objects.filter(action_id__in={f.action_id for f in comparison.findings})
-        }
-        for finding in comparison.findings:
+        actions = {a.action_id: a for a in Action.objects.filter(action_id__in={f.action_id for f in findings})}
+        for finding in findings:
             action = actions.get(finding.action_id or "")
             _, created = Discrepancy.objects.get_or_create(
                 kind=finding.kind,
@@ -177,9 +181,9 @@ def ledger_audit_run(*, provider: Provider | None = None, now: datetime | None =
                 defaults={"details": finding.details},
             )
             new += int(created)
-        run.refunds_seen = comparison.refunds_seen
-        run.actions_checked = comparison.actions_checked
-        run.discrepancies_found = len(comparison.findings)
+        run.effects_seen = sum(comparison.effects_seen for comparison in comparisons)
+        run.actions_checked = sum(comparison.actions_checked for comparison in comparisons)
+        run.discrepancies_found = len(findings)
         run.discrepancies_new = new
         run.finished_at = timezone.now()
         run.save()

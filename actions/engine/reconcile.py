@@ -2,7 +2,7 @@
 
 For an UNKNOWN action the receiver is asked first, by the action id in its metadata:
 
-- found: record the receiver's status (SUCCEEDED, SETTLING or FAILED_FINAL) and book the money;
+- found: record the receiver's status (SUCCEEDED, SETTLING or FAILED_FINAL) and book it on the target;
 - not found, inside the receiver's key retention (minus a safety margin): re-sending the same
   request with the same key is safe, because the receiver replays or executes it once;
 - not found, past retention: retry only when the lookup is authoritative and the receiver's
@@ -11,7 +11,7 @@ For an UNKNOWN action the receiver is asked first, by the action id in its metad
 - the escalation policy's limit reached, or a receiver with no lookup and no keys: NEEDS_REVIEW,
   assigned to a named person, and polling stops.
 
-SETTLING actions are polled by the receiver's refund id until the refund is final.
+SETTLING actions are polled by the receiver's reference until the effect is final.
 
 Every pass has the shape of a submission: a committed claim (a reconciler lease and a lookup
 attempt row), the lookup outside any transaction, and a recording transaction that only the
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,45 +29,23 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from actions.execution import (
+from actions.engine.dispatch import (
     action_escalate,
     apply_outcome,
-    fault_point,
     next_reconcile_time,
-    provider_from_settings,
-    submission_request_body,
+    receiver_for,
     submission_send_and_record,
 )
+from actions.engine.faults import fault_point
+from actions.engine.leases import Lease, lease_take
+from actions.kinds import kind_for
+from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Discrepancy, DiscrepancyKind
-from actions.outcomes import answer_from_refund
-from actions.providers.base import NotFoundError, Provider, ProviderError, ProviderRefund
-from actions.services import Actor, action_transition
+from actions.trail import Actor
 
 log = logging.getLogger(__name__)
 S = ActionStatus
 ACTOR = Actor.system("reconciler")
-
-
-class LookupVerdict:
-    FOUND = "found"
-    DUPLICATE = "duplicate"
-    NOT_FOUND = "not_found"
-    INCONCLUSIVE = "inconclusive"
-
-
-@dataclass
-class Lookup:
-    verdict: str
-    refunds: list[ProviderRefund] = field(default_factory=list)
-    error: ProviderError | None = None
-
-    def response_json(self) -> dict[str, Any]:
-        return {"refunds": [dict(r.raw) for r in self.refunds]}
-
-    def error_json(self) -> dict[str, Any] | None:
-        if self.error is None:
-            return None
-        return {"type": type(self.error).__name__, "code": self.error.code, "message": self.error.message}
 
 
 # --- claim ---------------------------------------------------------------------------------
@@ -106,12 +83,7 @@ def reconcile_claim(
             kind=AttemptKind.LOOKUP,
             lease_token=token,
             idempotency_key=action.idempotency_key,
-            request={
-                "charge": action.payload.get("charge", ""),
-                "action_id": action.action_id,
-                "refund_id": action.provider_reference,
-                "for_status": action.status,
-            },
+            request=kind_for(action.kind).lookup_request(action),
             started_at=now,
         )
     return action, attempt, token
@@ -120,22 +92,9 @@ def reconcile_claim(
 # --- lookup (outside any transaction) ------------------------------------------------------
 
 
-def provider_lookup(*, action: Action, provider: Provider) -> Lookup:
+def receiver_lookup(*, action: Action, receiver: Receiver) -> Lookup:
     assert not transaction.get_connection().in_atomic_block, "a network call must not run inside a transaction"
-    try:
-        if action.status == S.SETTLING and action.provider_reference:
-            return Lookup(LookupVerdict.FOUND, [provider.get_refund(action.provider_reference)])
-        refunds = provider.find_refunds(charge=action.payload.get("charge", ""), action_id=action.action_id)
-    except NotFoundError as error:
-        # The charge itself is missing: that proves nothing about our refund, ask a person.
-        return Lookup(LookupVerdict.INCONCLUSIVE, error=error)
-    except ProviderError as error:
-        return Lookup(LookupVerdict.INCONCLUSIVE, error=error)
-    if not refunds:
-        return Lookup(LookupVerdict.NOT_FOUND)
-    if len(refunds) > 1:
-        return Lookup(LookupVerdict.DUPLICATE, refunds)
-    return Lookup(LookupVerdict.FOUND, refunds)
+    return receiver.lookup(action)
 
 
 # --- decide and record ---------------------------------------------------------------------
@@ -148,13 +107,13 @@ def _failures_in_window(action: Action, now: datetime) -> int:
     ).count()
 
 
-def retry_allowed(*, action: Action, provider: Provider, now: datetime) -> tuple[bool, str]:
+def retry_allowed(*, action: Action, contract: ReceiverContract, now: datetime) -> tuple[bool, str]:
     """Whether a not-found lookup allows re-sending the request with the same key, and why."""
-    guarantees = provider.guarantees
+    guarantees = contract
     margin = timedelta(seconds=settings.KEY_RETENTION_MARGIN_SECONDS)
     first = action.first_attempt_at or now
     retention = guarantees.key_retention
-    if guarantees.honours_idempotency_keys and retention is not None and now < first + retention - margin:
+    if guarantees.honours_keys and retention is not None and now < first + retention - margin:
         return True, (
             "Not found, and the first attempt is inside the receiver's key retention: re-sending with the "
             "same key is replayed or executed once."
@@ -170,48 +129,47 @@ def retry_allowed(*, action: Action, provider: Provider, now: datetime) -> tuple
 def reconcile_action(
     *,
     action_pk: int,
-    provider: Provider | None = None,
+    receiver: Receiver | None = None,
     now: datetime | None = None,
     published_mark: datetime | None = None,
 ) -> str:
     """One reconciliation pass for one action. Returns what happened, for logs and tests."""
-    provider = provider or provider_from_settings()
     now = now or timezone.now()
-    guarantees = provider.guarantees
     claimed = reconcile_claim(action_pk=action_pk, now=now, published_mark=published_mark)
     if claimed is None:
         return "not_due"
     action, attempt, token = claimed
+    receiver = receiver or receiver_for(action)
+    contract = receiver.contract
 
-    if action.status == S.UNKNOWN and not guarantees.supports_lookup:
+    if action.status == S.UNKNOWN and not contract.supports_lookup:
         # DESIGN.md section 4: a receiver with no lookup can never give the evidence a retry needs.
         outcome = _record(
-            action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=None, provider=provider, now=now
+            action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=None, contract=contract, now=now
         )
         assert isinstance(outcome, str)
         return outcome
 
-    lookup = provider_lookup(action=action, provider=provider)
+    lookup = receiver_lookup(action=action, receiver=receiver)
     fault_point("during_reconciliation")
-    result = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=lookup, provider=provider, now=now)
-    if isinstance(result, Retry):
+    result = _record(action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=lookup, contract=contract, now=now)
+    if isinstance(result, Lease):
         # The retry's SUBMITTING row and attempt are committed: now send, outside any transaction.
         return submission_send_and_record(
-            action=result.action, attempt=result.attempt, lease_token=result.lease_token, provider=provider
+            action=result.action, attempt=result.attempt, lease_token=result.token, receiver=receiver
         )
     return result
 
 
-@dataclass(frozen=True)
-class Retry:
-    action: Action
-    attempt: Attempt
-    lease_token: uuid.UUID
-
-
 def _record(
-    *, action_pk: int, attempt_pk: int, token: uuid.UUID, lookup: Lookup | None, provider: Provider, now: datetime
-) -> str | Retry:
+    *,
+    action_pk: int,
+    attempt_pk: int,
+    token: uuid.UUID,
+    lookup: Lookup | None,
+    contract: ReceiverContract,
+    now: datetime,
+) -> str | Lease:
     """Record one pass. ``now`` is the time of the claim, so the lookup started no earlier: every
     decision (visibility delay, key retention, the failure window) is taken as of that instant,
     never as of the later moment the answer is recorded."""
@@ -248,45 +206,45 @@ def _record(
         if lookup.verdict == LookupVerdict.FOUND:
             return apply_outcome(
                 action=action,
-                answer=answer_from_refund(lookup.refunds[0]),
+                answer=lookup.effects[0].answer(),
                 actor=ACTOR,
                 now=now,
                 source="reconciliation",
                 evidence=evidence,
             )
         if lookup.verdict == LookupVerdict.DUPLICATE:
-            references = [r.id for r in lookup.refunds]
+            references = [effect.reference for effect in lookup.effects]
             Discrepancy.objects.create(
                 kind=DiscrepancyKind.DUPLICATE_EFFECT,
                 action=action,
                 provider_reference=references[0],
-                details={"refunds": references, "found_by": "reconciliation"},
+                details={"effects": references, "found_by": "reconciliation"},
             )
             action_escalate(
                 action=action,
                 actor=ACTOR,
                 now=now,
-                reason=f"The receiver has {len(references)} refunds for this action ({', '.join(references)}).",
-                evidence={**evidence, "refunds": references},
+                reason=f"The receiver has {len(references)} effects for this action ({', '.join(references)}).",
+                evidence={**evidence, "effects": references},
             )
             return action.status
         if lookup.verdict == LookupVerdict.NOT_FOUND:
             if action.attempt_count >= settings.RECONCILE_MAX_FAILURES:
-                # Every send so far was answered ambiguously and left no refund: sending again
+                # Every send so far was answered ambiguously and left no effect: sending again
                 # would only repeat that, so the escalation policy applies to retries too.
                 action_escalate(
                     action=action,
                     actor=ACTOR,
                     now=now,
-                    reason=f"Sent {action.attempt_count} times with the same key and still no refund at the "
+                    reason=f"Sent {action.attempt_count} times with the same key and still nothing at the "
                     f"receiver (policy: {settings.RECONCILE_MAX_FAILURES}).",
                     evidence=evidence,
                 )
                 return action.status
-            allowed, why = retry_allowed(action=action, provider=provider, now=now)
+            allowed, why = retry_allowed(action=action, contract=contract, now=now)
             if allowed:
                 return _retry(action=action, now=now, reason=why, evidence=evidence)
-            if not provider.guarantees.lookup_authoritative:
+            if not contract.lookup_authoritative:
                 # No later lookup can turn this not-found into evidence for a retry.
                 action_escalate(action=action, actor=ACTOR, now=now, reason=why, evidence=evidence)
                 return action.status
@@ -317,7 +275,7 @@ def _record_settling(*, action: Action, lookup: Lookup, now: datetime, evidence:
     if lookup.verdict == LookupVerdict.FOUND:
         status = apply_outcome(
             action=action,
-            answer=answer_from_refund(lookup.refunds[0]),
+            answer=lookup.effects[0].answer(),
             actor=ACTOR,
             now=now,
             source="settlement",
@@ -333,29 +291,9 @@ def _record_settling(*, action: Action, lookup: Lookup, now: datetime, evidence:
     return "inconclusive"
 
 
-def _retry(*, action: Action, now: datetime, reason: str, evidence: dict[str, Any]) -> Retry:
+def _retry(*, action: Action, now: datetime, reason: str, evidence: dict[str, Any]) -> Lease:
     """UNKNOWN -> SUBMITTING with the same key and a new lease; the send happens after commit."""
-    lease_token = uuid.uuid4()
-    action_transition(
-        action=action,
-        transition="retry",
-        actor=ACTOR,
-        reason=reason,
-        evidence=evidence,
-        now=now,
-        lease_token=lease_token,
-        lease_expires_at=now + timedelta(seconds=settings.LEASE_SECONDS),
-        started_at=now,
-    )
-    attempt = Attempt.objects.create(
-        action=action,
-        kind=AttemptKind.SUBMIT,
-        lease_token=lease_token,
-        idempotency_key=action.idempotency_key,
-        request=submission_request_body(action),
-        started_at=now,
-    )
-    return Retry(action=action, attempt=attempt, lease_token=lease_token)
+    return lease_take(action=action, transition="retry", actor=ACTOR, reason=reason, evidence=evidence, now=now)
 
 
 # --- sweep ---------------------------------------------------------------------------------

@@ -1,119 +1,68 @@
-"""Execution: reserve, call the receiver outside any transaction, record what it said.
+"""Dispatch: claim, call the receiver outside any transaction, record what it said.
 
 Every outside call has the same shape: a committed record first (the SUBMITTING row with its
 lease, and the attempt with the request), then the call with no transaction open and no row
 locked, then one transaction that records the answer, but only while the caller still holds
-the lease (invariant 3).
+the lease (invariant 3). What an answer means is the kind's answer table; what each outcome
+does to the action is decided here, in one place, for every kind.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import signal
 import time
 import uuid
 from datetime import datetime, timedelta
-from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
-from actions.models import Action, ActionKind, ActionStatus, Attempt, Order, Remedy
-from actions.outcomes import Answer, Outcome, answer_from_refund, answer_from_submission_error
+from actions import permissions as perms
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.faults import fault_point
+from actions.kinds import kind_for
+from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
+from actions.models import Action, ActionStatus, Attempt
 from actions.owners import owner_pick
-from actions.providers.base import CreateRefund, Provider, ProviderError, ProviderGuarantees
-from actions.providers.money import to_minor_units
-from actions.providers.stripe_adapter import StripeProvider
-from actions.services import Actor, action_transition
+from actions.trail import Actor, action_transition
 
 log = logging.getLogger(__name__)
 S = ActionStatus
 
 
-# --- the configured receiver ---------------------------------------------------------------
+def receiver_for(action: Action) -> Receiver:
+    """The receiver configured for the action's kind."""
+    return kind_for(action.kind).receiver()
 
 
-@lru_cache(maxsize=1)
-def provider_from_settings() -> Provider:
-    """One provider per process, built from settings (the sandbox in development and tests)."""
-    return StripeProvider(
-        api_key=settings.PROVIDER_API_KEY,
-        api_base=settings.PROVIDER_API_BASE,
-        timeout_seconds=settings.PROVIDER_TIMEOUT_SECONDS,
-        key_retention=timedelta(seconds=settings.PROVIDER_KEY_RETENTION_SECONDS),
-        lookup_visibility_delay=timedelta(seconds=settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS),
-    )
+# --- outcomes ------------------------------------------------------------------------------
 
 
-# --- fault points --------------------------------------------------------------------------
-
-FAULT_POINTS = (
-    "before_provider_call",
-    "after_provider_answer",
-    "during_reconciliation",
-    "after_record",
-)
-
-
-def fault_point(name: str) -> None:
-    """Kill this process here if the fault point is switched on; inert otherwise.
-
-    Read from the environment at every call (not from settings at import), so a test can start
-    a worker with ``CONSOLE_FAULT_POINTS=after_provider_answer`` and a fresh worker without it.
-    ``name@0.1`` kills with probability 0.1 (the chaos run).
-    """
-    raw = os.environ.get("CONSOLE_FAULT_POINTS", "")
-    if not raw:
-        return
-    for entry in raw.split(","):
-        point, _, probability = entry.strip().partition("@")
-        if point != name:
-            continue
-        if probability and random.random() >= float(probability):
-            continue
-        log.warning("fault point %s: killing worker process %s", name, os.getpid())
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-# --- money and follow-ups that go with outcomes ---------------------------------------------
-
-
-def order_book_success(action: Action) -> None:
-    """SUCCEEDED: the reserved amount becomes refunded money, in the same transaction."""
-    assert action.order_id is not None, "a refund always targets an order"
-    Order.objects.filter(pk=action.order_id).update(
-        reserved_amount=F("reserved_amount") - action.amount,
-        refunded_amount=F("refunded_amount") + action.amount,
-    )
-
-
-def order_release(action: Action) -> None:
-    """FAILED_FINAL: the reservation is released; the customer still expects their money."""
-    assert action.order_id is not None, "a refund always targets an order"
-    Order.objects.filter(pk=action.order_id).update(reserved_amount=F("reserved_amount") - action.amount)
-
-
-def _remedy_open(action: Action) -> Remedy:
-    return Remedy.objects.create(
-        action=action,
-        amount=action.amount,
-        currency=action.currency,
-        owner=owner_pick(kind=action.kind),
-        note="Opened automatically: the refund failed for good. Choose store credit, a manual transfer or a cheque.",
-    )
-
-
-def next_reconcile_time(*, action: Action, now: datetime) -> datetime:
+def next_reconcile_time(*, action: Action, now: datetime, contract: ReceiverContract | None = None) -> datetime:
     """When to ask the receiver next: after its lookup visibility delay, with backoff and jitter."""
+    contract = contract or kind_for(action.kind).contract()
     base = settings.RECONCILE_BASE_BACKOFF_SECONDS * (2 ** min(action.reconcile_failures, 6))
     jitter = random.uniform(0, base * 0.25)
-    delay = max(settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS, 0) + base + jitter
+    delay = max(contract.lookup_visibility_delay.total_seconds(), 0) + base + jitter
     return now + timedelta(seconds=delay)
+
+
+def settle_poll_time(now: datetime) -> datetime:
+    return now + timedelta(seconds=settings.RECONCILE_BASE_BACKOFF_SECONDS)
+
+
+def outcome_book(action: Action) -> None:
+    """Book a final outcome on the action's target and open its follow-ups (same transaction)."""
+    kind = kind_for(action.kind)
+    if action.status == S.SUCCEEDED:
+        kind.book_success(action)
+        kind.on_success(action)
+    elif action.status == S.FAILED_FINAL:
+        kind.release(action)
+        kind.on_failure(action)
 
 
 def apply_outcome(
@@ -127,11 +76,12 @@ def apply_outcome(
 ) -> str:
     """Move a SUBMITTING, UNKNOWN or SETTLING action to the state the answer proves.
 
-    Runs inside the caller's transaction, with the action row locked, and books the order's
-    money and any remedy in that same transaction.
+    Runs inside the caller's transaction, with the action row locked, and books the target's
+    money and any follow-up in that same transaction.
     """
+    words = kind_for(action.kind).explanations
     evidence = {"answer": answer.summary(), "source": source, **(evidence or {})}
-    reference = answer.provider_reference
+    reference = answer.reference
     outcome = answer.outcome
     status = action.status
 
@@ -149,7 +99,7 @@ def apply_outcome(
                 action=action,
                 transition="record_success",
                 actor=actor,
-                reason="The receiver confirmed the refund.",
+                reason=words.succeeded,
                 evidence=evidence,
                 now=now,
                 provider_reference=reference,
@@ -159,19 +109,19 @@ def apply_outcome(
                 action=action,
                 transition="record_pending",
                 actor=actor,
-                reason="The receiver accepted the refund; its final status is pending.",
+                reason=words.pending,
                 evidence=evidence,
                 now=now,
                 provider_reference=reference,
             )
-            action.next_reconcile_at = now + timedelta(seconds=settings.RECONCILE_BASE_BACKOFF_SECONDS)
+            action.next_reconcile_at = settle_poll_time(now)
             action.save(update_fields=["next_reconcile_at"])
         elif outcome == Outcome.FAILED_FINAL:
             action_transition(
                 action=action,
                 transition="record_failure",
                 actor=actor,
-                reason=f"The receiver's answer proves the refund did not and will not happen: {answer.summary()}.",
+                reason=f"{words.failed}: {answer.summary()}.",
                 evidence=evidence,
                 now=now,
                 provider_reference=reference,
@@ -199,7 +149,7 @@ def apply_outcome(
             provider_reference=reference,
         )
         if action.status == S.SETTLING:
-            action.next_reconcile_at = now + timedelta(seconds=settings.RECONCILE_BASE_BACKOFF_SECONDS)
+            action.next_reconcile_at = settle_poll_time(now)
             action.save(update_fields=["next_reconcile_at"])
     elif status == S.SETTLING:
         if outcome == Outcome.PENDING:
@@ -208,7 +158,7 @@ def apply_outcome(
             action=action,
             transition="settle",
             actor=actor,
-            reason=f"The receiver settled the refund: {answer.summary()}.",
+            reason=f"The receiver settled it: {answer.summary()}.",
             evidence=evidence,
             now=now,
             succeeded=outcome == Outcome.SUCCEEDED,
@@ -216,22 +166,19 @@ def apply_outcome(
     else:
         raise ValueError(f"cannot apply a receiver's answer to an action in {status}")
 
-    if action.status == S.SUCCEEDED:
-        order_book_success(action)
-    elif action.status == S.FAILED_FINAL:
-        order_release(action)
-        _remedy_open(action)
+    outcome_book(action)
     return action.status
 
 
 def action_escalate(*, action: Action, actor: Actor, now: datetime, reason: str, evidence: dict[str, Any]) -> Any:
     """Hand the action to a named person: the owner finance already set, if they are still an
-    active member able to resolve it, otherwise the owner group's member with the fewest open items."""
+    active member able to resolve it, otherwise the kind's owner group's member with the fewest
+    open items."""
     current = action.owner
-    if current is not None and current.is_active and current.has_perm("actions.resolve_action"):
+    if current is not None and current.is_active and current.has_perm(perms.RESOLVE):
         owner = current
     else:
-        owner = owner_pick(kind=action.kind)
+        owner = owner_pick(kind=action.kind, default_group=kind_for(action.kind).owner_group)
     assignee = owner.get_username() if owner else "nobody: the owner group has no active member"
     action_transition(
         action=action,
@@ -254,44 +201,15 @@ def action_escalate(*, action: Action, actor: Actor, now: datetime, reason: str,
 # --- dispatch ------------------------------------------------------------------------------
 
 
-def submission_request_body(action: Action) -> dict[str, Any]:
-    """What is sent to the receiver, recorded on the attempt before sending."""
-    return {
-        "charge": action.payload.get("charge", ""),
-        "amount": action.payload["amount"],
-        "currency": action.currency,
-        "idempotency_key": action.idempotency_key,
-        "metadata": {"action_id": action.action_id},
-    }
-
-
-def refund_request_for(action: Action) -> CreateRefund:
-    return CreateRefund(
-        idempotency_key=action.idempotency_key,
-        charge=action.payload["charge"],
-        amount_minor=to_minor_units(action.amount, action.currency),
-        currency=action.currency.lower(),
-        metadata={"action_id": action.action_id},
-    )
-
-
-def provider_submit(*, action: Action, provider: Provider | None = None) -> Answer:
+def receiver_send(*, action: Action, receiver: Receiver | None = None) -> Answer:
     """Call the receiver. Never inside a transaction: the call may take seconds or hang."""
     assert not transaction.get_connection().in_atomic_block, "a network call must not run inside a transaction"
-    provider = provider or provider_from_settings()
-    try:
-        return answer_from_refund(provider.create_refund(refund_request_for(action)))
-    except ProviderError as error:
-        return answer_from_submission_error(error)
+    receiver = receiver or receiver_for(action)
+    return receiver.send(action)
 
 
 def execution_dispatch(*, action_pk: int, skip_locked: bool = False) -> str:
     """Claim an authorized action, submit it once, record the answer. Safe to run twice."""
-    from approvals.services import ClaimOutcome, submission_begin
-
-    # Only refunds go to the refund provider: a compensation is recovered by finance by hand.
-    if not Action.objects.filter(pk=action_pk, kind=ActionKind.REFUND).exists():
-        return "manual"
     claim = submission_begin(action_pk=action_pk, skip_locked=skip_locked)
     if claim.outcome != ClaimOutcome.CLAIMED:
         return claim.outcome.value
@@ -300,27 +218,27 @@ def execution_dispatch(*, action_pk: int, skip_locked: bool = False) -> str:
 
 
 def submission_send_and_record(
-    *, action: Action, attempt: Attempt, lease_token: uuid.UUID, provider: Provider | None = None
+    *, action: Action, attempt: Attempt, lease_token: uuid.UUID, receiver: Receiver | None = None
 ) -> str:
     """The call and the record, for a caller that holds a freshly committed lease."""
-    provider = provider or provider_from_settings()
+    receiver = receiver or receiver_for(action)
     # A worker that stalled between its claim and the call (a long GC pause, a suspended VM)
     # must not start a call that could outlast its lease: by then the lease sweeper may have
     # handed the action to reconciliation or a person. The attempt stays unanswered and the
     # lease expires, as if the worker had died here.
     margin = timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
     if action.lease_expires_at is not None and timezone.now() + margin > action.lease_expires_at:
-        log.warning("action_id=%s lease nearly expired before the provider call; not sending", action.action_id)
+        log.warning("action_id=%s lease nearly expired before the receiver call; not sending", action.action_id)
         return "lease_too_short"
     fault_point("before_provider_call")
-    answer = provider_submit(action=action, provider=provider)
+    answer = receiver_send(action=action, receiver=receiver)
     fault_point("after_provider_answer")
     status = submission_record(
         action_pk=action.pk,
         attempt_pk=attempt.pk,
         lease_token=lease_token,
         answer=answer,
-        guarantees=provider.guarantees,
+        contract=receiver.contract,
     )
     fault_point("after_record")
     return status
@@ -332,7 +250,7 @@ def submission_record(
     attempt_pk: int,
     lease_token: uuid.UUID,
     answer: Answer,
-    guarantees: ProviderGuarantees | None = None,
+    contract: ReceiverContract | None = None,
 ) -> str:
     """Record the receiver's answer: on the attempt always, on the action only for the lease holder.
 
@@ -358,12 +276,7 @@ def submission_record(
                 attempt_pk,
             )
             return "lease_lost"
-        if (
-            answer.outcome == Outcome.UNKNOWN
-            and guarantees is not None
-            and not guarantees.supports_lookup
-            and not guarantees.honours_idempotency_keys
-        ):
+        if answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked:
             # No reconciliation could ever tell what happened (DESIGN.md section 4, SUBMITTING ->
             # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
             action_escalate(
@@ -398,7 +311,7 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
     budget = budget_seconds if budget_seconds is not None else settings.SWEEP_INTERVAL_SECONDS
     cutoff = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS / 2)
     pks = list(
-        Action.objects.filter(status=S.AUTHORIZED, kind=ActionKind.REFUND, status_changed_at__lt=cutoff)
+        Action.objects.filter(status=S.AUTHORIZED, status_changed_at__lt=cutoff)
         .order_by("status_changed_at")
         .values_list("pk", flat=True)[:limit]
     )
@@ -422,6 +335,7 @@ def sweep_expired_leases(*, now: datetime | None = None, limit: int = 200) -> in
             .order_by("lease_expires_at")[:limit]
         )
         for action in expired:
+            delay = kind_for(action.kind).contract().lookup_visibility_delay
             action_transition(
                 action=action,
                 transition="mark_unknown",
@@ -430,6 +344,6 @@ def sweep_expired_leases(*, now: datetime | None = None, limit: int = 200) -> in
                 "reconciliation will ask the receiver before anything else.",
                 evidence={"lease_token": str(action.lease_token), "lease_expires_at": str(action.lease_expires_at)},
                 now=now,
-                next_reconcile_at=now + timedelta(seconds=settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS),
+                next_reconcile_at=now + delay,
             )
     return len(expired)

@@ -1,6 +1,7 @@
 """An invariant checker for a live deployment: DESIGN.md section 8, invariants 1, 2, 5 and 8.
 
-It reads the console's database and the receiver's ledger and reports every violation. Used by
+It reads the console's database and every kind's ledger at its receiver and reports every
+violation. Used by
 ``manage.py audit_effects``, the chaos run and the tests. It only reads.
 """
 
@@ -9,19 +10,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q, Sum
 from django.utils import timezone
 
-from actions.models import Action, ActionStatus, Order
-from actions.models.actions import RESERVING_STATUSES
-from actions.providers.base import Provider, ProviderRefund, RefundStatus
+from actions.kinds import all_kinds
+from actions.kinds.base import Effect, Outcome, Receiver
+from actions.models import Action, ActionStatus
 
 S = ActionStatus
-EFFECT_STATUSES = frozenset({RefundStatus.SUCCEEDED, RefundStatus.PENDING, RefundStatus.REQUIRES_ACTION})
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class EffectsReport:
     checked_at: str
     actions: int = 0
     effects: int = 0
-    orders: int = 0
+    targets: int = 0  # targets whose money was checked
     duplicates: int = 0
     lost: int = 0
     states: dict[str, int] = field(default_factory=dict)
@@ -68,15 +66,16 @@ def max_unknown_seconds() -> float:
 
 
 def check_effects(
-    *, ledger: list[ProviderRefund], now: datetime | None = None, stuck_grace_seconds: float = 0
+    *, ledger: list[Effect], now: datetime | None = None, stuck_grace_seconds: float = 0
 ) -> EffectsReport:
+    """``ledger``: the effects of every kind's receiver, read before this call."""
     now = now or timezone.now()
     report = EffectsReport(checked_at=now.isoformat())
-    effects_by_action: dict[str, list[ProviderRefund]] = defaultdict(list)
-    for refund in ledger:
-        if refund.status in EFFECT_STATUSES:
+    effects_by_action: dict[str, list[Effect]] = defaultdict(list)
+    for effect in ledger:
+        if effect.is_effect:
             report.effects += 1
-            effects_by_action[refund.action_id or ""].append(refund)
+            effects_by_action[effect.action_id or ""].append(effect)
 
     actions = {
         a["action_id"]: a
@@ -91,12 +90,16 @@ def check_effects(
         if action_id not in actions:
             for effect in effects:
                 report.violations.append(
-                    Violation(1, effect.id, f"effect {effect.id} names no known action ({action_id or 'no action id'})")
+                    Violation(
+                        1,
+                        effect.reference,
+                        f"effect {effect.reference} names no known action ({action_id or 'no action id'})",
+                    )
                 )
             continue
         if len(effects) > 1:
             report.duplicates += len(effects) - 1
-            references = ", ".join(sorted(e.id for e in effects))
+            references = ", ".join(sorted(e.reference for e in effects))
             report.violations.append(Violation(1, action_id, f"{len(effects)} effects at the receiver: {references}"))
 
     # Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded.
@@ -104,30 +107,34 @@ def check_effects(
         if row["status"] != S.SUCCEEDED:
             continue
         effects = effects_by_action.get(action_id, [])
-        succeeded = [e for e in effects if e.status == RefundStatus.SUCCEEDED]
+        succeeded = [e for e in effects if e.outcome == Outcome.SUCCEEDED]
         if len(succeeded) != 1:
             report.violations.append(
                 Violation(2, action_id, f"SUCCEEDED with {len(succeeded)} succeeded effects at the receiver")
             )
-        elif row["provider_reference"] != succeeded[0].id:
+        elif row["provider_reference"] != succeeded[0].reference:
             report.violations.append(
                 Violation(
                     2,
                     action_id,
-                    f"recorded reference {row['provider_reference'] or '(none)'} but the effect is {succeeded[0].id}",
+                    f"recorded reference {row['provider_reference'] or '(none)'} "
+                    f"but the effect is {succeeded[0].reference}",
                 )
             )
         # An effect in a terminal non-success state would mean money moved without our record.
     for action_id, row in actions.items():
         if row["status"] in (S.FAILED_FINAL, S.REJECTED, S.CANCELLED) and any(
-            e.status == RefundStatus.SUCCEEDED for e in effects_by_action.get(action_id, [])
+            e.outcome == Outcome.SUCCEEDED for e in effects_by_action.get(action_id, [])
         ):
             report.violations.append(
                 Violation(1, action_id, f"{row['status']} in the console but a succeeded effect at the receiver")
             )
 
-    # Invariant 5: the order's money adds up.
-    report.orders = _check_orders(report)
+    # Invariant 5: each kind's targets add up.
+    for kind in all_kinds():
+        checked, problems = kind.money_violations()
+        report.targets += checked
+        report.violations.extend(Violation(5, subject, message) for subject, message in problems)
 
     # Invariant 8: nothing is lost.
     lease_bound = timedelta(seconds=settings.LEASE_SECONDS + settings.SWEEP_INTERVAL_SECONDS + stuck_grace_seconds)
@@ -150,38 +157,6 @@ def check_effects(
     return report
 
 
-def _check_orders(report: EffectsReport) -> int:
-    succeeded = dict(
-        Action.objects.filter(status=S.SUCCEEDED).values_list("order_id").annotate(total=Sum("amount")).order_by()
-    )
-    reserved = dict(
-        Action.objects.filter(status__in=RESERVING_STATUSES)
-        .values_list("order_id")
-        .annotate(total=Sum("amount"))
-        .order_by()
-    )
-    orders = Order.objects.filter(
-        Q(pk__in=succeeded.keys()) | Q(pk__in=reserved.keys()) | ~Q(refunded_amount=0) | ~Q(reserved_amount=0)
-    )
-    count = 0
-    for order in orders.iterator(chunk_size=2000):
-        count += 1
-        want_refunded = succeeded.get(order.pk) or Decimal("0")
-        want_reserved = reserved.get(order.pk) or Decimal("0")
-        subject = f"order-{order.number}"
-        if order.refunded_amount != want_refunded:
-            report.violations.append(
-                Violation(5, subject, f"refunded {order.refunded_amount} but SUCCEEDED actions sum to {want_refunded}")
-            )
-        if order.reserved_amount != want_reserved:
-            report.violations.append(
-                Violation(5, subject, f"reserved {order.reserved_amount} but live actions sum to {want_reserved}")
-            )
-        if order.refunded_amount + order.reserved_amount > order.captured_amount:
-            report.violations.append(Violation(5, subject, "refunded + reserved exceeds captured"))
-    return count
-
-
 def _age(delta: timedelta) -> str:
     seconds = int(delta.total_seconds())
     if seconds < 120:
@@ -191,7 +166,13 @@ def _age(delta: timedelta) -> str:
     return f"{seconds // 3600} h"
 
 
-def audit_effects(*, provider: Provider, stuck_grace_seconds: float = 0) -> EffectsReport:
-    """Read the receiver's whole ledger (network, before any query), then check."""
-    ledger = list(provider.iter_ledger())
+def audit_effects(*, receivers: dict[str, Receiver] | None = None, stuck_grace_seconds: float = 0) -> EffectsReport:
+    """Read every kind's whole ledger (network, before any query), then check.
+
+    ``receivers`` replaces a kind's configured receiver (tests, the chaos run)."""
+    ledger: list[Effect] = []
+    for kind in all_kinds():
+        if kind.has_ledger:
+            receiver = (receivers or {}).get(kind.name) or kind.receiver()
+            ledger.extend(receiver.ledger())
     return check_effects(ledger=ledger, stuck_grace_seconds=stuck_grace_seconds)

@@ -1,0 +1,132 @@
+"""The claim: reserve and move AUTHORIZED -> SUBMITTING in one transaction (DESIGN.md section 5).
+
+An approval is permission for one exact action against one exact state of its target. The claim
+re-checks that binding inside the transaction that reserves (through the kind's hook) and takes
+the lease, so nobody and nothing re-interprets an approval against new data.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+from django_fsm import ConcurrentTransition
+
+from actions.engine.leases import lease_take
+from actions.kinds import kind_for
+from actions.kinds.base import BindingFailure
+from actions.models import Action, ActionStatus, Attempt
+from actions.trail import Actor, action_transition
+from approvals.models import Approval
+from approvals.policy import approval_redecide_by_policy, latest_approval
+
+S = ActionStatus
+
+
+class ClaimOutcome(enum.Enum):
+    CLAIMED = "claimed"
+    TAKEN = "taken"  # someone else got there first; nothing changed
+    STALE = "stale"  # the world changed; the action went to STALE in its own transaction
+
+
+@dataclass
+class Claim:
+    outcome: ClaimOutcome
+    action: Action | None = None
+    attempt: Attempt | None = None
+    lease_token: uuid.UUID | None = None
+    failures: list[dict[str, str]] = field(default_factory=list)
+
+
+class _BindingFailed(Exception):
+    def __init__(self, failures: list[BindingFailure]) -> None:
+        self.failures = [failure.as_dict() for failure in failures]
+
+
+def binding_failures(action: Action, approval: Approval | None, now: datetime) -> list[BindingFailure]:
+    """What no longer matches between the approval and the action (the target is the kind's)."""
+    if approval is None:
+        return [BindingFailure("approval", "There is no approval for this action.")]
+    failures = []
+    if approval.expires_at is None or approval.expires_at <= now:
+        expired_at = f"{approval.expires_at:%Y-%m-%d %H:%M:%S}" if approval.expires_at else "(no expiry recorded)"
+        failures.append(BindingFailure("expiry", f"The approval expired at {expired_at}."))
+    for name in ("amount", "currency", "payload_hash"):
+        approved, current = getattr(approval, name), getattr(action, name)
+        if approved != current:
+            failures.append(BindingFailure(name, f"Approved {name} {approved} differs from {current}."))
+    return failures
+
+
+def submission_begin(
+    *, action_pk: int, now: datetime | None = None, actor: Actor | None = None, skip_locked: bool = False
+) -> Claim:
+    """Reserve and move AUTHORIZED -> SUBMITTING in one transaction.
+
+    1. The kind's ``reserve`` makes its conditional UPDATE on its target (reserve only at the
+       approved version and while the balance covers it, bumping the version).
+    2. The action's conditional UPDATE (ConcurrentTransitionMixin: WHERE status='AUTHORIZED')
+       moves it to SUBMITTING with a fresh lease.
+    The attempt row (the request the worker is about to send) is written in the same commit.
+    Either UPDATE changing no row rolls everything back.
+
+    ``skip_locked``: the sweep's claim. A row another worker has locked is skipped (TAKEN)
+    instead of waited for.
+    """
+    now = now or timezone.now()
+    actor = actor or Actor.system("dispatcher")
+    try:
+        with transaction.atomic(durable=True):
+            # The row lock serialises claimers: a second worker waits here, then sees
+            # SUBMITTING and leaves without touching the target.
+            action = Action.objects.select_for_update(skip_locked=skip_locked).filter(pk=action_pk).first()
+            if action is None or action.status != S.AUTHORIZED:
+                return Claim(outcome=ClaimOutcome.TAKEN, action=action)
+            approval = latest_approval(action)
+            failures = binding_failures(action, approval, now)
+            if failures:
+                raise _BindingFailed(failures)
+            assert approval is not None
+            failures = kind_for(action.kind).reserve(action, approved_version=approval.order_version)
+            if failures:
+                raise _BindingFailed(failures)
+            lease = lease_take(
+                action=action,
+                transition="begin_submission",
+                actor=actor,
+                reason="Reserved; submitting to the receiver.",
+                evidence={
+                    "approval_id": approval.pk,
+                    "order_version": approval.order_version,
+                    "attempt": action.attempt_count + 1,
+                },
+                now=now,
+            )
+            return Claim(outcome=ClaimOutcome.CLAIMED, action=action, attempt=lease.attempt, lease_token=lease.token)
+    except ConcurrentTransition:
+        return Claim(outcome=ClaimOutcome.TAKEN)
+    except _BindingFailed as stale:
+        return _invalidate(action_pk=action_pk, failures=stale.failures, actor=actor, now=now)
+
+
+def _invalidate(*, action_pk: int, failures: list[dict[str, str]], actor: Actor, now: datetime) -> Claim:
+    """AUTHORIZED -> STALE, and in the same transaction the policy's new decision where the
+    policy gave the old one: a crash between the two cannot strand the action."""
+    with transaction.atomic(durable=True):
+        action = Action.objects.select_for_update().get(pk=action_pk)
+        if action.status != S.AUTHORIZED:
+            return Claim(outcome=ClaimOutcome.TAKEN, action=action)
+        action_transition(
+            action=action,
+            transition="invalidate",
+            actor=actor,
+            reason="The approval no longer holds: " + " ".join(f["message"] for f in failures),
+            evidence={"failed_bindings": failures},
+            now=now,
+        )
+        approval_redecide_by_policy(action=action, now=now)
+    return Claim(outcome=ClaimOutcome.STALE, action=action, failures=failures)

@@ -1,0 +1,54 @@
+"""The lease-plus-attempt block: every send starts with one committed record of intent.
+
+A claim, a reconciliation's retry and finance's "retry with the same key" all take a fresh
+lease through a transition and write the attempt that names it, in the caller's transaction.
+Only the holder of that token may record the answer (invariant 3).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+
+from actions.kinds import kind_for
+from actions.models import Action, Attempt, AttemptKind
+from actions.trail import Actor, action_transition
+
+
+@dataclass(frozen=True)
+class Lease:
+    action: Action
+    attempt: Attempt
+    token: uuid.UUID
+
+
+def lease_take(
+    *, action: Action, transition: str, actor: Actor, reason: str, evidence: dict[str, Any], now: datetime
+) -> Lease:
+    """Run ``transition`` (one that takes a lease) and record the attempt about to be sent."""
+    token = uuid.uuid4()
+    expires_at = now + timedelta(seconds=settings.LEASE_SECONDS)
+    action_transition(
+        action=action,
+        transition=transition,
+        actor=actor,
+        reason=reason,
+        evidence={**evidence, "lease_expires_at": expires_at.isoformat()},
+        now=now,
+        lease_token=token,
+        lease_expires_at=expires_at,
+        started_at=now,
+    )
+    attempt = Attempt.objects.create(
+        action=action,
+        kind=AttemptKind.SUBMIT,
+        lease_token=token,
+        idempotency_key=action.idempotency_key,
+        request=kind_for(action.kind).request_body(action),
+        started_at=now,
+    )
+    return Lease(action=action, attempt=attempt, token=token)

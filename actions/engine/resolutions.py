@@ -1,0 +1,608 @@
+"""Finance's live lookups and resolutions of actions that need review, for every kind.
+
+Every function checks permission itself (a view's check is a courtesy, this one is the rule),
+refuses bad input before writing anything, and makes its change and its audit record in one
+transaction. A call to the receiver never runs inside a transaction. Each resolution has one
+skeleton (``_resolve``): ask the receiver (outside), then in one short transaction record the
+lookup, check the action again, and apply the resolution's policy, which refuses when the
+receiver's live answer contradicts the person (DESIGN.md section 7: only the receiver's record
+proves an effect). The lookup is kept even when the resolution is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django_fsm import has_transition_perm
+
+from actions import permissions as perms
+from actions.engine.dispatch import outcome_book, receiver_for, submission_send_and_record
+from actions.engine.leases import Lease, lease_take
+from actions.engine.reconcile import receiver_lookup
+from actions.kinds import kind_for
+from actions.kinds.base import Effect, Lookup, LookupVerdict, Outcome, Receiver, ReceiverContract
+from actions.models import Action, ActionStatus, Attempt, AttemptKind
+from actions.providers.money import currency_exponent
+from actions.refusals import Refused
+from actions.review_rules import owner_rule_refusal, retry_evidence_from_attempt
+from actions.trail import Actor, action_transition
+
+S = ActionStatus
+
+MAX_REASON_LENGTH = 1000
+REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,255}$")
+AMOUNT_PATTERN = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?$")
+
+
+class ReviewRefused(Refused):
+    """A review change the rules do not allow (finance's lookups and resolutions)."""
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    action: Action
+    attempt: Attempt
+    lookup: Lookup
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What a resolution did, and what the receiver said when it was checked."""
+
+    action: Action
+    message: str
+    check: Attempt | None = None
+    remedy: Any = None  # the follow-up the kind opened, if any
+    outcome: str = ""
+
+
+# --- input --------------------------------------------------------------------------------------
+
+
+def review_text(raw: object, *, name: str, required: bool, label: str) -> str:
+    value = str(raw or "").strip()
+    if "\x00" in value:
+        raise ReviewRefused(f"{name}: the text contains a NUL character.", code="invalid", status=400, field=name)
+    if len(value) > MAX_REASON_LENGTH:
+        raise ReviewRefused(
+            f"{name}: keep it under {MAX_REASON_LENGTH} characters.", code="too_long", status=400, field=name
+        )
+    if required and not value:
+        raise ReviewRefused(f"{name}: {label}", code="required", status=400, field=name)
+    return value
+
+
+def _reason(raw: object) -> str:
+    return review_text(raw, name="reason", required=True, label="Give a reason for the audit trail.")
+
+
+def _reference(raw: object, noun: str) -> str:
+    value = str(raw or "").strip()
+    if not value:
+        raise ReviewRefused(
+            f"provider_reference: give the receiver's reference for the {noun} (for example re_...).",
+            code="required",
+            status=400,
+            field="provider_reference",
+        )
+    if not REFERENCE_PATTERN.match(value):
+        raise ReviewRefused(
+            "provider_reference: use the receiver's id as it shows it: letters, digits, '_' or '-'.",
+            code="invalid",
+            status=400,
+            field="provider_reference",
+        )
+    return value
+
+
+def _failure_choice(raw: object, action: Action) -> str:
+    choices = kind_for(action.kind).failure_choices
+    value = str(raw or "")
+    if not choices:
+        return value
+    if value not in [choice for choice, _ in choices]:
+        names = ", ".join(label.lower() for _, label in choices)
+        raise ReviewRefused(f"remedy_kind: choose one of {names}.", code="invalid", status=400, field="remedy_kind")
+    return value
+
+
+def _expected_amount(raw: object, action: Action) -> Decimal:
+    text = str(raw if raw is not None else "").strip()
+    if not text:
+        return action.amount
+    problem = f"expected_amount: give an amount like {action.amount} ({action.currency}), at most the action's amount."
+    if not AMOUNT_PATTERN.match(text):
+        raise ReviewRefused(problem, code="invalid", status=400, field="expected_amount")
+    try:
+        amount = Decimal(text)
+    except InvalidOperation as error:
+        raise ReviewRefused(problem, code="invalid", status=400, field="expected_amount") from error
+    exponent = currency_exponent(action.currency)
+    if amount <= 0 or amount > action.amount or -amount.normalize().as_tuple().exponent > exponent:  # type: ignore[operator]
+        raise ReviewRefused(problem, code="invalid", status=400, field="expected_amount")
+    return amount.quantize(Decimal(1).scaleb(-exponent))
+
+
+# --- who may act ---------------------------------------------------------------------------------
+
+
+def review_require(user: Any, permission: str, message: str) -> None:
+    if not getattr(user, "is_authenticated", False) or not user.has_perm(permission):
+        raise ReviewRefused(message, code="not_allowed", status=403)
+
+
+def review_owner_rule(user: Any, owner: Any) -> None:
+    refusal = owner_rule_refusal(user=user, owner=owner)
+    if refusal is not None:
+        raise ReviewRefused(refusal, code="not_owner", status=403)
+
+
+def review_action(action_pk: int, *, lock: bool = False) -> Action:
+    queryset = Action.objects.select_for_update(of=("self",)) if lock else Action.objects
+    try:
+        return queryset.select_related("owner").get(pk=action_pk)
+    except Action.DoesNotExist as missing:
+        raise ReviewRefused("There is no such action.", code="not_found", status=404) from missing
+
+
+def review_stamp(now: datetime, user: Any, what: str, note: str) -> str:
+    line = f"[{timezone.localtime(now):%Y-%m-%d %H:%M} {user.get_username()}] {what}"
+    return f"{line}: {note}" if note else line
+
+
+# --- the live lookup -----------------------------------------------------------------------------
+
+
+def _ask_receiver(action: Action, receiver: Receiver) -> Lookup | None:
+    """Ask the receiver about the action. Outside any transaction; None if it offers no lookup."""
+    if not receiver.contract.supports_lookup:
+        return None
+    return receiver_lookup(action=action, receiver=receiver)
+
+
+def _record_lookup(
+    *, action: Action, lookup: Lookup | None, user: Any, purpose: str, started_at: datetime, now: datetime
+) -> Attempt:
+    """The lookup as an attempt row: every call to the receiver is on record. Call inside a transaction."""
+    return Attempt.objects.create(
+        action=action,
+        kind=AttemptKind.LOOKUP,
+        idempotency_key=action.idempotency_key,
+        request={
+            **kind_for(action.kind).lookup_request(action),
+            "requested_by": user.get_username(),
+            "purpose": purpose,
+        },
+        response=lookup.response_json() if lookup is not None else None,
+        error=lookup.error_json()
+        if lookup is not None
+        else {"type": "NoLookup", "code": None, "message": "The receiver offers no lookup."},
+        outcome=lookup.verdict if lookup is not None else "no_lookup",
+        started_at=started_at,
+        finished_at=now,
+    )
+
+
+def action_lookup(*, action_pk: int, user: Any, receiver: Receiver | None = None) -> LookupResult:
+    """Ask the receiver now what it has for the action, and keep the answer as a lookup attempt.
+
+    The call runs outside any transaction; the record is one short transaction after it.
+    """
+    review_require(user, perms.RESOLVE, "Only finance may look actions up at the receiver.")
+    action = review_action(action_pk)
+    review_owner_rule(user, action.owner)
+    if action.attempt_count == 0:
+        raise ReviewRefused(
+            f"{action.action_id} has never been sent: there is nothing to look up.",
+            code="never_sent",
+        )
+    receiver = receiver or receiver_for(action)
+    started_at = timezone.now()
+    lookup = _ask_receiver(action, receiver)
+    if lookup is None:
+        raise ReviewRefused(
+            f"The {receiver.contract.receiver} offers no lookup: only its own records can tell.", code="no_lookup"
+        )
+    with transaction.atomic(durable=True):
+        attempt = _record_lookup(
+            action=action, lookup=lookup, user=user, purpose="lookup", started_at=started_at, now=timezone.now()
+        )
+    return LookupResult(action=action, attempt=attempt, lookup=lookup)
+
+
+# --- what the receiver's answer allows ------------------------------------------------------------
+
+
+def _effects_text(effects: list[Effect]) -> str:
+    return ", ".join(f"{effect.reference} ({effect.status})" for effect in effects)
+
+
+def _conflict_succeeded(action: Action, lookup: Lookup | None, reference: str) -> str | None:
+    if lookup is None:
+        return None  # a receiver with no lookup: the person's evidence is the record
+    noun = kind_for(action.kind).explanations.noun
+    who = kind_for(action.kind).contract().receiver
+    if lookup.verdict == LookupVerdict.INCONCLUSIVE:
+        return f"The {who} could not confirm it ({lookup.error}). Nothing is recorded as succeeded without its answer."
+    if lookup.verdict == LookupVerdict.NOT_FOUND:
+        return f"The {who} has no {noun} for this action, so it cannot be confirmed as succeeded."
+    if lookup.verdict == LookupVerdict.DUPLICATE:
+        # Confirming the one named effect books the amount once; the other effect stays on record
+        # as a discrepancy (reconciliation stored it), to be corrected by a compensating action.
+        named = [effect for effect in lookup.effects if effect.reference == reference]
+        if not named:
+            return (
+                f"The {who} has {len(lookup.effects)} of them for this action ({_effects_text(lookup.effects)}). "
+                "Name the one to record as this action's effect; the other stays open as a discrepancy."
+            )
+        effect = named[0]
+    else:
+        effect = lookup.effects[0]
+    if effect.reference != reference:
+        return f"The {who}'s {noun} for this action is {effect.reference}, not {reference}."
+    if effect.outcome != Outcome.SUCCEEDED:
+        return f"The {who}'s {noun} {effect.reference} is {effect.status}, not succeeded."
+    expected = kind_for(action.kind).expected_amount_minor(action)
+    if (expected is not None and effect.amount_minor != expected) or effect.currency.upper() != action.currency:
+        return (
+            f"The {who}'s {noun} {effect.reference} is for {effect.amount_minor} {effect.currency.upper()} "
+            f"(minor units), not {expected} {action.currency}."
+        )
+    return None
+
+
+def _conflict_not_executed(action: Action, lookup: Lookup | None, *, retry: bool) -> str | None:
+    who = kind_for(action.kind).contract().receiver
+    if lookup is None:
+        if retry:
+            return f"The {who} offers no lookup, so nothing can prove that sending again would not repeat it."
+        return None
+    noun = kind_for(action.kind).explanations.noun
+    effects = lookup.live_effects
+    if effects:
+        what = "retried" if retry else "recorded as failed"
+        return (
+            f"The {who} shows {_effects_text(effects)} for this action: the {noun} exists, so it cannot be {what}. "
+            "Confirm it as succeeded, or wait for it to settle."
+        )
+    if lookup.verdict == LookupVerdict.INCONCLUSIVE:
+        if not retry and lookup.target_missing:
+            return None  # the receiver has no such target: no effect can exist on it
+        return f"The {who} could not be asked ({lookup.error}). Try again in a moment."
+    if retry and lookup.verdict != LookupVerdict.NOT_FOUND:
+        return f"The {who} has records for this action ({_effects_text(lookup.effects)}): a retry is not safe."
+    return None
+
+
+def _retry_timing(action: Action, contract: ReceiverContract, now: datetime) -> str | None:
+    if not contract.lookup_authoritative:
+        return (
+            f"The {contract.receiver}'s lookups are not authoritative: "
+            "a not-found answer does not prove a retry is safe."
+        )
+    visible_after = (action.last_attempt_at or action.first_attempt_at or now) + contract.lookup_visibility_delay
+    if now < visible_after:
+        return (
+            f"The {contract.receiver}'s lookup may still be catching up until {visible_after:%H:%M:%S}. Try again then."
+        )
+    return None
+
+
+def _failed_timing(action: Action, contract: ReceiverContract, now: datetime) -> str | None:
+    """A not-found proves "failed" only once no earlier attempt can still arrive at the receiver.
+
+    Recording failed releases the reservation and opens the kind's follow-up (the person affected
+    is served another way): if the effect then appeared, it would have happened twice.
+    """
+    timing = _retry_timing(action, contract, now)
+    if timing is not None:
+        return timing
+    last = action.last_attempt_at or action.first_attempt_at
+    if last is None:
+        return None
+    quiet_after = last + timedelta(seconds=settings.LEASE_SECONDS) + contract.lookup_visibility_delay
+    if now < quiet_after:
+        return (
+            f"The last attempt ({last:%H:%M:%S}) could still reach the {contract.receiver} "
+            f"until {quiet_after:%H:%M:%S}: "
+            "record it as failed after that, once a lookup still finds nothing."
+        )
+    return None
+
+
+# --- the skeleton ---------------------------------------------------------------------------------
+
+
+def _check_resolvable(action: Action, user: Any, transition: str) -> None:
+    if action.status != S.NEEDS_REVIEW:
+        raise ReviewRefused(
+            f"{action.action_id} is {action.get_status_display().lower()} now, not waiting for review. "
+            "Reload the page to see what happened.",
+            code="not_needs_review",
+        )
+    if not has_transition_perm(getattr(action, transition), user):
+        raise ReviewRefused("Only finance may resolve an action that needs review.", code="not_allowed", status=403)
+    review_owner_rule(user, action.owner)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What the policy sees: the locked action, the lookup and its attempt row, the time."""
+
+    action: Action
+    lookup: Lookup | None
+    check: Attempt
+    contract: ReceiverContract
+    now: datetime
+
+
+# A policy returns why the receiver's answer forbids the resolution, or applies it and returns None.
+_Policy = Callable[[_Checked], str | None]
+
+
+def _resolve(
+    *, action_pk: int, user: Any, transition: str, purpose: str, receiver: Receiver | None, policy: _Policy
+) -> _Checked:
+    """Ask the receiver, then record the lookup and apply ``policy`` in one transaction."""
+    action = review_action(action_pk)
+    _check_resolvable(action, user, transition)
+    receiver = receiver or receiver_for(action)
+    started_at = timezone.now()
+    lookup = _ask_receiver(action, receiver)
+    refusal: ReviewRefused | None = None
+    with transaction.atomic(durable=True):
+        now = timezone.now()
+        action = review_action(action_pk, lock=True)
+        check = _record_lookup(action=action, lookup=lookup, user=user, purpose=purpose, started_at=started_at, now=now)
+        checked = _Checked(action=action, lookup=lookup, check=check, contract=receiver.contract, now=now)
+        try:
+            _check_resolvable(action, user, transition)
+        except ReviewRefused as refused:
+            refusal = refused
+        else:
+            conflict = policy(checked)
+            if conflict is not None:
+                refusal = ReviewRefused(conflict, code="provider_disagrees")
+    # The lookup is kept even when the resolution is refused: it is what the receiver said.
+    if refusal is not None:
+        raise refusal
+    return checked
+
+
+def _evidence(checked: _Checked, **extra: Any) -> dict[str, Any]:
+    return {**extra, "check_attempt_id": checked.check.pk, "provider_answer": checked.check.outcome}
+
+
+# --- the three resolutions -------------------------------------------------------------------------
+
+
+def action_resolve_succeeded(
+    *, action_pk: int, user: Any, provider_reference: object, reason: object, receiver: Receiver | None = None
+) -> Resolution:
+    """NEEDS_REVIEW -> SUCCEEDED: the receiver confirms the effect under ``provider_reference``.
+
+    The kind books it on its target in the same transaction, as when the worker records a
+    success (invariant 5).
+    """
+    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
+    noun = kind_for(review_action(action_pk).kind).explanations.noun
+    reference = _reference(provider_reference, noun)
+    reason_text = _reason(reason)
+
+    def confirm(checked: _Checked) -> str | None:
+        conflict = _conflict_succeeded(checked.action, checked.lookup, reference)
+        if conflict is not None:
+            return conflict
+        action_transition(
+            action=checked.action,
+            transition="resolve_succeeded",
+            actor=Actor.for_user(user),
+            reason=reason_text,
+            evidence=_evidence(checked, resolution="succeeded", provider_reference=reference),
+            now=checked.now,
+            provider_reference=reference,
+        )
+        outcome_book(checked.action)
+        return None
+
+    checked = _resolve(
+        action_pk=action_pk,
+        user=user,
+        transition="resolve_succeeded",
+        purpose="check before resolving as succeeded",
+        receiver=receiver,
+        policy=confirm,
+    )
+    action = checked.action
+    return Resolution(
+        action=action,
+        check=checked.check,
+        outcome=action.status,
+        message=f"{action.action_id} is recorded as succeeded with the {checked.contract.receiver}'s {noun} "
+        f"{reference}; {action.amount} {action.currency} is booked on {kind_for(action.kind).target_label(action)}.",
+    )
+
+
+def action_resolve_failed(
+    *,
+    action_pk: int,
+    user: Any,
+    reason: object,
+    remedy_kind: object = "",
+    expected_amount: object = None,
+    receiver: Receiver | None = None,
+) -> Resolution:
+    """NEEDS_REVIEW -> FAILED_FINAL: the receiver has no effect, and none will come.
+
+    The reservation is released and the kind opens the chosen follow-up (with what the person
+    affected still expects, owned by the person who resolved it).
+    """
+    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
+    reason_text = _reason(reason)
+    action = review_action(action_pk)
+    choice = _failure_choice(remedy_kind, action)
+    _check_resolvable(action, user, "resolve_failed")
+    amount = _expected_amount(expected_amount, action)
+    followups: list[Any] = []
+
+    def fail(checked: _Checked) -> str | None:
+        conflict = _conflict_not_executed(checked.action, checked.lookup, retry=False)
+        if conflict is None and checked.lookup is not None and checked.lookup.verdict == LookupVerdict.NOT_FOUND:
+            conflict = _failed_timing(checked.action, checked.contract, checked.now)
+        if conflict is not None:
+            return conflict
+        action_transition(
+            action=checked.action,
+            transition="resolve_failed",
+            actor=Actor.for_user(user),
+            reason=reason_text,
+            evidence=_evidence(checked, resolution="failed_final", remedy_kind=choice, expected_amount=str(amount)),
+            now=checked.now,
+        )
+        kind = kind_for(checked.action.kind)
+        kind.release(checked.action)
+        label = dict(kind.failure_choices).get(choice, choice)
+        followups.append(
+            kind.failure_resolved(
+                checked.action,
+                owner=user,
+                choice=choice,
+                amount=amount,
+                note=review_stamp(checked.now, user, f"opened as {label.lower()}", reason_text),
+            )
+        )
+        return None
+
+    checked = _resolve(
+        action_pk=action_pk,
+        user=user,
+        transition="resolve_failed",
+        purpose="check before resolving as failed",
+        receiver=receiver,
+        policy=fail,
+    )
+    action = checked.action
+    remedy = followups[0] if followups else None
+    followup = (
+        f" and a remedy ({remedy.get_kind_display().lower()}, {amount} {action.currency}) is open for "
+        f"{user.get_username()}"
+        if remedy is not None
+        else ""
+    )
+    return Resolution(
+        action=action,
+        check=checked.check,
+        remedy=remedy,
+        outcome=action.status,
+        message=f"{action.action_id} is recorded as failed for good; the reservation is released{followup}.",
+    )
+
+
+def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver: Receiver | None = None) -> Resolution:
+    """NEEDS_REVIEW -> SUBMITTING with the same key and a new lease, then send once more.
+
+    Allowed only when a lookup from the last few minutes (REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS)
+    said not found and the receiver still says so now (invariant 7: no retry without evidence).
+    The send happens after the commit, outside any transaction, by the lease holder (invariant 3).
+    """
+    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
+    reason_text = _reason(reason)
+    action = review_action(action_pk)
+    _check_resolvable(action, user, "resolve_retry")
+    latest = (
+        Attempt.objects.filter(action_id=action.pk, kind=AttemptKind.LOOKUP, finished_at__isnull=False)
+        .order_by("-finished_at", "-pk")
+        .first()
+    )
+    allowed, why = retry_evidence_from_attempt(latest, now=timezone.now())
+    if not allowed:
+        raise ReviewRefused(why, code="no_recent_not_found")
+    leases: list[Lease] = []
+
+    def retry(checked: _Checked) -> str | None:
+        conflict = _conflict_not_executed(checked.action, checked.lookup, retry=True) or _retry_timing(
+            checked.action, checked.contract, checked.now
+        )
+        if conflict is not None:
+            return conflict
+        leases.append(
+            lease_take(
+                action=checked.action,
+                transition="resolve_retry",
+                actor=Actor.for_user(user),
+                reason=reason_text,
+                evidence=_evidence(
+                    checked,
+                    resolution="retry",
+                    idempotency_key=checked.action.idempotency_key,
+                    evidence_attempt_id=latest.pk if latest else None,
+                ),
+                now=checked.now,
+            )
+        )
+        return None
+
+    receiver = receiver or receiver_for(action)
+    checked = _resolve(
+        action_pk=action_pk,
+        user=user,
+        transition="resolve_retry",
+        purpose="check before retrying",
+        receiver=receiver,
+        policy=retry,
+    )
+    lease = leases[0]
+    # Committed: the SUBMITTING row and its attempt exist before the receiver hears of it.
+    outcome = submission_send_and_record(
+        action=lease.action, attempt=lease.attempt, lease_token=lease.token, receiver=receiver
+    )
+    action = checked.action
+    action.refresh_from_db()
+    return Resolution(
+        action=action,
+        check=checked.check,
+        outcome=outcome,
+        message=f"{action.action_id} was sent again with the same key {action.idempotency_key}. "
+        f"It is {action.get_status_display().lower()} now.",
+    )
+
+
+def action_escalate_to_user(*, action_pk: int, user: Any, reason: object = "") -> Action:
+    """UNKNOWN -> NEEDS_REVIEW now, owned by ``user``, instead of waiting for the escalation policy.
+
+    Reconciliation stops polling; a reconciler that is mid-lookup loses its lease and records
+    only its attempt.
+    """
+    review_require(user, perms.RESOLVE, "Only finance may take an action over for review.")
+    note = review_text(reason, name="reason", required=False, label="")
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        action = review_action(action_pk, lock=True)
+        if action.status != S.UNKNOWN:
+            raise ReviewRefused(
+                f"{action.action_id} is {action.get_status_display().lower()}, not unknown: only an unknown action "
+                "can be taken over before the escalation policy hands it on.",
+                code="not_unknown",
+            )
+        review_owner_rule(user, action.owner)
+        due_at = now + timedelta(hours=settings.REVIEW_DUE_HOURS)
+        action_transition(
+            action=action,
+            transition="escalate",
+            actor=Actor.for_user(user),
+            reason=f"Taken over by {user.get_username()} from the review queue"
+            + (f": {note}" if note else " before the escalation policy's limit."),
+            evidence={"owner": user.get_username(), "due_at": due_at.isoformat(), "source": "review queue"},
+            now=now,
+            owner=user,
+            due_at=due_at,
+        )
+    return action

@@ -1,0 +1,17 @@
+"""Effect kinds: one module per kind, each registered by name (DESIGN.md section 10).
+
+Importing this package registers the shipped kinds. The engine finds a kind only through
+``kind_for(name)``.
+"""
+
+from __future__ import annotations
+
+from actions.kinds.base import EffectKind, ReceiverContract, StepClass
+from actions.kinds.compensation import CompensationKind
+from actions.kinds.refund import RefundKind
+from actions.kinds.registry import all_kinds, kind_for, register, unregister
+
+register(RefundKind())
+register(CompensationKind())
+
+__all__ = ["EffectKind", "ReceiverContract", "StepClass", "all_kinds", "kind_for", "register", "unregister"]

@@ -1,0 +1,26 @@
+"""Publishing work to the Celery workers, by task name.
+
+The approval policy, the services and the engine publish dispatches; the task module calls the
+engine. Publishing by name (``send_task``) keeps the layers one-way: nothing below the tasks
+imports them. Tests replace ``dispatch_enqueue`` to watch or drop publishes.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from console.celery import app
+
+DISPATCH_TASK = "actions.tasks.dispatch"
+
+
+def dispatch_enqueue(action_pk: int) -> None:
+    """Publish a dispatch for an authorized action."""
+    app.send_task(DISPATCH_TASK, args=(action_pk,))
+
+
+def dispatch_enqueue_on_commit(action_pk: int) -> None:
+    """Publish once the authorization is committed; a publish lost between commit and broker is
+    picked up by the AUTHORIZED sweep."""
+    # The name is looked up at commit time, so a test's replacement is the one called.
+    transaction.on_commit(lambda: dispatch_enqueue(action_pk))

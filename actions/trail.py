@@ -1,0 +1,111 @@
+"""The audit trail's writers: who acted, one transition with its event, one event.
+
+The lowest layer of the engine's vocabulary: the engine, the approval policy and the services
+all change an action through ``action_transition``, which writes the audit event in the caller's
+transaction (invariant 9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from actions.models import Action, ActionEvent, ActorKind, Agent
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who caused a change: a console user, an agent, or the system (a worker or a policy)."""
+
+    kind: ActorKind
+    label: str
+    user: Any = None
+    agent: Agent | None = None
+
+    @classmethod
+    def for_user(cls, user: AbstractBaseUser | AnonymousUser) -> Actor:
+        return cls(kind=ActorKind.USER, label=user.get_username(), user=user)
+
+    @classmethod
+    def for_agent(cls, agent: Agent) -> Actor:
+        return cls(kind=ActorKind.AGENT, label=f"agent:{agent.name}", agent=agent)
+
+    @classmethod
+    def system(cls, name: str) -> Actor:
+        return cls(kind=ActorKind.SYSTEM, label=f"system:{name}")
+
+    @property
+    def accountable_user(self) -> Any:
+        """The person four eyes compare with: the user, or the agent's owner."""
+        if self.user is not None:
+            return self.user
+        if self.agent is not None:
+            return self.agent.owner
+        return None
+
+
+# --- the audit trail ----------------------------------------------------------------------
+
+
+def event_record(
+    *,
+    action: Action,
+    transition: str,
+    from_state: str,
+    actor: Actor,
+    reason: str = "",
+    evidence: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> ActionEvent:
+    """Append one audit event. Call it inside the transaction that made the change."""
+    return ActionEvent.objects.create(
+        action=action,
+        transition=transition,
+        from_state=from_state,
+        to_state=action.status,
+        actor_kind=actor.kind,
+        actor_user=actor.user if actor.kind == ActorKind.USER else None,
+        actor_agent=actor.agent,
+        actor_label=actor.label,
+        reason=reason,
+        evidence=evidence or {},
+        created_at=now or timezone.now(),
+    )
+
+
+def action_transition(
+    *,
+    action: Action,
+    transition: str,
+    actor: Actor,
+    reason: str = "",
+    evidence: dict[str, Any] | None = None,
+    now: datetime | None = None,
+    **kwargs: Any,
+) -> ActionEvent:
+    """Run one FSM transition, save it and write its audit event.
+
+    Must run inside a transaction. The save is the conditional UPDATE of
+    ConcurrentTransitionMixin (``WHERE status = <old>``): if another process moved the action
+    first it raises ConcurrentTransition and the caller's transaction rolls back.
+    """
+    now = now or timezone.now()
+    from_state = action.status
+    getattr(action, transition)(**kwargs)
+    action.status_changed_at = now
+    action.save()
+    return event_record(
+        action=action,
+        transition=transition,
+        from_state=from_state,
+        actor=actor,
+        reason=reason,
+        evidence=evidence,
+        now=now,
+    )

@@ -1,0 +1,135 @@
+"""Recording approvals, and the auto-approval policy.
+
+Below the engine: the engine's claim asks the policy to decide again when an approval it gave
+went stale, and the services record a manager's approval through ``approval_record``. An
+approval binds what the decider saw: the target's version (as the kind defines it), amount,
+currency, payload hash and an expiry (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+
+from actions.kinds import kind_for
+from actions.models import Action, ActionStatus
+from actions.publish import dispatch_enqueue_on_commit
+from actions.trail import Actor, action_transition
+from approvals.models import Approval, ApprovalPolicy, Decision
+
+S = ActionStatus
+
+
+def approval_binding(action: Action) -> dict[str, Any]:
+    """What an approval (or a rejection) of ``action`` binds, as of now."""
+    return {
+        "order_version": kind_for(action.kind).target_version(action),
+        "amount": action.amount,
+        "currency": action.currency,
+        "payload_hash": action.payload_hash,
+    }
+
+
+def approval_record(
+    *,
+    action: Action,
+    approver: Any,
+    label: str,
+    policy: str,
+    policy_detail: dict[str, Any],
+    note: str,
+    now: datetime,
+    actor: Actor,
+) -> Approval:
+    """PROPOSED -> AUTHORIZED with an approval bound to the action and its target as they are now.
+
+    Runs inside the caller's transaction; the dispatch is published once it commits.
+    """
+    expires_at = now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
+    binding = approval_binding(action)
+    approval = Approval.objects.create(
+        action=action,
+        approver=approver,
+        decided_by_label=label,
+        policy=policy,
+        policy_detail=policy_detail,
+        decision=Decision.APPROVE,
+        note=note,
+        decided_at=now,
+        expires_at=expires_at,
+        **binding,
+    )
+    action_transition(
+        action=action,
+        transition="approve",
+        actor=actor,
+        reason=note or "Approved.",
+        evidence={
+            "approval_id": approval.pk,
+            "policy": policy,
+            "binding": {
+                "order_version": binding["order_version"],
+                "amount": str(action.amount),
+                "currency": action.currency,
+                "payload_hash": action.payload_hash,
+            },
+            "expires_at": expires_at.isoformat(),
+        },
+        now=now,
+    )
+    dispatch_enqueue_on_commit(action.pk)
+    return approval
+
+
+def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | None:
+    """Approve by policy when the amount is at or below the currency's threshold and the kind
+    sees no reason to leave it to a manager.
+
+    Runs inside the proposal's transaction, so intent and authorization are one commit.
+    """
+    threshold = settings.AUTO_APPROVAL_THRESHOLDS.get(action.currency)
+    if not settings.AUTO_APPROVAL_ENABLED or threshold is None or action.amount > threshold:
+        return None
+    if kind_for(action.kind).auto_approval_refusal(action) is not None:
+        return None  # a manager must look
+    label = f"policy:auto-approval (<= {threshold} {action.currency})"
+    return approval_record(
+        action=action,
+        approver=None,
+        label=label,
+        policy=ApprovalPolicy.AUTO,
+        policy_detail={"threshold": str(threshold), "currency": action.currency},
+        note=f"Auto-approved: {action.amount} {action.currency} is at or below {threshold} {action.currency}.",
+        now=now,
+        actor=Actor.system("auto-approval"),
+    )
+
+
+def latest_approval(action: Action) -> Approval | None:
+    # The newest row is the one in force; pk order is insertion order, immune to clock skew.
+    return Approval.objects.filter(action=action, decision=Decision.APPROVE).order_by("-pk").first()
+
+
+def approval_redecide_by_policy(*, action: Action, now: datetime) -> Approval | None:
+    """A STALE action that the auto-approval policy approved gets a new decision by that policy.
+
+    Runs in the transaction that made the action STALE, so a crash cannot leave a policy's
+    action STALE with nobody asked to decide (invariant 8). The old approval is not
+    re-interpreted: the policy decides again, from scratch, against the target as it is now
+    (STALE -> PROPOSED -> AUTHORIZED, each step audited, with a new approval). Where the policy
+    no longer applies, the action waits in PROPOSED for a manager. Actions a manager approved
+    stay STALE until a manager asks for a new decision.
+    """
+    approval = latest_approval(action)
+    if action.status != S.STALE or approval is None or approval.policy != ApprovalPolicy.AUTO:
+        return None
+    action_transition(
+        action=action,
+        transition="reopen",
+        actor=Actor.system("auto-approval"),
+        reason="The target changed since the policy approved this action: the policy decides again.",
+        now=now,
+    )
+    return approval_apply_auto_policy(action=action, now=now)

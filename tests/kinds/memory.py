@@ -1,0 +1,105 @@
+"""A kind that exists only in tests: notes pinned on an in-memory board.
+
+It shows what adding a kind costs: this one module (a receiver and an ``EffectKind``),
+registered by name. Nothing in the engine knows it. The board keeps keys for ever and can be
+looked up, like a well-behaved receiver; it has no target and reserves nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from actions.kinds.base import (
+    Answer,
+    Effect,
+    EffectKind,
+    Explanations,
+    Lookup,
+    LookupVerdict,
+    Outcome,
+    ReceiverContract,
+    StepClass,
+)
+from actions.models import Action
+from actions.providers.money import to_minor_units
+
+MEMO = "memo"
+
+
+class Board:
+    """The receiver: pins a note once per key, and says which notes it has."""
+
+    contract = ReceiverContract(
+        receiver="memo board",
+        honours_keys=True,
+        key_retention=None,
+        supports_lookup=True,
+        lookup_authoritative=True,
+        lookup_visibility_delay=timedelta(0),
+        can_settle_later=False,
+        step_class=StepClass.CREATE,
+        correction_path="Unpin the extra note.",
+    )
+
+    def __init__(self) -> None:
+        self.notes: dict[str, Effect] = {}
+        self.sends = 0
+        self._ids = itertools.count(1)
+
+    def send(self, action: Action) -> Answer:
+        self.sends += 1
+        note = self.notes.get(action.idempotency_key)
+        if note is None:
+            note = Effect(
+                reference=f"note_{next(self._ids)}",
+                status="pinned",
+                outcome=Outcome.SUCCEEDED,
+                amount_minor=to_minor_units(action.amount, action.currency),
+                currency=action.currency,
+                action_id=action.action_id,
+                raw={"key": action.idempotency_key, "text": action.payload.get("text", "")},
+            )
+            self.notes[action.idempotency_key] = note
+        return note.answer()
+
+    def lookup(self, action: Action) -> Lookup:
+        found = [note for note in self.notes.values() if note.action_id == action.action_id]
+        if not found:
+            return Lookup(LookupVerdict.NOT_FOUND)
+        return Lookup(LookupVerdict.FOUND if len(found) == 1 else LookupVerdict.DUPLICATE, found)
+
+    def ledger(self) -> Iterator[Effect]:
+        return iter(list(self.notes.values()))
+
+
+class MemoKind(EffectKind):
+    name = MEMO
+    label = "Memo"
+    explanations = Explanations(
+        noun="note",
+        succeeded="The board pinned the note.",
+        pending="The board is pinning the note.",
+        failed="The board refused the note",
+        on_failure="Nothing to follow up.",
+    )
+    id_pattern = "memo:<topic>:<n>"
+    example_action_id = "memo:launch:1"
+
+    def __init__(self) -> None:
+        self.board = Board()
+
+    def receiver(self) -> Board:
+        return self.board
+
+    def expected_amount_minor(self, action: Action) -> int | None:
+        return to_minor_units(action.amount, action.currency)
+
+    def target_label(self, action: Action) -> str:
+        return f"topic {action.payload.get('topic', '-')}"
+
+
+def memo_payload(*, topic: str, number: int, text: str, amount: str = "1.00", currency: str = "EUR") -> dict[str, Any]:
+    return {"kind": MEMO, "topic": topic, "n": number, "text": text, "amount": amount, "currency": currency}
