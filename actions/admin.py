@@ -39,7 +39,7 @@ from django.utils.html import format_html
 from django_fsm import ConcurrentTransition, Transition, TransitionNotAllowed
 from django_fsm.admin import FSMAdminMixin, FSMObjectTransition
 
-from actions.agents import TokenNotActive, agent_token_issue, agent_token_revoke, agent_token_rotate
+from actions.agents import ORDERS_SCOPE, TokenNotActive, agent_token_issue, agent_token_revoke, agent_token_rotate
 from actions.corrections import (
     CORRECT_PERMISSION,
     CorrectionRefused,
@@ -785,8 +785,9 @@ class OwnerGroupAdmin(admin.ModelAdmin):
 
 # --- agents and their tokens -----------------------------------------------------------------
 
-# Agents propose refunds; a compensation is only ever started by an admin's correction.
-AGENT_SCOPES = [(ActionKind.REFUND.value, ActionKind.REFUND.label)]
+# Agents propose refunds, or send the shop's orders; a compensation is only ever started by an
+# admin's correction.
+AGENT_SCOPES = [(ActionKind.REFUND.value, ActionKind.REFUND.label), (ORDERS_SCOPE, "Orders (send the shop's orders)")]
 
 
 class AgentForm(forms.ModelForm):
@@ -794,7 +795,7 @@ class AgentForm(forms.ModelForm):
         choices=AGENT_SCOPES,
         widget=forms.CheckboxSelectMultiple,
         required=False,
-        help_text="The action kinds it may propose.",
+        help_text="The action kinds it may propose, and whether it may send the shop's orders.",
     )
 
     class Meta:

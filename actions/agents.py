@@ -65,8 +65,11 @@ def token_hash(plain: str) -> str:
     return hashlib.sha256(plain.encode()).hexdigest()
 
 
-# Kinds an agent may propose. Compensations are started by people (admins), never by agents.
-AGENT_SCOPES = (ActionKind.REFUND.value,)
+# What an agent may do: propose actions of a kind (compensations are started by people, admins,
+# never by agents), or, with ORDERS_SCOPE, feed the shop's orders in (a commerce system's
+# integration, which proposes nothing).
+ORDERS_SCOPE = "orders"
+AGENT_SCOPES = (ActionKind.REFUND.value, ORDERS_SCOPE)
 
 
 def _clean_scopes(scopes: Sequence[str]) -> list[str]:
@@ -74,8 +77,8 @@ def _clean_scopes(scopes: Sequence[str]) -> list[str]:
     unknown = [scope for scope in cleaned if scope not in AGENT_SCOPES]
     if unknown:
         raise AgentInvalid(
-            f"Unknown scope {', '.join(unknown)}. A scope is an action kind agents may propose: "
-            f"{', '.join(AGENT_SCOPES)}."
+            f"Unknown scope {', '.join(unknown)}. A scope is an action kind agents may propose, or "
+            f"{ORDERS_SCOPE!r} to send orders: {', '.join(AGENT_SCOPES)}."
         )
     return cleaned
 

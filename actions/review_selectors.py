@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from actions import permissions as perms
 from actions.engine.invariants import max_unknown_seconds
+from actions.housekeeping import body_pruned
 from actions.models import (
     Action,
     ActionEvent,
@@ -127,6 +128,11 @@ def attempt_summary(attempt: Attempt | None) -> str:
     """One line for a person: what the receiver answered to this attempt."""
     if attempt is None:
         return "Nothing has been sent to the provider."
+    if body_pruned(attempt.response) or body_pruned(attempt.request):
+        return (
+            f"Answer recorded: {attempt.outcome or 'unknown'}. The request and answer were removed after "
+            f"{settings.ATTEMPT_BODY_RETENTION_DAYS} days (the action is final)."
+        )
     error = attempt.error or None
     if attempt.kind == AttemptKind.LOOKUP:
         refunds = (attempt.response or {}).get("effects") or (attempt.response or {}).get("refunds") or []

@@ -37,12 +37,24 @@ class ActionPage:
     next_cursor: str | None
 
 
+def storable_text(value: str) -> bool:
+    """Whether ``value`` can be compared with a text column at all.
+
+    PostgreSQL's text cannot hold NUL (the driver refuses the query outright) and UTF-8 has no
+    lone surrogates. A value with either cannot equal anything stored, so a read answers as
+    for any unknown value instead of failing on the query.
+    """
+    return "\x00" not in value and not any("\ud800" <= char <= "\udfff" for char in value)
+
+
 def _for_agent(agent: Agent) -> QuerySet[Action]:
     return Action.objects.filter(proposed_by_agent=agent).select_related("order", "refund_request", "owner")
 
 
 def action_get_for_agent(*, agent: Agent, action_id: str) -> Action | None:
     """The agent's own action with this id, or None (whether it is someone else's or absent)."""
+    if not storable_text(action_id):
+        return None
     return _for_agent(agent).filter(action_id=action_id).first()
 
 
@@ -53,6 +65,8 @@ def _encode_cursor(action: Action) -> str:
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    if not storable_text(cursor):
+        raise InvalidCursor("The cursor is not one this API issued. Start again without a cursor.")
     try:
         data = signing.loads(cursor, salt=_CURSOR_SALT)
         created_at = parse_datetime(data["t"])
@@ -242,6 +256,8 @@ def refund_request_by_reference(*, order_number: str, external_reference: str) -
 
     A reference that exists on another order is None too: the caller named the wrong order.
     """
+    if not (storable_text(order_number) and storable_text(external_reference)):
+        return None
     return (
         RefundRequest.objects.select_related("order")
         .filter(external_reference=external_reference, order__number=order_number)

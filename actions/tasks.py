@@ -15,6 +15,7 @@ from actions.engine.dispatch import sweep_authorized as sweep_authorized_run
 from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
+from actions.housekeeping import attempts_prune_bodies
 
 
 @shared_task(name="actions.tasks.dispatch")
@@ -55,3 +56,8 @@ def sweep_reconcile() -> int:
 @shared_task(name="actions.tasks.ledger_audit")
 def ledger_audit() -> int:
     return ledger_audit_run().discrepancies_found
+
+
+@shared_task(name="actions.tasks.housekeeping_prune_attempt_bodies")
+def housekeeping_prune_attempt_bodies() -> int:
+    return attempts_prune_bodies().pruned

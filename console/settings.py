@@ -74,6 +74,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /readyz, answered before host validation and the HTTPS redirect (probes
+    # address the process by IP over plain HTTP).
+    "console.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -240,6 +243,11 @@ REVIEW_OWNERS_ONLY: bool = env_bool("REVIEW_OWNERS_ONLY", False)
 REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS: int = env_int("REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS", 300)
 # How often the ledger audit compares the receiver's ledger with the console's records.
 LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 3600)
+# Housekeeping: attempts of actions final for this many days lose their request and response
+# bodies (a stub with size and SHA-256 stays); 0 keeps them for ever. Never touches an action
+# that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.
+ATTEMPT_BODY_RETENTION_DAYS: int = env_int("ATTEMPT_BODY_RETENTION_DAYS", 90)
+HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 3600)
 # The API's per-token rate counters live in this cache, which every web process must share.
 # The database cache works on SQLite and PostgreSQL alike and stays out of the transactions
 # that record actions; its increment is a read then a write, so a parallel burst from one
@@ -263,6 +271,8 @@ PROVIDER_API_KEY: str = env_str("PROVIDER_API_KEY", "sk_test_sandbox")
 PROVIDER_TIMEOUT_SECONDS: int = env_int("PROVIDER_TIMEOUT_SECONDS", 10)
 PROVIDER_KEY_RETENTION_SECONDS: int = env_int("PROVIDER_KEY_RETENTION_SECONDS", 24 * 3600)
 PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS: int = env_int("PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS", 2)
+# import_charges: the charge's metadata key that names the shop's order number.
+CHARGE_ORDER_NUMBER_METADATA_KEY: str = env_str("CHARGE_ORDER_NUMBER_METADATA_KEY", "order_number")
 
 LOGGING = {
     "version": 1,
@@ -303,5 +313,10 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-audit": {
         "task": "actions.tasks.ledger_audit",
         "schedule": float(LEDGER_AUDIT_INTERVAL_SECONDS),
+    },
+    # Storage tidying, not durability (actions.housekeeping).
+    "housekeeping-prune-attempt-bodies": {
+        "task": "actions.tasks.housekeeping_prune_attempt_bodies",
+        "schedule": float(HOUSEKEEPING_INTERVAL_SECONDS),
     },
 }

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, Strict, model_validator
+from pydantic import AwareDatetime, ConfigDict, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
 
 from actions.models import ReasonCode
@@ -136,6 +136,58 @@ class RefundRequestOpen(_Request):
     note: str = Field("", max_length=MAX_NOTE_LENGTH, description="What the customer asked for, in a sentence.")
 
 
+class OrderUpsert(_Request):
+    """An order as the shop's commerce system knows it. Idempotent by ``order_number``.
+
+    Send the whole order each time it changes (items cancelled, amount changed): the console
+    compares it with what it holds, applies the difference and raises the order's version, so
+    that approvals given for the old order are asked for again.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "order_number": "4821",
+                    "customer_name": "Ada Lovelace",
+                    "customer_email": "ada@example.com",
+                    "currency": "EUR",
+                    "captured_amount": "1000.00",
+                    "charge_reference": "ch_4821",
+                    "paid_at": "2026-11-28T10:15:00Z",
+                }
+            ]
+        },
+    )
+
+    order_number: OrderNumber
+    customer_name: str = Field(min_length=1, max_length=200, description="The customer's name, for managers.")
+    customer_email: str = Field(
+        "", max_length=254, description="The customer's email address; empty keeps the one recorded."
+    )
+    currency: str = Field(
+        min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"]
+    )
+    captured_amount: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=r"^[0-9]+(\.[0-9]+)?$",
+        description='What the customer paid and the provider captured, as a decimal string, e.g. "79.00". It can '
+        "go down (items cancelled) but never below what is refunded and reserved for refunds.",
+        examples=["1000.00"],
+    )
+    charge_reference: str = Field(
+        "",
+        max_length=255,
+        pattern=r"^[A-Za-z0-9_]*$",
+        description="The payment provider's charge id (refunds are made on it). Once set it cannot change; "
+        "empty means not known, and the one recorded (e.g. by the charge import) is kept.",
+        examples=["ch_4821"],
+    )
+    paid_at: AwareDatetime = Field(description="When the customer paid, with its UTC offset.")
+
+
 # --- responses ----------------------------------------------------------------------------
 
 
@@ -211,4 +263,20 @@ class RefundRequestOut(Schema):
     external_reference: str | None
     source: str
     created_at: datetime
+    links: dict[str, str]
+
+
+class OrderOut(Schema):
+    order_number: str
+    customer_name: str
+    currency: str
+    captured_amount: str = Field(description="Decimal string.")
+    refunded_amount: str = Field(description="Refunded through the console (and booked outside refunds).")
+    reserved_amount: str = Field(description="Held for refunds whose outcome is not final yet.")
+    refundable_amount: str = Field(description="What can still be refunded: captured - refunded - reserved.")
+    version: int = Field(description="Raised by every change; approvals given at an older version go stale.")
+    charge_reference: str | None
+    paid_at: datetime
+    created_at: datetime
+    changed: list[str] = Field(description="The fields this request changed (empty when nothing changed).")
     links: dict[str, str]

@@ -18,6 +18,7 @@ from django.urls import reverse
 from ninja import NinjaAPI, Query, Status
 from ninja.errors import HttpError, ValidationError
 
+from actions.agents import ORDERS_SCOPE
 from actions.api.auth import AgentBearer
 from actions.api.docs import SelfContainedDocs
 from actions.api.logs import bind, log_event
@@ -26,6 +27,8 @@ from actions.api.schemas import (
     ActionOut,
     ActionPageOut,
     ActionStatusName,
+    OrderOut,
+    OrderUpsert,
     Problem,
     RefundProposal,
     RefundRequestOpen,
@@ -33,7 +36,8 @@ from actions.api.schemas import (
     RejectionReason,
     StatusExplanationOut,
 )
-from actions.models import Action, ActionKind, Agent, RefundRequest, RequestSource
+from actions.models import Action, ActionKind, Agent, Order, RefundRequest, RequestSource
+from actions.orders import OrderBusy, OrderConflict, order_data_check, order_upsert
 from actions.requests import RefundRequestConflict, refund_request_open
 from actions.selectors import (
     MAX_PAGE_SIZE,
@@ -54,6 +58,9 @@ Authenticate every request with `Authorization: Bearer <token>` (tokens are issu
 console's admins). Bodies are JSON (`Content-Type: application/json`). Every error is an
 RFC 9457 problem document (`application/problem+json`) with a machine-readable `code` and, for
 bad input, one entry per field in `errors`.
+
+A shop's commerce system sends its orders to `POST /api/v1/orders` (scope `orders`), the whole
+order each time it changes; agents with the scope `refund` propose refunds on them.
 
 Sending the same proposal again is always safe: it returns the existing action (200). A 409
 means the business reference already names a different proposal: read it, never invent a new
@@ -100,10 +107,20 @@ _DESCRIPTIONS = {
 }
 
 
+# Where an operation's own words are better than the shared ones above.
+_OPERATION_DESCRIPTIONS = {
+    ("post", "/api/v1/orders"): {
+        "200": "The order exists: unchanged when 'changed' is empty, otherwise updated and its version raised.",
+        "409": "The change cannot apply to the order as the console knows it (the field is named in 'errors'). "
+        "Nothing was written.",
+    },
+}
+
+
 def openapi_declare_problems(schema: Any) -> Any:
     """Declare the gateway's answers on every operation and serve errors as problem+json."""
     problem_ref = {"$ref": "#/components/schemas/Problem"}
-    for operations in schema.get("paths", {}).values():
+    for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             # ninja keys responses by int; JSON keys are strings. One kind of key, or 422
             # would appear twice in the served document.
@@ -117,6 +134,8 @@ def openapi_declare_problems(schema: Any) -> Any:
             for key, description in _DESCRIPTIONS.items():
                 if key in responses and (key != "200" or method == "post"):
                     responses[key]["description"] = description
+            for key, description in _OPERATION_DESCRIPTIONS.get((method, path), {}).items():
+                responses[key]["description"] = description
             for key, response in responses.items():
                 if int(key) >= 400:
                     response["content"] = {PROBLEM_CONTENT_TYPE: {"schema": problem_ref}}
@@ -256,6 +275,16 @@ def _require_scope(agent: Agent, kind: str) -> None:
         )
 
 
+def _require_orders_scope(agent: Agent) -> None:
+    if not (agent.is_active and ORDERS_SCOPE in (agent.scopes or [])):
+        raise ApiProblem(
+            "forbidden",
+            code="scope_missing",
+            detail=f"The agent {agent.name!r} may not send orders: its scopes are "
+            f"{', '.join(agent.scopes or []) or 'empty'}. Ask its owner for the scope {ORDERS_SCOPE!r}.",
+        )
+
+
 def _refuse_unknown_query(request: HttpRequest, *allowed: str) -> None:
     # A misspelt filter (?stauts=FAILED) would otherwise list everything and look like an
     # answer; an unknown parameter is an error, like an unknown body field.
@@ -335,6 +364,24 @@ def refund_request_out(request: RefundRequest) -> RefundRequestOut:
         source=request.source,
         created_at=request.created_at,
         links={"propose_refund": reverse("api-v1:refunds")},
+    )
+
+
+def order_out(order: Order, changed: tuple[str, ...] = ()) -> OrderOut:
+    return OrderOut(
+        order_number=order.number,
+        customer_name=order.customer_name,
+        currency=order.currency,
+        captured_amount=str(order.captured_amount),
+        refunded_amount=str(order.refunded_amount),
+        reserved_amount=str(order.reserved_amount),
+        refundable_amount=str(order.refundable_amount),
+        version=order.version,
+        charge_reference=order.charge_reference or None,
+        paid_at=order.paid_at,
+        created_at=order.created_at,
+        changed=list(changed),
+        links={"open_refund_request": reverse("api-v1:refund_requests")},
     )
 
 
@@ -505,3 +552,48 @@ def list_actions(
         query = [("status", name) for name in status] + [("cursor", page.next_cursor), ("limit", str(limit))]
         links["next"] = f"{reverse('api-v1:actions')}?{urlencode(query)}"
     return ActionPageOut(items=[action_out(action) for action in page.items], next_cursor=page.next_cursor, links=links)
+
+
+@api.post(
+    "/orders",
+    response={200: OrderOut, 201: OrderOut, 409: Problem, 422: Problem},
+    url_name="orders",
+    summary="Send an order (create or update it)",
+    tags=["orders"],
+)
+def upsert_order(request: HttpRequest, payload: OrderUpsert) -> Status[OrderOut]:
+    """Create or update an order, idempotently by its number: 201 with a new order; 200 with
+    the existing one, unchanged, or updated with its version raised (``changed`` names the
+    fields). A changed order makes approvals given for the old one go stale: they are asked
+    for again. 409 names the field when the change cannot apply (a different currency or
+    charge, or a captured amount below what is refunded and reserved)."""
+    _refuse_unknown_query(request)
+    agent = _agent(request)
+    _require_orders_scope(agent)
+    try:
+        data = order_data_check(
+            number=payload.order_number,
+            customer_name=payload.customer_name,
+            customer_email=payload.customer_email,
+            currency=payload.currency,
+            captured_amount=payload.captured_amount,
+            charge_reference=payload.charge_reference,
+            paid_at=payload.paid_at,
+        )
+        result = order_upsert(data=data, source=f"agent:{agent.name}")
+    except ProposalInvalid as invalid:
+        log_event("order.invalid", errors=[p.as_dict() for p in invalid.problems])
+        raise _invalid(invalid) from None
+    except OrderConflict as conflict:
+        log_event("order.conflict", order_number=conflict.order.number, field=conflict.field, code=conflict.code)
+        raise ApiProblem(
+            "conflict",
+            code=conflict.code,
+            detail=conflict.message,
+            errors=[{"field": conflict.field, "code": conflict.code, "message": conflict.message}],
+        ) from None
+    except OrderBusy as busy:
+        raise ApiProblem("conflict", code="order_busy", detail=str(busy)) from None
+    event = "order.created" if result.created else "order.changed" if result.changed else "order.replayed"
+    log_event(event, order_number=result.order.number, version=result.order.version, changed=list(result.changed))
+    return Status(201 if result.created else 200, order_out(result.order, result.changed))

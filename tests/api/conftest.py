@@ -104,6 +104,9 @@ def row_counts(db: Any) -> Callable[[], dict[str, int]]:
             "actions": Action.objects.count(),
             "events": ActionEvent.objects.count(),
             "refund_requests": RefundRequest.objects.count(),
+            "orders": Order.objects.count(),
+            # A rejected change to an order must not raise its version either.
+            "order_versions": sum(Order.objects.values_list("version", flat=True)),
         }
 
     return _counts

@@ -9,6 +9,7 @@ rejected request must have written nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,9 @@ def keep_test_connection() -> Iterator[None]:
 def fuzz_token(agent: Agent, settings: Any) -> str:
     # Hundreds of requests with one token: the limit is tested on its own elsewhere.
     settings.API_RATE_LIMIT_PER_MINUTE = 0
+    # Both scopes, so that every operation, the orders one included, gets past the scope check.
+    agent.scopes = ["orders", "refund"]
+    agent.save(update_fields=["scopes"])
     return agent_token_issue(agent=agent, label="fuzz").plain
 
 
@@ -76,11 +80,16 @@ def fuzz_order(db: Any) -> Order:
 # pytest internal that pytest 9 removed, so the eager loader is the one that works here.
 schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", get_wsgi_application())
 
+# Requests sent per operation in this session, checked by the last test of the module.
+SENT: Counter[str] = Counter()
+MIN_REQUESTS_IN_ALL = 1000
+
 
 @schema.parametrize()
 @seed(20240611)
 @settings(
-    max_examples=50,
+    # 200 per operation: with the five operations at least 1,000 requests in all (checked below).
+    max_examples=200,
     deadline=None,
     derandomize=True,
     database=None,
@@ -99,9 +108,24 @@ def test_no_generated_request_breaks_the_contract_or_writes_when_rejected(
     before = row_counts()
 
     response = case.call(headers={"Authorization": f"Bearer {fuzz_token}"})
+    SENT[f"{case.method} {case.path}"] += 1
 
     case.validate_response(response, checks=CHECKS, headers={"Authorization": f"Bearer {fuzz_token}"})
     if response.status_code >= 400:
         assert row_counts() == before, f"{case.method} {case.formatted_path} -> {response.status_code} wrote rows"
         content_type = {name.lower(): values for name, values in response.headers.items()}["content-type"]
         assert content_type[0].startswith("application/problem+json")
+
+
+def test_the_fuzz_run_covered_every_operation_with_enough_requests() -> None:
+    """Runs after the fuzz test above (pytest keeps a module's order): every operation in the
+    document was called, and the run sent at least MIN_REQUESTS_IN_ALL requests in all."""
+    if not SENT:
+        pytest.skip("the fuzz test was deselected in this run")
+    operations = {
+        f"{method.upper()} {path}" for path, methods in schema.raw_schema["paths"].items() for method in methods
+    }
+    # schemathesis also sends undocumented methods to each path (each must be a 405 problem).
+    assert operations <= set(SENT), operations - set(SENT)
+    assert sum(SENT.values()) >= MIN_REQUESTS_IN_ALL, SENT
+    print(f"fuzz: {sum(SENT.values())} requests, {sum(SENT[o] for o in operations)} to documented operations")

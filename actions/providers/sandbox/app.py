@@ -38,6 +38,7 @@ _COUNTED_TOTAL_SQL = (
     "SELECT COALESCE(SUM(amount), 0) FROM refunds WHERE charge = ? AND status IN (?, ?, ?)"
 )
 LIST_PARAMS = frozenset({"charge", "limit", "starting_after", "ending_before", "expand"})
+CHARGE_LIST_PARAMS = frozenset({"limit", "starting_after", "ending_before", "expand"})
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS charges (
@@ -193,6 +194,29 @@ def _positive_int(value: Any, param: str) -> int:
     )
 
 
+def _list_limit(params: Mapping[str, Any], allowed: frozenset[str]) -> int:
+    """Refuse unknown list parameters and read ``limit`` (1 to 100, default 10) as Stripe does."""
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ApiError(
+            400,
+            f"Received unknown parameter: {unknown[0]}",
+            code="parameter_unknown",
+            param=unknown[0],
+        )
+    limit = 10
+    if "limit" in params:
+        limit = _positive_int(params["limit"], "limit")
+        if limit > 100:
+            raise ApiError(
+                400,
+                "Invalid limit: must be between 1 and 100",
+                code="parameter_invalid_integer",
+                param="limit",
+            )
+    return limit
+
+
 class Sandbox:
     """A Stripe-compatible payment provider for refunds, backed by one SQLite file."""
 
@@ -290,6 +314,8 @@ class Sandbox:
                 return self._lookup(lambda: self.list_refunds(request.query))
             if len(parts) == 2 and parts[0] == "refunds" and method == "GET":
                 return self._lookup(lambda: self.get_refund(parts[1]))
+            if parts == ["charges"] and method == "GET":
+                return self._lookup(lambda: self.list_charges(request.query))
             if len(parts) == 2 and parts[0] == "charges" and method == "GET":
                 return self._lookup(lambda: self.get_charge(parts[1]))
         raise ApiError(404, f"Unrecognized request URL ({method}: {path}).")
@@ -643,26 +669,56 @@ class Sandbox:
                 )
             return Response(200, self._charge_json(db, row))
 
+    def list_charges(self, query: str) -> Response:
+        """GET /v1/charges: newest first, paged by ``starting_after``/``ending_before`` like
+        Stripe's list API, so that an importer can be tested on more than one page."""
+        params = decode_form(parse_qsl(query, keep_blank_values=True))
+        limit = _list_limit(params, CHARGE_LIST_PARAMS)
+        if params.get("starting_after") and params.get("ending_before"):
+            raise ApiError(400, "You may only specify one of starting_after and ending_before.")
+        with self._tx() as db:
+            self._settle_due(db, self.now())
+            # The rowid is the insertion order: newest first is rowid descending.
+            where, args, order = ["1 = 1"], [], "DESC"
+            for cursor_param, comparison in (("starting_after", "<"), ("ending_before", ">")):
+                cursor_id = params.get(cursor_param)
+                if not cursor_id:
+                    continue
+                cursor = db.execute(
+                    "SELECT rowid FROM charges WHERE id = ?", (cursor_id,)
+                ).fetchone()
+                if cursor is None:
+                    raise ApiError(
+                        400,
+                        f"No such charge: '{cursor_id}'",
+                        code="resource_missing",
+                        param=cursor_param,
+                    )
+                where.append(f"rowid {comparison} ?")
+                args.append(cursor[0])
+                if cursor_param == "ending_before":
+                    order = "ASC"
+            # Only fixed fragments are interpolated; every value is a bound parameter.
+            sql = f"SELECT * FROM charges WHERE {' AND '.join(where)}"  # noqa: S608
+            sql += f" ORDER BY rowid {order} LIMIT ?"
+            rows = db.execute(sql, (*args, limit + 1)).fetchall()
+            has_more = len(rows) > limit
+            rows = rows[:limit]
+            if order == "ASC":
+                rows.reverse()
+            return Response(
+                200,
+                {
+                    "object": "list",
+                    "data": [self._charge_json(db, row) for row in rows],
+                    "has_more": has_more,
+                    "url": "/v1/charges",
+                },
+            )
+
     def list_refunds(self, query: str) -> Response:
         params = decode_form(parse_qsl(query, keep_blank_values=True))
-        unknown = sorted(set(params) - LIST_PARAMS)
-        if unknown:
-            raise ApiError(
-                400,
-                f"Received unknown parameter: {unknown[0]}",
-                code="parameter_unknown",
-                param=unknown[0],
-            )
-        limit = 10
-        if "limit" in params:
-            limit = _positive_int(params["limit"], "limit")
-            if limit > 100:
-                raise ApiError(
-                    400,
-                    "Invalid limit: must be between 1 and 100",
-                    code="parameter_invalid_integer",
-                    param="limit",
-                )
+        limit = _list_limit(params, LIST_PARAMS)
         if params.get("starting_after") and params.get("ending_before"):
             raise ApiError(400, "You may only specify one of starting_after and ending_before.")
         with self._tx() as db:

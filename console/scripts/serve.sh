@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The production profile, locally: gunicorn (console/gunicorn_conf.py), a Celery worker (prefork)
+# and Celery beat, on PostgreSQL and Redis (started here if they are down, as test.sh does).
+# DEBUG is off. Without PROVIDER_API_BASE the sandbox provider is started as the payment
+# provider. Ctrl-C stops everything this script started.
+#
+# Settings come from the environment, as in production (console/deploy/console.env lists them).
+# Defaults: database "console" (SERVE_DB_NAME) on the local PostgreSQL, created if missing, Redis database 1,
+# data folder data/serve/, port 8000.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$REPO_ROOT"
+
+ensure_venv "$REPO_ROOT/requirements.txt"
+ensure_postgres
+ensure_redis
+
+export DEBUG=0
+export CONSOLE_DATA_DIR="${CONSOLE_DATA_DIR:-$REPO_ROOT/data/serve}"
+mkdir -p "$CONSOLE_DATA_DIR/logs"
+if [ -z "${DATABASE_URL:-}" ]; then
+    SERVE_DB_NAME="${SERVE_DB_NAME:-console}"
+    export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$SERVE_DB_NAME"
+    if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$SERVE_DB_NAME'" | grep -q 1; then
+        echo "==> creating the PostgreSQL database '$SERVE_DB_NAME'"
+        createdb -h 127.0.0.1 -U postgres "$SERVE_DB_NAME"
+    fi
+fi
+export CELERY_BROKER_URL="${CELERY_BROKER_URL:-redis://127.0.0.1:6379/1}"
+# A secret key of this machine's own, kept in the data folder, unless one is given: sessions
+# survive a restart, and no key is ever committed.
+if [ -z "${SECRET_KEY:-}" ]; then
+    key_file="$CONSOLE_DATA_DIR/secret_key"
+    if [ ! -s "$key_file" ]; then
+        (umask 077 && "$PY" -c "import secrets; print(secrets.token_urlsafe(50))" > "$key_file")
+    fi
+    SECRET_KEY="$(cat "$key_file")"
+    export SECRET_KEY
+fi
+PORT="${PORT:-8000}"
+export GUNICORN_BIND="${GUNICORN_BIND:-127.0.0.1:$PORT}"
+
+pids=()
+stop_all() {
+    trap - EXIT INT TERM
+    echo
+    echo "==> stopping"
+    # TERM first: gunicorn and the worker finish what they are doing (graceful_timeout).
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap stop_all EXIT INT TERM
+
+if [ -z "${PROVIDER_API_BASE:-}" ]; then
+    SANDBOX_PORT="${SANDBOX_PORT:-12111}"
+    export PROVIDER_API_BASE="http://127.0.0.1:$SANDBOX_PORT"
+    echo "==> sandbox provider on $PROVIDER_API_BASE (log: $CONSOLE_DATA_DIR/logs/sandbox.log)"
+    "$PY" -m actions.providers.sandbox --host 127.0.0.1 --port "$SANDBOX_PORT" \
+        --db "$CONSOLE_DATA_DIR/sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/sandbox.log" 2>&1 &
+    pids+=($!)
+fi
+
+echo "==> database migrations"
+"$PY" manage.py migrate --noinput >/dev/null
+"$PY" manage.py createcachetable
+
+echo "==> worker and beat (logs in $CONSOLE_DATA_DIR/logs/)"
+"$PY" -m celery -A console worker --concurrency "${WORKER_CONCURRENCY:-2}" --loglevel INFO \
+    --hostname "worker@%h" >"$CONSOLE_DATA_DIR/logs/worker.log" 2>&1 &
+pids+=($!)
+"$PY" -m celery -A console beat --loglevel INFO --schedule "$CONSOLE_DATA_DIR/celerybeat-schedule" \
+    >"$CONSOLE_DATA_DIR/logs/beat.log" 2>&1 &
+pids+=($!)
+
+echo "==> gunicorn on http://$GUNICORN_BIND/ (access log below, one JSON line per request)"
+"$VENV/bin/gunicorn" -c console/gunicorn_conf.py &
+pids+=($!)
+
+for _ in $(seq 1 120); do
+    if curl -fsS "http://$GUNICORN_BIND/readyz" >/dev/null 2>&1; then break; fi
+    sleep 0.5
+done
+echo "==> /readyz: $(curl -sS "http://$GUNICORN_BIND/readyz" || echo 'no answer')"
+echo "==> users: manage.py create_user NAME --role ROLE; agents: manage.py create_agent NAME --scopes refund"
+wait -n "${pids[@]}"
