@@ -83,3 +83,34 @@ def test_a_manager_approval_made_stale_stays_stale_until_a_manager_asks_again(ag
     assert submission_begin(action_pk=big.pk).outcome == ClaimOutcome.STALE
     big.refresh_from_db()
     assert big.status == ActionStatus.STALE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_crash_during_the_policys_new_decision_leaves_no_stale_action_behind(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant 8 (nothing waits for a decision nobody was asked to make): the invalidation and
+    the policy's new decision are one transaction. A failure inside the re-decision rolls the
+    invalidation back too, so the action stays AUTHORIZED and the next claim decides again;
+    it can never be left STALE with a policy approval and no sweep looking at it."""
+    order = make_order(captured="100.00")
+    first = propose(agent_actor, order, "20.00")
+    second = propose(agent_actor, order, "10.00")
+    assert submission_begin(action_pk=first.pk).outcome == ClaimOutcome.CLAIMED
+
+    def crash(**kwargs: Any) -> Any:
+        raise RuntimeError("worker lost in the middle of the policy's decision")
+
+    monkeypatch.setattr("approvals.policy.approval_apply_auto_policy", crash)
+    with pytest.raises(RuntimeError):
+        submission_begin(action_pk=second.pk)
+
+    second.refresh_from_db()
+    assert second.status == ActionStatus.AUTHORIZED
+    assert "invalidate" not in list(second.events.values_list("transition", flat=True))
+    monkeypatch.undo()
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+
+    assert submission_begin(action_pk=second.pk).outcome == ClaimOutcome.STALE
+    second.refresh_from_db()
+    assert second.status == ActionStatus.AUTHORIZED, "decided again by the policy, in the same commit"
