@@ -20,8 +20,8 @@ from django.utils import timezone
 from actions.corrections import CorrectionRefused, action_owner_assign, discrepancy_compensate
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, execution_dispatch, submission_record
-from actions.engine.ledger import ledger_audit_run
 from actions.engine.invariants import check_effects
+from actions.engine.ledger import ledger_audit_run
 from actions.engine.resolutions import action_resolve_succeeded
 from actions.kinds.base import Answer
 from actions.kinds.refund import RefundReceiver, answer_from_refund
