@@ -39,6 +39,7 @@ from actions.review_selectors import (
     review_action_detail_get,
     review_queue_get,
 )
+from actions.separation import follow_up_admin_refusal
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -72,6 +73,14 @@ def _require_view(request: HttpRequest) -> None:
     # Finance works the queue; admins may read it. Everyone else gets the friendly 403 page.
     if not may_view_review(request.user):
         raise PermissionDenied("The review queue is for finance.")
+
+
+def _refuse_admin_follow_up(request: HttpRequest) -> None:
+    # Admins may read and reassign follow-ups, never advance them (separation of duties). The
+    # admin role no longer holds the permissions either; this holds for superusers too.
+    refusal = follow_up_admin_refusal(user=request.user)
+    if refusal:
+        raise ReviewRefused(refusal, code="separation_of_duties", status=403)
 
 
 def _filters(data: QueryDict) -> tuple[QueueFilters, str]:
@@ -366,6 +375,7 @@ def discrepancy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def remedy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_admin_follow_up(request)
         remedy = finance.remedy_advance(
             remedy_pk=pk,
             user=request.user,
@@ -383,6 +393,7 @@ def remedy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def discrepancy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_admin_follow_up(request)
         discrepancy = finance.discrepancy_advance(
             discrepancy_pk=pk,
             user=request.user,

@@ -9,6 +9,7 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Effect console"
 
     def ready(self) -> None:
+        from console import checks  # noqa: F401 (registers the deploy checks)
         from console.roles import ensure_roles
 
         # Roles are part of the schema: (re)applied after every migrate and flush, including

@@ -1,7 +1,9 @@
 """The API's front door: what runs before django-ninja parses a request, and after it answers.
 
 In this order, so that cheap refusals come first and nothing unauthenticated is read:
-1. authentication by bearer token (401, or 403 for a deactivated agent),
+1. authentication by bearer token (401, or 403 for a deactivated agent); a request without a
+   valid token (a public document, a missing or guessed token) counts against its client
+   address's rate limit (429 with Retry-After),
 2. the per-token rate limit (429 with Retry-After), so that refused bodies count too,
 3. the body size cap (413), decided from Content-Length before the body is read,
 4. JSON only (415).
@@ -31,7 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 from actions.api.auth import authenticate_request, presented_token
 from actions.api.logs import bind, log_context, log_event
 from actions.api.problems import ApiProblem, is_problem, kind_for_status, problem_response
-from actions.api.ratelimit import ratelimit_hit
+from actions.api.ratelimit import anonymous_rate_limit_per_minute, ratelimit_hit
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
@@ -80,8 +82,14 @@ def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str]
             headers={"Allow": ", ".join(sorted(methods))},
         )
     if not authenticated:
+        _limit_client_address(request)
         return
-    token = authenticate_request(request)
+    try:
+        token = authenticate_request(request)
+    except ApiProblem:
+        # Guessing tokens is limited per address: the 429 replaces the 401 once over the limit.
+        _limit_client_address(request)
+        raise
     # Read by AgentBearer, so that ninja does not authenticate a second time.
     request.agent_token = token  # type: ignore[attr-defined]
     bind(agent=token.agent.name, token=token.prefix)
@@ -96,6 +104,28 @@ def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str]
         )
     if request.method in _BODY_METHODS:
         _check_body(request)
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address. Behind a TLS proxy (BEHIND_TLS_PROXY) the proxy's view of it,
+    the last X-Forwarded-For entry it appended; otherwise the socket's peer."""
+    if getattr(settings, "SECURE_PROXY_SSL_HEADER", None):
+        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
+        if forwarded:
+            return forwarded[-1][:64]
+    return str(request.META.get("REMOTE_ADDR") or "unknown")[:64]
+
+
+def _limit_client_address(request: HttpRequest) -> None:
+    decision = ratelimit_hit(key=f"ip:{client_address(request)}", limit=anonymous_rate_limit_per_minute())
+    if not decision.allowed:
+        raise ApiProblem(
+            "rate-limited",
+            code="rate_limited",
+            detail=f"This address sent more than {decision.limit} requests without a valid token this minute. Wait "
+            f"{decision.retry_after} seconds.",
+            headers={"Retry-After": str(decision.retry_after)},
+        )
 
 
 def _as_problem(request: HttpRequest, response: HttpResponse) -> HttpResponse:
