@@ -100,14 +100,17 @@ def _clean_scopes(scopes: Sequence[str]) -> list[str]:
 def agent_owner_refusal(owner: Any) -> str | None:
     """Why ``owner`` may not own an agent, or None.
 
-    An admin may not: an admin creates and corrects agents, and an agent of his own would let
-    him propose refunds that the auto-approval policy pays with no other person involved.
+    A person in the admin role may not: admins create and correct agents, and an agent of
+    their own would let them propose refunds that the auto-approval policy pays with no other
+    person involved. A superuser may (create_agent defaults to one): a superuser can already
+    change any role, so no rule here could separate their duties; give them agents only where
+    the deployment has no other accountable person.
     """
     if owner is None or getattr(owner, "pk", None) is None:
         return "An agent needs an owner: the person accountable for what it proposes."
     if not owner.is_active:
         return f"{owner.get_username()} is deactivated and cannot be accountable for an agent."
-    if owner.is_superuser or owner.has_perm(CORRECT_PERMISSION):
+    if not owner.is_superuser and owner.has_perm(CORRECT_PERMISSION):
         return (
             f"{owner.get_username()} is an admin. Admins correct the console and may not own an agent "
             "(separation of duties): choose the person accountable for the agent's proposals."

@@ -73,7 +73,9 @@ def _check_body(request: HttpRequest) -> None:
         )
 
 
-def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None) -> None:
+def _admit(
+    request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None, limited: bool = True
+) -> None:
     if methods is not None and request.method not in methods:
         raise ApiProblem(
             "method-not-allowed",
@@ -82,7 +84,8 @@ def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str]
             headers={"Allow": ", ".join(sorted(methods))},
         )
     if not authenticated:
-        _limit_client_address(request)
+        if limited:
+            _limit_client_address(request)
         return
     try:
         token = authenticate_request(request)
@@ -139,8 +142,15 @@ def _as_problem(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     )
 
 
-def api_view(view: View, *, authenticated: bool = True, methods: frozenset[str] | None = None) -> View:
-    """Wrap one of the API's URL callbacks with the front door described above."""
+def api_view(
+    view: View, *, authenticated: bool = True, methods: frozenset[str] | None = None, limited: bool = True
+) -> View:
+    """Wrap one of the API's URL callbacks with the front door described above.
+
+    ``limited=False`` exempts a public, constant document (the OpenAPI document and its docs
+    page) from the per-address limit: answering it reads no table, so it costs less than the
+    count would, and it must load even when the database is down.
+    """
 
     @functools.wraps(view)
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -151,7 +161,7 @@ def api_view(view: View, *, authenticated: bool = True, methods: frozenset[str] 
             if isinstance(kwargs.get("action_id"), str):
                 bind(action_id=kwargs["action_id"])
             try:
-                _admit(request, authenticated=authenticated, methods=methods)
+                _admit(request, authenticated=authenticated, methods=methods, limited=limited)
                 response = view(request, *args, **kwargs)
             except ApiProblem as problem:
                 if problem.kind.status in (401, 403):
