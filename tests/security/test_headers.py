@@ -83,7 +83,7 @@ def test_metrics_need_the_token_when_one_is_set(settings: Any) -> None:
 def test_check_deploy_fails_while_metrics_are_open(settings: Any) -> None:
     settings.METRICS_TOKEN = ""
     assert [message.id for message in metrics_token_check()] == ["console.E001"]
-    with pytest.raises(SystemCheckError, match="console.E001"):
+    with pytest.raises(SystemCheckError, match=r"console\.E001"):
         call_command("check", "--deploy", stdout=StringIO(), stderr=StringIO())
     settings.METRICS_TOKEN = "a-long-random-scraper-token-of-forty-chars"
     assert metrics_token_check() == []

@@ -31,7 +31,7 @@ from actions.models import (
 from actions.services import Actor
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import ApprovalLimit
-from tests.factories import PASSWORD, make_agent, make_order, make_user
+from tests.factories import PASSWORD, make_order, make_user
 from tests.security.conftest import propose
 
 pytestmark = pytest.mark.django_db
