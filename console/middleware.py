@@ -4,15 +4,17 @@
   ``Cache-Control: no-store`` to every answer given to a signed-in person or an agent: those
   pages carry customer names, amounts and tokens' prefixes, which must not stay in a browser's
   or a proxy's cache after the session ends. Public static files keep their own caching.
-- ``SessionExpiryMiddleware`` ends a session after an idle period and, whatever the activity,
-  a fixed time after the login. Django's own ``SESSION_COOKIE_AGE`` cannot do either alone: it
-  is absolute when the session is not saved on every request, and sliding when it is.
+- ``SessionExpiryMiddleware`` ends a session a fixed time after the login, whatever the
+  activity (``SESSION_MAX_AGE_SECONDS``). The idle timeout is Django's own: the session is saved
+  on every request (``SESSION_SAVE_EVERY_REQUEST``), so ``SESSION_COOKIE_AGE`` (the idle
+  timeout) slides with each request, on the cookie and on the server's record alike.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import logout
@@ -21,12 +23,8 @@ from django.utils.cache import add_never_cache_headers
 
 Handler = Callable[[HttpRequest], HttpResponse]
 
-# Session keys: when the session was last used, and when the person logged in (epoch seconds).
-LAST_SEEN_KEY = "console_last_seen"
+# Session key: when the person logged in (epoch seconds), set by the login signal.
 STARTED_KEY = "console_started"
-# Written at most this often, so that a page polling every few seconds does not turn every
-# read into a session write.
-LAST_SEEN_RESOLUTION_SECONDS = 30
 
 
 def _carries_private_data(request: HttpRequest) -> bool:
@@ -53,13 +51,14 @@ class SecurityHeadersMiddleware:
         return response
 
 
-def session_expired(*, last_seen: float | None, started: float | None, now: float) -> str | None:
-    """Why a session must end now ("idle" or "max_age"), or None while it may go on."""
-    if started is not None and now - started > settings.SESSION_MAX_AGE_SECONDS:
-        return "max_age"
-    if last_seen is not None and now - last_seen > settings.SESSION_IDLE_TIMEOUT_SECONDS:
-        return "idle"
-    return None
+def session_expired(*, started: float | None, now: float) -> bool:
+    """True when a session has passed its absolute cap since the login."""
+    return started is not None and now - started > settings.SESSION_MAX_AGE_SECONDS
+
+
+def session_start_record(sender: Any, request: HttpRequest, user: Any, **kwargs: Any) -> None:
+    """``user_logged_in`` receiver: remember when this session's login happened."""
+    request.session[STARTED_KEY] = time.time()
 
 
 class SessionExpiryMiddleware:
@@ -69,17 +68,12 @@ class SessionExpiryMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         user = getattr(request, "user", None)
         if user is not None and user.is_authenticated:
-            now = time.time()
-            session = request.session
-            expired = session_expired(
-                last_seen=session.get(LAST_SEEN_KEY), started=session.get(STARTED_KEY), now=now
-            )
-            if expired:
-                # logout() flushes the session and replaces request.user with AnonymousUser:
-                # the view below answers as to anyone signed out (the login redirect).
+            started = request.session.get(STARTED_KEY)
+            if started is None:
+                # A session from before this rule: its cap counts from now.
+                request.session[STARTED_KEY] = time.time()
+            elif session_expired(started=float(started), now=time.time()):
+                # logout() flushes the session and makes request.user anonymous: the view
+                # answers as to anyone signed out (the login redirect).
                 logout(request)
-            else:
-                session.setdefault(STARTED_KEY, now)
-                if now - float(session.get(LAST_SEEN_KEY) or 0) >= LAST_SEEN_RESOLUTION_SECONDS:
-                    session[LAST_SEEN_KEY] = now
         return self.get_response(request)

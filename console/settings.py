@@ -97,7 +97,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    # Ends idle and over-age sessions before any view sees the user.
+    # Ends sessions older than SESSION_MAX_AGE_SECONDS before any view sees the user.
     "console.middleware.SessionExpiryMiddleware",
     "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -214,7 +214,9 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
 # A session ends after this much inactivity, and in any case this long after the login.
 SESSION_IDLE_TIMEOUT_SECONDS: int = env_int("SESSION_IDLE_TIMEOUT_SECONDS", 30 * 60)
 SESSION_MAX_AGE_SECONDS: int = env_int("SESSION_MAX_AGE_SECONDS", 10 * 3600)
-SESSION_COOKIE_AGE = SESSION_MAX_AGE_SECONDS
+# Idle timeout: the session is saved on every request, so its expiry slides by this much.
+SESSION_COOKIE_AGE = SESSION_IDLE_TIMEOUT_SECONDS
+SESSION_SAVE_EVERY_REQUEST = True
 SESSION_COOKIE_SAMESITE = "Lax"
 # Step-up: approving more than this (per currency) needs a TOTP code confirmed within the
 # last STEP_UP_MAX_AGE_SECONDS. No entry for a currency means no step-up for it.
