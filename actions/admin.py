@@ -75,6 +75,7 @@ from actions.models import (
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.outcomes import Outcome
 from actions.services import ActionRefused, Actor, action_cancel
+from actions.text import validate_plain_text
 
 # --- big tables ----------------------------------------------------------------------------
 
@@ -304,6 +305,7 @@ class CorrectionReasonForm(forms.Form):
     reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
+        validators=[validate_plain_text],
         help_text="Why: this goes into the action's audit trail.",
     )
 
@@ -316,6 +318,7 @@ class AssignOwnerForm(forms.Form):
     reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
+        validators=[validate_plain_text],
         help_text="Why: this goes into the action's audit trail.",
     )
 
@@ -670,6 +673,7 @@ class CompensationForm(forms.Form):
     note = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
+        validators=[validate_plain_text],
         help_text="Why, and how finance should recover the money: goes into the audit trail and to the manager.",
     )
 
@@ -816,6 +820,7 @@ class AgentForm(forms.ModelForm):
     owner_change_reason = forms.CharField(
         required=False,
         max_length=2000,
+        validators=[validate_plain_text],
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="When changing the owner: why. It goes into the security trail and the agent's open actions' trails.",
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from django.core.exceptions import ValidationError
+
 ALLOWED_CONTROLS = frozenset("\n\r\t")
 BIDI_CONTROLS = frozenset(
     "\u061c"  # ARABIC LETTER MARK
@@ -35,3 +37,10 @@ def unsafe_characters_message(codes: list[str]) -> str:
         f"Remove the control or bidirectional-override characters ({', '.join(codes[:5])}): they can make the text "
         "shown to a person differ from the text stored."
     )
+
+
+def validate_plain_text(value: str) -> None:
+    """A Django form and model validator for free text."""
+    codes = unsafe_characters(value or "")
+    if codes:
+        raise ValidationError(unsafe_characters_message(codes), code="invalid_characters")

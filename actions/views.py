@@ -40,6 +40,7 @@ from actions.review_selectors import (
     review_queue_get,
 )
 from actions.separation import follow_up_admin_refusal
+from actions.text import unsafe_characters, unsafe_characters_message
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -73,6 +74,19 @@ def _require_view(request: HttpRequest) -> None:
     # Finance works the queue; admins may read it. Everyone else gets the friendly 403 page.
     if not may_view_review(request.user):
         raise PermissionDenied("The review queue is for finance.")
+
+
+# Free-text fields the review forms post: what a person types for the trail.
+FREE_TEXT_FIELDS = ("note", "reason", "provider_reference")
+
+
+def _refuse_unsafe_text(request: HttpRequest) -> None:
+    # Control and bidirectional-override characters let a note read differently from what is
+    # stored (actions/text.py); refused with the field named, before any service runs.
+    for field in FREE_TEXT_FIELDS:
+        codes = unsafe_characters(request.POST.get(field, ""))
+        if codes:
+            raise ReviewRefused(unsafe_characters_message(codes), code="invalid_characters", status=400, field=field)
 
 
 def _refuse_admin_follow_up(request: HttpRequest) -> None:
@@ -225,6 +239,7 @@ def _done(request: HtmxHttpRequest, text: str, *, kind: str, pk: int) -> HttpRes
 def action_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         action = finance.action_assign(
             action_pk=pk,
             user=request.user,
@@ -244,6 +259,7 @@ def action_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def action_lookup(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         result = finance.action_lookup(action_pk=pk, user=request.user)
     except ReviewRefused as refused:
         return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
@@ -258,6 +274,7 @@ def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     resolution = request.POST.get("resolution", "")
     try:
+        _refuse_unsafe_text(request)
         if resolution == "succeeded":
             result = finance.action_resolve_succeeded(
                 action_pk=pk,
@@ -291,6 +308,7 @@ def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def action_escalate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         action = finance.action_escalate_to_user(action_pk=pk, user=request.user, reason=request.POST.get("reason", ""))
     except ReviewRefused as refused:
         return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
@@ -336,6 +354,7 @@ def discrepancy_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def remedy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         remedy = finance.remedy_assign(
             remedy_pk=pk,
             user=request.user,
@@ -353,6 +372,7 @@ def remedy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def discrepancy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         discrepancy = finance.discrepancy_assign(
             discrepancy_pk=pk,
             user=request.user,
@@ -375,6 +395,7 @@ def discrepancy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def remedy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         _refuse_admin_follow_up(request)
         remedy = finance.remedy_advance(
             remedy_pk=pk,
@@ -393,6 +414,7 @@ def remedy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def discrepancy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         _refuse_admin_follow_up(request)
         discrepancy = finance.discrepancy_advance(
             discrepancy_pk=pk,
