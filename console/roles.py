@@ -4,7 +4,9 @@
   who propose by hand).
 - manager: approves, rejects, cancels and reopens proposals.
 - finance: resolves actions that need review; works remedies and discrepancies.
-- admin: corrects through the admin site.
+- admin: corrects through the admin site. Separation of duties: admins do not approve,
+  resolve, issue agent tokens (only an agent's owner does, on the account page), own agents,
+  or advance remedies and discrepancies (they read and reassign them).
 """
 
 from __future__ import annotations

@@ -250,3 +250,28 @@ def test_an_admin_cannot_raise_his_own_limit_and_changes_are_audited(console_adm
 def test_the_password_of_every_persona_is_known_to_the_tests() -> None:
     # Guards the helper above: personas log in with this password in the login tests.
     assert PASSWORD
+
+
+def test_the_admin_changes_an_idle_agents_owner_through_the_audited_service(agent: Any, console_admin: Any) -> None:
+    new_owner = make_user("olga.owner", "agent")
+    AgentToken.objects.create(agent=agent, prefix="ect_y", token_hash="1" * 64)
+
+    response = logged_in(console_admin).post(
+        f"/admin/actions/agent/{agent.pk}/change/",
+        {
+            "name": agent.name,
+            "owner": new_owner.pk,
+            "scopes": ["refund"],
+            "is_active": "on",
+            "owner_change_reason": "Otto moved to another team.",
+            "tokens-TOTAL_FORMS": "0",
+            "tokens-INITIAL_FORMS": "0",
+        },
+    )
+
+    assert response.status_code == 302
+    agent.refresh_from_db()
+    assert agent.owner == new_owner
+    assert not AgentToken.objects.filter(agent=agent, revoked_at__isnull=True).exists()
+    event = SecurityEvent.objects.get(kind=SecurityEventKind.AGENT_OWNER_CHANGED)
+    assert event.detail["reason"] == "Otto moved to another team."
