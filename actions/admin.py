@@ -209,6 +209,8 @@ class TransitionFilter(FixedChoicesFilter):
         names = {transition.name for transition in status.get_all_transitions(Action)}  # type: ignore[attr-defined]
         # The events of corrections and of finance's follow-ups, which leave the status as it is.
         names.add("assign_owner")
+        # Events that leave the status as it is: an agent's owner changed, a cap held a proposal.
+        names.update({"agent_owner_changed", "auto_approval_held"})
         for model, statuses in (("remedy", FollowUpStatus.values), ("discrepancy", DiscrepancyStatus.values)):
             names.add(f"{model}_assign_owner")
             names.update(f"{model}_{value}" for value in statuses)

@@ -22,9 +22,14 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
 
-from actions.models import Action, Agent, Order
+from actions.models import Action, ActionEvent, ActorKind, Agent, Order
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision
+
+# The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card
+# shows its reason (approvals/selectors.py).
+AUTO_APPROVAL_HELD = "auto_approval_held"
 
 
 @dataclass(frozen=True)
@@ -48,11 +53,11 @@ def cap_for(*, scope: str, currency: str) -> Cap:
     return Cap(settings.AUTO_APPROVAL_AGENT_DAILY_AMOUNTS.get(currency), None, timedelta(days=1))
 
 
-def _auto_approved(*, since: datetime, exclude: Action) -> QuerySet[Action]:
+def _auto_approved(*, since: datetime, until: datetime, exclude: Action) -> QuerySet[Action]:
     """Actions auto-approved since ``since``, each counted once (a reopened action may hold
     two approvals), other than the one being decided."""
     approved = Approval.objects.filter(
-        policy=ApprovalPolicy.AUTO, decision=Decision.APPROVE, decided_at__gte=since
+        policy=ApprovalPolicy.AUTO, decision=Decision.APPROVE, decided_at__gte=since, decided_at__lte=until
     ).values("action_id")
     return Action.objects.filter(pk__in=approved).exclude(pk=exclude.pk)
 
@@ -71,7 +76,7 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
         if target.max_amount is None:
             return f"No auto-approval cap is configured for {currency} per order, so a manager decides."
         totals = (
-            _auto_approved(since=now - target.window, exclude=action)
+            _auto_approved(since=now - target.window, until=now, exclude=action)
             .filter(order_id=action.order_id)
             .aggregate(total=Sum("amount"), count=Count("pk"))
         )
@@ -95,7 +100,7 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
         agent_cap = cap_for(scope=CapScope.AGENT, currency=currency)
         if agent_cap.max_amount is None:
             return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
-        total = _auto_approved(since=now - agent_cap.window, exclude=action).filter(
+        total = _auto_approved(since=now - agent_cap.window, until=now, exclude=action).filter(
             proposed_by_agent_id=action.proposed_by_agent_id, currency=currency
         ).aggregate(total=Sum("amount"))["total"] or Decimal("0")
         if total + amount > agent_cap.max_amount:
@@ -117,3 +122,19 @@ def auto_approval_cap_lock(*, action: Action) -> None:
         list(Order.objects.select_for_update().filter(pk=action.order_id).values_list("pk", flat=True))
     if action.proposed_by_agent_id is not None:
         list(Agent.objects.select_for_update().filter(pk=action.proposed_by_agent_id).values_list("pk", flat=True))
+
+
+def auto_approval_held_record(*, action: Action, reason: str, now: datetime | None = None) -> ActionEvent:
+    """Write, in the policy's transaction, that a cap left ``action`` to a manager. The status
+    does not change (PROPOSED to PROPOSED); the inbox card shows ``reason``."""
+    return ActionEvent.objects.create(
+        action=action,
+        transition=AUTO_APPROVAL_HELD,
+        from_state=action.status,
+        to_state=action.status,
+        actor_kind=ActorKind.SYSTEM,
+        actor_label="system:auto-approval",
+        reason=reason,
+        evidence={"policy": "auto_approval_caps"},
+        created_at=now or timezone.now(),
+    )

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from actions.models import Action, ActionStatus, SecurityEvent, SecurityEventKind
 from actions.services import Actor
-from approvals.caps import auto_approval_cap_refusal, cap_for
+from approvals.caps import auto_approval_cap_refusal, auto_approval_held_record, cap_for
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope
 from tests.factories import make_agent, make_order
 from tests.security.conftest import propose
@@ -129,3 +129,17 @@ def test_the_drain_attack_stops_at_the_cap(agent: Any) -> None:
     assert auto.count() <= 2
     assert sum(a.amount for a in auto) <= Decimal("50.00")
     assert Action.objects.filter(pk__in=[a.pk for a in actions], status=ActionStatus.PROPOSED).count() >= 11
+
+
+def test_the_card_says_why_a_cap_left_the_proposal_to_a_manager(agent: Any, manager: Any) -> None:
+    order = make_order(captured="310.00")
+    held = waiting(agent, order, "25.00")
+    held.refresh_from_db()
+    reason = "Auto-approval cap for order 4821 reached: 2 refunds were auto-approved on it."
+    auto_approval_held_record(action=held, reason=reason)
+    client = Client()
+    client.force_login(manager)
+
+    inbox = client.get("/approvals/").content.decode()
+
+    assert "Not auto-approved." in inbox and reason in inbox
