@@ -18,7 +18,8 @@ def four_eyes_refusal(*, action: Action, user: Any) -> str | None:
     if user is None or getattr(user, "pk", None) is None:
         return "Only a signed-in person may approve."
     if action.proposed_by_user_id is not None and action.proposed_by_user_id == user.pk:
-        return "You proposed this action (or owned the agent that did when it proposed): someone else must approve it."
+        # The same words as before the owner check existed: pages and clients know them.
+        return "You proposed this action (or own the agent that did): someone else must approve it."
     agent = action.proposed_by_agent
     if agent is not None and agent.owner_id == user.pk:
         return "You own the agent that proposed this action: someone else must approve it."

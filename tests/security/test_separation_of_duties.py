@@ -31,6 +31,7 @@ from actions.models import (
 from actions.services import Actor
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import ApprovalLimit
+from approvals.services import DecisionRefused, approval_decide
 from tests.factories import PASSWORD, make_order, make_user
 from tests.security.conftest import propose
 
@@ -275,3 +276,16 @@ def test_the_admin_changes_an_idle_agents_owner_through_the_audited_service(agen
     assert not AgentToken.objects.filter(agent=agent, revoked_at__isnull=True).exists()
     event = SecurityEvent.objects.get(kind=SecurityEventKind.AGENT_OWNER_CHANGED)
     assert event.detail["reason"] == "Otto moved to another team."
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the hook: approval_refusal_reason (approvals rules after issue 11) must call four_eyes_refusal",
+)
+def test_the_current_owner_of_the_proposing_agent_cannot_approve_its_proposal(agent: Any, manager: Any) -> None:
+    action = propose(Actor.for_agent(agent))
+    # An owner change that bypassed the service (which refuses it while the action waits).
+    type(agent).objects.filter(pk=agent.pk).update(owner=manager)
+
+    with pytest.raises(DecisionRefused):
+        approval_decide(action_pk=action.pk, user=manager, decision="approve")
