@@ -284,8 +284,9 @@ class RefundRequestAdmin(LargeTableAdmin):
     raw_id_fields = ("order",)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        # Once created, a request's identity is part of action ids: it cannot move.
-        return ("order", "number", "created_at") if obj else ("created_at",)
+        # Once created, a request's identity is part of action ids: it cannot move. Which agent
+        # opened it decides who may read it back over the API: never typed in.
+        return ("order", "number", "opened_by_agent", "created_at") if obj else ("opened_by_agent", "created_at")
 
 
 # --- actions -------------------------------------------------------------------------------

@@ -48,8 +48,9 @@ def login_lockout_off(settings: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def process_local_cache(settings: Any) -> None:
-    """Production shares the API's rate counters through the database cache; tests use a
-    process-local cache, so that tests without database access can reset the counters."""
+    """Production uses the database cache; tests use a process-local one, which tests without
+    database access can clear. (The API's rate counters are a table of their own, rolled back
+    with each test's transaction.)"""
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 
