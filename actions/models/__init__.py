@@ -20,6 +20,7 @@ from actions.models.followups import (
     RemedyKind,
 )
 from actions.models.orders import Order, RefundRequest, RequestSource
+from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 
 __all__ = [
     "Action",
@@ -38,9 +39,12 @@ __all__ = [
     "LedgerAuditRun",
     "Order",
     "OwnerGroup",
+    "RateCounter",
     "ReasonCode",
     "RefundRequest",
     "Remedy",
     "RemedyKind",
     "RequestSource",
+    "SecurityEvent",
+    "SecurityEventKind",
 ]
