@@ -7,6 +7,7 @@ transaction (invariant 9).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,16 @@ def event_record(
     )
 
 
+def _field_values(action: Action) -> dict[str, Any]:
+    """The action's loaded concrete field values, by field name, copied where mutable."""
+    values: dict[str, Any] = {}
+    for field in action._meta.concrete_fields:
+        if field.attname in action.__dict__:
+            value = action.__dict__[field.attname]
+            values[field.name] = copy.deepcopy(value) if isinstance(value, dict | list) else value
+    return values
+
+
 def action_transition(
     *,
     action: Action,
@@ -97,9 +108,17 @@ def action_transition(
     """
     now = now or timezone.now()
     from_state = action.status
+    before = _field_values(action)
     getattr(action, transition)(**kwargs)
     action.status_changed_at = now
-    action.save()
+    if action._state.adding:
+        action.save()
+    else:
+        # Only the columns the transition changed (plus the auto_now timestamp): a full save
+        # rewrites some 30 columns and copies the payload for the immutability check.
+        after = _field_values(action)
+        changed = [name for name, value in after.items() if before.get(name) != value]
+        action.save(update_fields=[*changed, "updated_at"])
     return event_record(
         action=action,
         transition=transition,
