@@ -7,7 +7,6 @@ transaction (invariant 9).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -80,16 +79,6 @@ def event_record(
     )
 
 
-def _field_values(action: Action) -> dict[str, Any]:
-    """The action's loaded concrete field values, by field name, copied where mutable."""
-    values: dict[str, Any] = {}
-    for field in action._meta.concrete_fields:
-        if field.attname in action.__dict__:
-            value = action.__dict__[field.attname]
-            values[field.name] = copy.deepcopy(value) if isinstance(value, dict | list) else value
-    return values
-
-
 def action_transition(
     *,
     action: Action,
@@ -108,16 +97,15 @@ def action_transition(
     """
     now = now or timezone.now()
     from_state = action.status
-    before = _field_values(action)
     getattr(action, transition)(**kwargs)
     action.status_changed_at = now
-    if action._state.adding:
+    changed = action.changed_fields()
+    if changed is None:
         action.save()
     else:
-        # Only the columns the transition changed (plus the auto_now timestamp): a full save
-        # rewrites some 30 columns and copies the payload for the immutability check.
-        after = _field_values(action)
-        changed = [name for name, value in after.items() if before.get(name) != value]
+        # Only the columns that differ from the row as loaded or last saved (what the transition
+        # and the caller changed), plus the auto_now timestamp: a full save rewrites some 30
+        # columns and copies the payload for the immutability check.
         action.save(update_fields=[*changed, "updated_at"])
     return event_record(
         action=action,

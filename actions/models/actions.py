@@ -189,6 +189,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
         if update_fields is not None and not set(update_fields) & _MATERIAL_NAMES:
             # Writes no material column: nothing to check, and nothing new to remember.
             super().save(*args, **kwargs)
+            self._remember_saved(update_fields)
             return
         if loaded is not None:
             current = self._material_values()
@@ -199,6 +200,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
                 )
         super().save(*args, **kwargs)
         self._loaded_material = self._material_values()
+        self._saved = self._column_values()
 
     def _do_update(self, base_qs: Any, *args: Any, **kwargs: Any) -> Any:
         # A lease fence (``lease_fence``, set by the recorder for the next save only): the
@@ -216,7 +218,44 @@ class Action(ConcurrentTransitionMixin, models.Model):
     def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> Action:
         instance = super().from_db(db, field_names, values, **kwargs)
         instance._loaded_material = instance._material_values()
+        instance._saved = instance._column_values()
         return instance
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        super().refresh_from_db(*args, **kwargs)
+        self._loaded_material = self._material_values()
+        self._saved = self._column_values()
+
+    def changed_fields(self) -> list[str] | None:
+        """The fields whose value differs from the row as loaded or last saved (material fields
+        included, so that saving them still meets the check above); None when not known (a new
+        action, or one loaded before this was tracked)."""
+        saved: dict[str, Any] | None = getattr(self, "_saved", None)
+        if saved is None or self._state.adding:
+            return None
+        changed = [name for name, value in self._column_values().items() if saved.get(name, _UNSET) != value]
+        loaded = getattr(self, "_loaded_material", None) or {}
+        changed += [name for name, value in loaded.items() if getattr(self, name) != value]
+        return changed
+
+    def _column_values(self) -> dict[str, Any]:
+        # The non-material columns by field name (update_fields accepts it), copied where a value
+        # could be changed in place.
+        values: dict[str, Any] = {}
+        for field in self._meta.concrete_fields:
+            if field.attname in self.__dict__ and field.attname not in _MATERIAL_NAMES:
+                value = self.__dict__[field.attname]
+                values[field.name] = copy.deepcopy(value) if isinstance(value, dict | list) else value
+        return values
+
+    def _remember_saved(self, update_fields: Any) -> None:
+        saved: dict[str, Any] | None = getattr(self, "_saved", None)
+        if saved is None:
+            return
+        current = self._column_values()
+        for name in update_fields:
+            if name in current:
+                saved[name] = current[name]
 
     def _material_values(self) -> dict[str, Any]:
         # A deep copy: the payload is a dict, and comparing it with itself would miss a change
@@ -359,6 +398,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
 
 # The material fields by name and by column, as ``save(update_fields=...)`` may name them.
 _MATERIAL_NAMES = frozenset(Action.MATERIAL_FIELDS) | {"order", "refund_request"}
+_UNSET = object()
 
 
 class ActionEventQuerySet(models.QuerySet["ActionEvent"]):
