@@ -254,14 +254,16 @@ def action_propose_refund(
     assert money is not None and reason is not None
 
     with transaction.atomic(durable=True):
-        order = Order.objects.filter(number=order_ref).first()
-        if order is None:
+        # The request and its order in one read; which of the two is missing is asked only
+        # when one is.
+        request = RefundRequest.objects.select_related("order").filter(order__number=order_ref, number=number).first()
+        if request is None and not Order.objects.filter(number=order_ref).exists():
             raise ProposalInvalid([FieldProblem("order_number", "not_found", f"There is no order {order_ref}.")])
-        request = RefundRequest.objects.filter(order=order, number=number).first()
         if request is None:
             raise ProposalInvalid(
                 [FieldProblem("request_number", "not_found", f"Order {order_ref} has no refund request {number}.")]
             )
+        order = request.order
         if not order.charge_reference:
             raise ProposalInvalid(
                 [
@@ -296,13 +298,13 @@ def action_propose_refund(
         }
         digest = payload_hash(payload)
 
-        # An identical retry returns what exists, before any check that the first proposal's
-        # own reservation could now fail (over-balance).
-        existing = Action.objects.filter(action_id=action_id).first()
-        if existing is not None:
-            return _existing_or_conflict(existing, payload, digest)
-
         if money > order.refundable_amount:
+            # An identical retry returns what exists, even when the first proposal's own
+            # reservation is what now leaves too little (a new proposal meets the UNIQUE action
+            # id in proposal_record instead, without a read first).
+            existing = Action.objects.filter(action_id=action_id).first()
+            if existing is not None:
+                return _existing_or_conflict(existing, payload, digest)
             raise ProposalInvalid(
                 [
                     FieldProblem(

@@ -99,7 +99,14 @@ def action_transition(
     from_state = action.status
     getattr(action, transition)(**kwargs)
     action.status_changed_at = now
-    action.save()
+    changed = action.changed_fields()
+    if changed is None:
+        action.save()
+    else:
+        # Only the columns that differ from the row as loaded or last saved (what the transition
+        # and the caller changed), plus the auto_now timestamp: a full save rewrites some 30
+        # columns and copies the payload for the immutability check.
+        action.save(update_fields=[*changed, "updated_at"])
     return event_record(
         action=action,
         transition=transition,

@@ -120,6 +120,21 @@ def latest_approval(action: Action) -> Approval | None:
     return Approval.objects.filter(action=action, decision=Decision.APPROVE).order_by("-pk").first()
 
 
+def latest_approval_with_locked_action(*, action_pk: int, skip_locked: bool = False) -> Approval | None:
+    """The approval in force and, as ``approval.action``, its action locked FOR UPDATE: one read.
+
+    None when the action has no approval, or (``skip_locked``) when another transaction holds
+    the action's row: the caller then reads the action on its own to tell which.
+    """
+    return (
+        Approval.objects.select_related("action")
+        .select_for_update(skip_locked=skip_locked, of=("action",))
+        .filter(action_id=action_pk, decision=Decision.APPROVE)
+        .order_by("-pk")
+        .first()
+    )
+
+
 def approval_redecide_by_policy(*, action: Action, now: datetime) -> Approval | None:
     """A STALE action that the auto-approval policy approved gets a new decision by that policy.
 

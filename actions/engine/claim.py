@@ -22,7 +22,7 @@ from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionStatus, Attempt
 from actions.trail import Actor, action_transition
 from approvals.models import Approval
-from approvals.policy import approval_redecide_by_policy, latest_approval
+from approvals.policy import approval_redecide_by_policy, latest_approval_with_locked_action
 
 S = ActionStatus
 
@@ -82,11 +82,15 @@ def submission_begin(
     try:
         with transaction.atomic(durable=True):
             # The row lock serialises claimers: a second worker waits here, then sees
-            # SUBMITTING and leaves without touching the target.
-            action = Action.objects.select_for_update(skip_locked=skip_locked).filter(pk=action_pk).first()
+            # SUBMITTING and leaves without touching the target. The approval in force comes
+            # in the same read; an action without one (or one skipped as locked) is read alone.
+            approval = latest_approval_with_locked_action(action_pk=action_pk, skip_locked=skip_locked)
+            if approval is not None:
+                action = approval.action
+            else:
+                action = Action.objects.select_for_update(skip_locked=skip_locked).filter(pk=action_pk).first()
             if action is None or action.status != S.AUTHORIZED:
                 return Claim(outcome=ClaimOutcome.TAKEN, action=action)
-            approval = latest_approval(action)
             failures = binding_failures(action, approval, now)
             if failures:
                 raise _BindingFailed(failures)

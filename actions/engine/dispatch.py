@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_fsm import ConcurrentTransition
 
 from actions import permissions as perms
 from actions.engine.claim import ClaimOutcome, submission_begin
@@ -239,6 +240,7 @@ def submission_send_and_record(
         lease_token=lease_token,
         answer=answer,
         contract=receiver.contract,
+        action=action,
     )
     fault_point("after_record")
     return status
@@ -251,51 +253,83 @@ def submission_record(
     lease_token: uuid.UUID,
     answer: Answer,
     contract: ReceiverContract | None = None,
+    action: Action | None = None,
 ) -> str:
     """Record the receiver's answer: on the attempt always, on the action only for the lease holder.
 
     A late worker whose lease expired (and was swept to UNKNOWN) still stores what the receiver
     said on its attempt row: reconciliation and people read it as evidence.
+
+    ``action``: the caller's copy of the action as its claim committed it. The record then reads
+    nothing: the transition's UPDATE is fenced on the status and the lease token (``WHERE
+    status = 'SUBMITTING' AND lease_token = ...``), and changing no row means the lease was lost.
+    Without it (or when the answer hands the action to a person, who is picked from the current
+    row) the action is read under a row lock first.
     """
     now = timezone.now()
-    with transaction.atomic(durable=True):
-        action = Action.objects.select_for_update().get(pk=action_pk)
-        holds_lease = action.status == S.SUBMITTING and action.lease_token == lease_token
+    escalates = answer.outcome == Outcome.NEEDS_REVIEW or (
+        answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked
+    )
+    try:
+        with transaction.atomic(durable=True):
+            if action is None or escalates:
+                action = Action.objects.select_for_update().get(pk=action_pk)
+                if not (action.status == S.SUBMITTING and action.lease_token == lease_token):
+                    raise ConcurrentTransition("the lease was lost before recording")
+            else:
+                action.lease_fence = lease_token
+            status = _submission_apply(action=action, attempt_pk=attempt_pk, answer=answer, contract=contract, now=now)
+            Attempt.objects.filter(pk=attempt_pk).update(
+                response=answer.response_json(),
+                error=answer.error_json(),
+                outcome=answer.outcome.value,
+                held_lease=True,
+                finished_at=now,
+            )
+            return status
+    except ConcurrentTransition:
+        # The action moved on without this worker (its lease expired and was swept, or another
+        # holder took over): the answer is kept on the attempt as evidence, and nothing else.
         Attempt.objects.filter(pk=attempt_pk).update(
             response=answer.response_json(),
             error=answer.error_json(),
             outcome=answer.outcome.value,
-            held_lease=holds_lease,
+            held_lease=False,
             finished_at=now,
         )
-        if not holds_lease:
-            log.warning(
-                "action_id=%s lease lost before recording (%s); the answer is kept on attempt %s",
-                action.action_id,
-                answer.summary(),
-                attempt_pk,
-            )
-            return "lease_lost"
-        if answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked:
-            # No reconciliation could ever tell what happened (DESIGN.md section 4, SUBMITTING ->
-            # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
-            action_escalate(
-                action=action,
-                actor=Actor.system("dispatcher"),
-                now=now,
-                reason=f"The outcome is unknown ({answer.summary()}) and the receiver has no lookup and no "
-                "idempotency keys: only a person can find out what happened.",
-                evidence={"answer": answer.summary(), "source": "submission", "attempt_id": attempt_pk},
-            )
-            return action.status
-        return apply_outcome(
+        log.warning(
+            "action_id=%s lease lost before recording (%s); the answer is kept on attempt %s",
+            action.action_id if action is not None else action_pk,
+            answer.summary(),
+            attempt_pk,
+        )
+        return "lease_lost"
+
+
+def _submission_apply(
+    *, action: Action, attempt_pk: int, answer: Answer, contract: ReceiverContract | None, now: datetime
+) -> str:
+    """The lease holder's transition for the answer (inside submission_record's transaction)."""
+    if answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked:
+        # No reconciliation could ever tell what happened (DESIGN.md section 4, SUBMITTING ->
+        # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
+        action_escalate(
             action=action,
-            answer=answer,
             actor=Actor.system("dispatcher"),
             now=now,
-            source="submission",
-            evidence={"attempt_id": attempt_pk},
+            reason=f"The outcome is unknown ({answer.summary()}) and the receiver has no lookup and no "
+            "idempotency keys: only a person can find out what happened.",
+            evidence={"answer": answer.summary(), "source": "submission", "attempt_id": attempt_pk},
         )
+        return action.status
+    return apply_outcome(
+        action=action,
+        answer=answer,
+        actor=Actor.system("dispatcher"),
+        now=now,
+        source="submission",
+        evidence={"attempt_id": attempt_pk},
+    )
 
 
 # --- sweeps --------------------------------------------------------------------------------

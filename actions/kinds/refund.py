@@ -188,6 +188,7 @@ def provider_from_settings() -> Provider:
         timeout_seconds=settings.PROVIDER_TIMEOUT_SECONDS,
         key_retention=timedelta(seconds=settings.PROVIDER_KEY_RETENTION_SECONDS),
         lookup_visibility_delay=timedelta(seconds=settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS),
+        verify_charge_currency=settings.PROVIDER_VERIFY_CHARGE_CURRENCY,
     )
 
 

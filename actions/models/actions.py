@@ -15,7 +15,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import RETURN_VALUE, ConcurrentTransition, ConcurrentTransitionMixin, FSMField, transition
 
 from actions import permissions as perms
 
@@ -141,6 +141,9 @@ class Action(ConcurrentTransitionMixin, models.Model):
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
     provider_reference = models.CharField(max_length=255, blank=True)
 
+    # Not a column: the lease token the next save must still find on the row (see _do_update).
+    lease_fence: UUID | None
+
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     status_changed_at = models.DateTimeField(null=True, blank=True)
@@ -182,6 +185,12 @@ class Action(ConcurrentTransitionMixin, models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         loaded = getattr(self, "_loaded_material", None)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and not set(update_fields) & _MATERIAL_NAMES:
+            # Writes no material column: nothing to check, and nothing new to remember.
+            super().save(*args, **kwargs)
+            self._remember_saved(update_fields)
+            return
         if loaded is not None:
             current = self._material_values()
             changed = sorted(name for name, value in loaded.items() if current.get(name) != value)
@@ -191,12 +200,62 @@ class Action(ConcurrentTransitionMixin, models.Model):
                 )
         super().save(*args, **kwargs)
         self._loaded_material = self._material_values()
+        self._saved = self._column_values()
+
+    def _do_update(self, base_qs: Any, *args: Any, **kwargs: Any) -> Any:
+        # A lease fence (``lease_fence``, set by the recorder for the next save only): the
+        # UPDATE also requires the lease token the caller holds, so a worker whose lease was
+        # taken over changes nothing, without reading the row first.
+        fence = self.__dict__.pop("lease_fence", None)
+        if fence is None:
+            return super()._do_update(base_qs, *args, **kwargs)
+        updated = super()._do_update(base_qs.filter(lease_token=fence), *args, **kwargs)
+        if not updated:
+            raise ConcurrentTransition(f"{self.action_id}: the lease {fence} is no longer held")
+        return updated
 
     @classmethod
     def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> Action:
         instance = super().from_db(db, field_names, values, **kwargs)
         instance._loaded_material = instance._material_values()
+        instance._saved = instance._column_values()
         return instance
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        super().refresh_from_db(*args, **kwargs)
+        self._loaded_material = self._material_values()
+        self._saved = self._column_values()
+
+    def changed_fields(self) -> list[str] | None:
+        """The fields whose value differs from the row as loaded or last saved (material fields
+        included, so that saving them still meets the check above); None when not known (a new
+        action, or one loaded before this was tracked)."""
+        saved: dict[str, Any] | None = getattr(self, "_saved", None)
+        if saved is None or self._state.adding:
+            return None
+        changed = [name for name, value in self._column_values().items() if saved.get(name, _UNSET) != value]
+        loaded = getattr(self, "_loaded_material", None) or {}
+        changed += [name for name, value in loaded.items() if getattr(self, name) != value]
+        return changed
+
+    def _column_values(self) -> dict[str, Any]:
+        # The non-material columns by field name (update_fields accepts it), copied where a value
+        # could be changed in place.
+        values: dict[str, Any] = {}
+        for field in self._meta.concrete_fields:
+            if field.attname in self.__dict__ and field.attname not in _MATERIAL_NAMES:
+                value = self.__dict__[field.attname]
+                values[field.name] = copy.deepcopy(value) if isinstance(value, dict | list) else value
+        return values
+
+    def _remember_saved(self, update_fields: Any) -> None:
+        saved: dict[str, Any] | None = getattr(self, "_saved", None)
+        if saved is None:
+            return
+        current = self._column_values()
+        for name in update_fields:
+            if name in current:
+                saved[name] = current[name]
 
     def _material_values(self) -> dict[str, Any]:
         # A deep copy: the payload is a dict, and comparing it with itself would miss a change
@@ -335,6 +394,11 @@ class Action(ConcurrentTransitionMixin, models.Model):
     def _drop_lease(self) -> None:
         self.lease_token = None
         self.lease_expires_at = None
+
+
+# The material fields by name and by column, as ``save(update_fields=...)`` may name them.
+_MATERIAL_NAMES = frozenset(Action.MATERIAL_FIELDS) | {"order", "refund_request"}
+_UNSET = object()
 
 
 class ActionEventQuerySet(models.QuerySet["ActionEvent"]):

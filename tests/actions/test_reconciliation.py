@@ -448,6 +448,7 @@ def test_a_receiver_unreachable_beyond_the_policy_goes_to_a_named_person_and_pol
     assert action.due_at is not None
     assert action.next_reconcile_at is None
     assert action.reconcile_failures == settings.RECONCILE_MAX_FAILURES
+    assert (action.lease_token, action.lease_expires_at) == (None, None), "the reconciler's lease is given up"
     assert [a.outcome for a in lookup_attempts(action)] == ["inconclusive"] * 3
     escalation = ActionEvent.objects.get(action=action, transition="escalate")
     assert escalation.evidence["owner"] == finance.get_username()

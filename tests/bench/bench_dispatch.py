@@ -1,15 +1,16 @@
-"""Dispatch throughput and PostgreSQL commits per action, next to bare Celery.
+"""Dispatch throughput, worker CPU, statements and PostgreSQL commits per action, next to bare Celery.
 
-    python -m tests.bench.bench_dispatch --actions 200
+    python -m tests.bench.bench_dispatch --actions 300 --repeat 3
+    python -m tests.bench.bench_dispatch --actions 300 --latency-ms 200 --pool threads --concurrency 16
 
 Not a pytest test (pytest only collects ``test_*.py``): it measures and prints, and exits
 non-zero only when the run itself went wrong (an action not SUCCEEDED, a refund missing or
 doubled at the sandbox, an order whose money does not add up).
 
-In one run, with the same Redis broker and the same Celery workers and settings:
+Each repetition runs, with the same Redis broker and the same Celery workers and settings:
 
-1. bare Celery: N no-op tasks published from this process, timed until the workers have
-   acknowledged the last one;
+1. bare Celery: ``--noops`` no-op tasks published from this process, timed until the workers
+   have acknowledged the last one (several seconds, so the rate is stable);
 2. dispatch: N auto-approved refunds (one order each) are proposed with their publish held
    back, then their N dispatch messages are published the way ``dispatch_enqueue`` does and
    timed like the no-ops, until the last one is acknowledged, which with acks_late is after
@@ -17,18 +18,28 @@ In one run, with the same Redis broker and the same Celery workers and settings:
 3. end to end: N more refunds proposed one after the other from this process, each publishing
    its dispatch on commit, timed from the first proposal to the last acknowledgement.
 
-Completion is read from the broker (queue and unacknowledged set both empty), never by polling
-the database, so measuring adds no commits.
+What is measured, per repetition, and printed with the min and the median over repetitions:
 
-Commits are counted by PostgreSQL itself: ``pg_stat_database.xact_commit`` of a database only
-this benchmark uses, read from a connection to another database. A backend publishes its
-counters reliably only when it exits (an idle one may sit on them), so every reading is taken
-with no session connected to the benchmark's database: workers stopped, this process's
-connection closed. Two baselines are subtracted:
+- rates, from the broker: completion is read from the broker (queue and unacknowledged set
+  both empty), never by polling the database, so measuring adds no commits;
+- worker CPU: user + system time of every worker process (and its pool children) read from
+  /proc before and after phases 1 and 2, divided by the tasks of that phase;
+- statements: SQL statements sent through Django (an execute wrapper; BEGIN and COMMIT are not
+  statements here, commits are counted below): the proposals of phase 2 in this process, plus
+  the workers' claims and records during phase 2 (each worker process counts its own and
+  writes the total after every task);
+- commits, counted by PostgreSQL itself: ``pg_stat_database.xact_commit`` of a database only
+  this benchmark uses, read from a connection to another database. A backend publishes its
+  counters reliably only when it exits (an idle one may sit on them), so every reading is taken
+  with no session connected to the benchmark's database: workers stopped, this process's
+  connection closed. Two baselines are subtracted: an idle interval with nothing connected
+  (autovacuum, anything else), as a rate; and the workers' own life cycle (start, warm-up,
+  stop) with no measured work, run once on its own.
 
-- an idle interval with nothing connected (autovacuum, anything else), as a rate;
-- the workers' own life cycle (start, warm-up, stop) with no measured work, run once on its
-  own, so that connecting, warming up and stopping are not charged to the actions.
+``--latency-ms`` makes the sandbox answer every measured refund after that delay (its ``slow``
+fault), as a real provider would; ``--pool threads --concurrency C`` is the worker profile for
+that case (README, "Worker profiles"): the database pool of each worker is sized to C + 2, as
+every call in flight holds a pooled connection until its task ends.
 
 The benchmark sets itself up and cleans up: it creates its own database with Django's test
 database machinery (and migrates it), starts the sandbox provider and the workers, and drops,
@@ -41,13 +52,16 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -66,6 +80,89 @@ DRAIN_TIMEOUT_SECONDS = 600.0
 @shared_task(name="bench.noop")
 def noop() -> None:
     """The bare Celery task the console's dispatch is compared with."""
+
+
+# --- in the workers: statements per process --------------------------------------------------------
+
+COUNTERS_ENV = "BENCH_COUNTERS_DIR"
+
+
+def _install_statement_counter(directory: Path) -> None:
+    """Count the SQL statements this worker process sends, and write the total after each task.
+
+    Installed only in the benchmark's workers (they import this module with ``--include`` and
+    get ``BENCH_COUNTERS_DIR``). Each thread counts in its own slot, so the threads pool needs
+    no lock; the total is written with one pwrite into a file named after the process.
+    """
+    from celery import signals
+    from django.db.backends.signals import connection_created
+
+    counts: dict[int, int] = {}
+    files: dict[int, int] = {}
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        ident = threading.get_ident()
+        counts[ident] = counts.get(ident, 0) + 1
+        return execute(sql, params, many, context)
+
+    def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if count not in connection.execute_wrappers:
+            connection.execute_wrappers.append(count)
+
+    def on_task_done(**kwargs: Any) -> None:
+        pid = os.getpid()
+        if pid not in files:
+            files[pid] = os.open(directory / f"statements-{pid}", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.pwrite(files[pid], f"{sum(counts.values()):20d}".encode(), 0)
+
+    connection_created.connect(on_connection, weak=False)
+    signals.task_postrun.connect(on_task_done, weak=False)
+
+
+if os.environ.get(COUNTERS_ENV):
+    _install_statement_counter(Path(os.environ[COUNTERS_ENV]))
+
+
+def worker_statements(directory: Path) -> int:
+    """The statements all worker processes have sent so far."""
+    return sum(int(path.read_text() or 0) for path in directory.glob("statements-*"))
+
+
+# --- worker CPU, from /proc ------------------------------------------------------------------------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces; the fields after its closing parenthesis do not.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_tree_cpu(roots: list[int]) -> float:
+    """CPU seconds (user + system) used so far by ``roots`` and every live descendant."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _proc_stat(int(entry.name))
+        if fields is None:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+    wanted = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in wanted and pid not in wanted:
+                wanted.add(pid)
+                grew = True
+    return sum(ticks.get(pid, 0) for pid in wanted) / CLOCK_TICKS
 
 
 # --- arguments and environment ------------------------------------------------------------------
@@ -90,16 +187,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a Redis database for this run alone: it must be empty, and is flushed at the end "
         "(default $BENCH_BROKER_URL, else redis://127.0.0.1:6379/13)",
     )
+    parser.add_argument("--noops", type=int, default=3000, help="bare Celery no-op tasks per repetition (default 3000)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions; min and median are printed (default 3)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument(
-        "--pool", choices=("solo", "prefork"), default="solo", help="Celery pool, as make start runs it (default solo)"
+        "--pool",
+        choices=("solo", "prefork", "threads"),
+        default="solo",
+        help="Celery pool, as make start runs it (default solo)",
     )
-    parser.add_argument("--concurrency", type=int, default=4, help="child processes per prefork worker (default 4)")
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="child processes (prefork) or threads per worker (default 4)"
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=int,
+        default=0,
+        help="the sandbox answers each measured refund after this delay (its slow fault; default 0)",
+    )
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="length of the idle baseline (default 5)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker and sandbox logs")
     args = parser.parse_args(argv)
-    if args.actions < 1 or args.workers < 1 or args.concurrency < 1:
-        parser.error("--actions, --workers and --concurrency must be at least 1")
+    if min(args.actions, args.noops, args.repeat, args.workers, args.concurrency) < 1:
+        parser.error("--actions, --noops, --repeat, --workers and --concurrency must be at least 1")
+    if args.latency_ms < 0:
+        parser.error("--latency-ms must not be negative")
     if not args.database_url.startswith(("postgres://", "postgresql://")):
         parser.error("--database-url must point at PostgreSQL: commits are counted from its statistics")
     return args
@@ -180,7 +292,7 @@ class Workers:
                 "--pool",
                 args.pool,
                 "--concurrency",
-                str(args.concurrency if args.pool == "prefork" else 1),
+                str(args.concurrency if args.pool != "solo" else 1),
                 "--loglevel",
                 "WARNING",
                 "--hostname",
@@ -198,6 +310,13 @@ class Workers:
                 )
             self.log_paths.append(log_path)
             self.processes.append(process)
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
+    def cpu_seconds(self) -> float:
+        return process_tree_cpu(self.pids)
 
     @property
     def alive(self) -> bool:
@@ -218,7 +337,9 @@ class Workers:
         return "\n".join(path.read_text(errors="replace")[-2000:] for path in self.log_paths if path.exists())
 
 
-def worker_environment(*, settings_dict: dict[str, Any], broker_url: str, sandbox_url: str) -> dict[str, str]:
+def worker_environment(
+    *, settings_dict: dict[str, Any], broker_url: str, sandbox_url: str, counters: Path, pool_max: int
+) -> dict[str, str]:
     credentials = settings_dict["USER"] + (f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else "")
     host = settings_dict.get("HOST") or "127.0.0.1"
     port = settings_dict.get("PORT") or 5432
@@ -228,6 +349,10 @@ def worker_environment(*, settings_dict: dict[str, Any], broker_url: str, sandbo
         "DJANGO_SETTINGS_MODULE": "console.settings",
         "DATABASE_URL": f"postgres://{credentials}@{host}:{port}/{settings_dict['NAME']}",
         "DATABASE_POOL": "1",  # the production default: psycopg's pool
+        # Every task in flight holds a pooled connection until it ends: a pool smaller than the
+        # threads silently caps the calls in flight (PERFORMANCE.md).
+        "DATABASE_POOL_MAX": str(pool_max),
+        COUNTERS_ENV: str(counters),
         "CELERY_BROKER_URL": broker_url,
         "PROVIDER_API_BASE": sandbox_url,
         "CONSOLE_FAULT_POINTS": "",
@@ -342,6 +467,21 @@ def propose_held_back(fixture: Fixture) -> list[int]:
     return held
 
 
+@contextmanager
+def counting_statements() -> Iterator[list[int]]:
+    """Count the SQL statements this process sends through Django inside the block."""
+    from django.db import connection
+
+    counted = [0]
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        counted[0] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        yield counted
+
+
 def publish_dispatches(action_pks: list[int]) -> None:
     from actions.publish import dispatch_enqueue
 
@@ -382,32 +522,124 @@ def verify(fixtures: list[Fixture], sandbox: Any) -> list[str]:
 
 
 @dataclass
-class Measured:
+class Repetition:
     n: int
+    noops: int
     noop_seconds: float
+    noop_cpu: float
     dispatch_seconds: float
+    dispatch_cpu: float
+    proposal_statements: int
+    worker_statements: int
     end_to_end_seconds: float
     proposing_seconds: float
-    background_rate: float
-    lifecycle_commits: float
-    run_commits: float
+    run_commits: float = 0.0
 
     @property
-    def commits_per_action(self) -> float:
-        # The run proposed and dispatched 2N actions: N held back, N end to end.
-        return (self.run_commits - self.lifecycle_commits) / (2 * self.n)
+    def noop_rate(self) -> float:
+        return self.noops / self.noop_seconds
+
+    @property
+    def dispatch_rate(self) -> float:
+        return self.n / self.dispatch_seconds
+
+    @property
+    def ratio(self) -> float:
+        return self.dispatch_rate / self.noop_rate
+
+    @property
+    def noop_cpu_ms(self) -> float:
+        return 1000 * self.noop_cpu / self.noops
+
+    @property
+    def dispatch_cpu_ms(self) -> float:
+        return 1000 * self.dispatch_cpu / self.n
+
+    @property
+    def statements_per_action(self) -> float:
+        return (self.proposal_statements + self.worker_statements) / self.n
+
+    @property
+    def end_to_end_rate(self) -> float:
+        return self.n / self.end_to_end_seconds
+
+
+@dataclass
+class Measured:
+    n: int
+    background_rate: float
+    lifecycle_commits: float
+    repetitions: list[Repetition] = field(default_factory=list)
+
+    def commits_per_action(self, repetition: Repetition) -> float:
+        # Each repetition proposed and dispatched 2N actions: N held back, N end to end.
+        return (repetition.run_commits - self.lifecycle_commits) / (2 * self.n)
 
 
 def start_warm_workers(
     *, args: argparse.Namespace, workdir: Path, env: dict[str, str], broker: Any, warm: Fixture
 ) -> Workers:
-    """Workers whose every process has imported everything and opened its database pool."""
+    """Workers whose every process (and thread) has imported everything and opened its database pool."""
     workers = Workers(args=args, workdir=workdir, env=env)
     publish_noops(len(warm.orders))
     wait_drained(broker, workers=workers, timeout=120)
     propose_all(warm)
     wait_drained(broker, workers=workers)
     return workers
+
+
+def run_repetition(
+    *,
+    args: argparse.Namespace,
+    workdir: Path,
+    env: dict[str, str],
+    broker: Any,
+    sandbox: Any,
+    counters: Path,
+    warm: Fixture,
+    held_back: Fixture,
+    end_to_end: Fixture,
+) -> tuple[Workers, Repetition]:
+    n = args.actions
+    workers = start_warm_workers(args=args, workdir=workdir, env=env, broker=broker, warm=warm)
+
+    cpu_before = workers.cpu_seconds()
+    noop_seconds = timed(lambda: publish_noops(args.noops), broker=broker, workers=workers)
+    noop_cpu = workers.cpu_seconds() - cpu_before
+
+    with counting_statements() as proposal_statements:
+        held = propose_held_back(held_back)
+    if args.latency_ms:
+        # Every measured refund (the held-back ones, then the end-to-end ones) answers late.
+        sandbox.fault(mode="slow", sleep_seconds=args.latency_ms / 1000, times=2 * n)
+    time.sleep(0.2)  # the warm-up's last task has written its statement count
+    statements_before = worker_statements(counters)
+    cpu_before = workers.cpu_seconds()
+    dispatch_seconds = timed(lambda: publish_dispatches(held), broker=broker, workers=workers)
+    dispatch_cpu = workers.cpu_seconds() - cpu_before
+    time.sleep(0.2)
+    statements = worker_statements(counters) - statements_before
+
+    proposing: list[float] = []
+
+    def propose_end_to_end() -> None:
+        started = time.monotonic()
+        propose_all(end_to_end)
+        proposing.append(time.monotonic() - started)
+
+    end_to_end_seconds = timed(propose_end_to_end, broker=broker, workers=workers)
+    return workers, Repetition(
+        n=n,
+        noops=args.noops,
+        noop_seconds=noop_seconds,
+        noop_cpu=noop_cpu,
+        dispatch_seconds=dispatch_seconds,
+        dispatch_cpu=dispatch_cpu,
+        proposal_statements=proposal_statements[0],
+        worker_statements=statements,
+        end_to_end_seconds=end_to_end_seconds,
+        proposing_seconds=proposing[0],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -428,74 +660,87 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     n = args.actions
-    processes = args.workers * (args.concurrency if args.pool == "prefork" else 1)
+    processes = args.workers * (args.concurrency if args.pool != "solo" else 1)
     warm_count = WARMUP_PER_PROCESS * processes
     original_name = connection.settings_dict["NAME"]
     sandbox_process = SandboxProcess(workdir)
+    counters = workdir / "counters"
+    counters.mkdir()
     workers: Workers | None = None
     counter: CommitCounter | None = None
     database_created = False
     ok = False
     session = requests.Session()
     try:
-        print(f"setting up: database, migrations, sandbox, {2 * n + 2 * warm_count} orders ...", flush=True)
+        total = warm_count + args.repeat * (warm_count + 2 * n)
+        print(f"setting up: database, migrations, sandbox, {total} orders ...", flush=True)
         connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
         database_created = True
         sandbox_process.start()
         sandbox = SandboxClient(sandbox_process.url, session)
-        warm_alone = seed(count=warm_count, sandbox=sandbox, label="warm1")
-        warm_measured = seed(count=warm_count, sandbox=sandbox, label="warm2")
-        held_back = seed(count=n, sandbox=sandbox, label="held")
-        end_to_end = seed(count=n, sandbox=sandbox, label="e2e")
+        warm_alone = seed(count=warm_count, sandbox=sandbox, label="warm0")
+        fixtures = [
+            (
+                seed(count=warm_count, sandbox=sandbox, label=f"warm{rep}"),
+                seed(count=n, sandbox=sandbox, label=f"held{rep}"),
+                seed(count=n, sandbox=sandbox, label=f"e2e{rep}"),
+            )
+            for rep in range(1, args.repeat + 1)
+        ]
         counter = CommitCounter(connection.settings_dict)
         env = worker_environment(
-            settings_dict=connection.settings_dict, broker_url=args.broker_url, sandbox_url=sandbox_process.url
+            settings_dict=connection.settings_dict,
+            broker_url=args.broker_url,
+            sandbox_url=sandbox_process.url,
+            counters=counters,
+            pool_max=max(10, args.concurrency + 2) if args.pool == "threads" else 10,
         )
         connection.close()
 
         print(f"idle baseline: {args.idle_seconds:.0f} s with nothing connected ...", flush=True)
         idle_start, idle_started = counter.quiescent()
         time.sleep(args.idle_seconds)
-        idle_end, idle_ended = counter.quiescent()
-        background_rate = (idle_end - idle_start) / (idle_ended - idle_started)
+        last, last_read = counter.quiescent()
+        background_rate = (last - idle_start) / (last_read - idle_started)
 
         print("worker life cycle alone: start, warm up, stop ...", flush=True)
         workers = start_warm_workers(args=args, workdir=workdir, env=env, broker=broker, warm=warm_alone)
         workers.stop()
         connection.close()
-        lifecycle_end, lifecycle_ended = counter.quiescent()
-        lifecycle_commits = lifecycle_end - idle_end - background_rate * (lifecycle_ended - idle_ended)
-
-        print(f"the same life cycle with {n} no-ops, {n} dispatches and {n} refunds end to end ...", flush=True)
-        workers = start_warm_workers(args=args, workdir=workdir, env=env, broker=broker, warm=warm_measured)
-        noop_seconds = timed(lambda: publish_noops(n), broker=broker, workers=workers)
-        held = propose_held_back(held_back)
-        dispatch_seconds = timed(lambda: publish_dispatches(held), broker=broker, workers=workers)
-        proposing: list[float] = []
-
-        def propose_end_to_end() -> None:
-            started = time.monotonic()
-            propose_all(end_to_end)
-            proposing.append(time.monotonic() - started)
-
-        end_to_end_seconds = timed(propose_end_to_end, broker=broker, workers=workers)
-        workers.stop()
-        connection.close()
-        run_end, run_ended = counter.quiescent()
-        run_commits = run_end - lifecycle_end - background_rate * (run_ended - lifecycle_ended)
-
-        result = Measured(
+        reading, read_at = counter.quiescent()
+        measured = Measured(
             n=n,
-            noop_seconds=noop_seconds,
-            dispatch_seconds=dispatch_seconds,
-            end_to_end_seconds=end_to_end_seconds,
-            proposing_seconds=proposing[0],
             background_rate=background_rate,
-            lifecycle_commits=lifecycle_commits,
-            run_commits=run_commits,
+            lifecycle_commits=reading - last - background_rate * (read_at - last_read),
         )
-        problems = verify([held_back, end_to_end], sandbox)
-        report(args=args, database=counter.database, result=result, problems=problems)
+        last, last_read = reading, read_at
+
+        for rep, (warm, held_back, end_to_end) in enumerate(fixtures, start=1):
+            print(
+                f"repetition {rep}/{args.repeat}: the same life cycle with {args.noops} no-ops, {n} dispatches "
+                f"and {n} refunds end to end ...",
+                flush=True,
+            )
+            workers, repetition = run_repetition(
+                args=args,
+                workdir=workdir,
+                env=env,
+                broker=broker,
+                sandbox=sandbox,
+                counters=counters,
+                warm=warm,
+                held_back=held_back,
+                end_to_end=end_to_end,
+            )
+            workers.stop()
+            connection.close()
+            reading, read_at = counter.quiescent()
+            repetition.run_commits = reading - last - background_rate * (read_at - last_read)
+            last, last_read = reading, read_at
+            measured.repetitions.append(repetition)
+
+        problems = verify([fixture for _, *pair in fixtures for fixture in pair], sandbox)
+        report(args=args, database=counter.database, measured=measured, problems=problems)
         ok = not problems
         return 0 if ok else 1
     finally:
@@ -516,41 +761,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def report(*, args: argparse.Namespace, database: str, result: Measured, problems: list[str]) -> None:
-    n = result.n
-    noop_rate = n / result.noop_seconds
-    dispatch_rate = n / result.dispatch_seconds
-    end_to_end_rate = n / result.end_to_end_seconds
-    ratio = dispatch_rate / noop_rate
-    per_action = result.commits_per_action
-    if args.pool == "prefork":
-        shape = f"{args.workers} x celery prefork (concurrency {args.concurrency})"
-    else:
+def _row(label: str, values: list[float], fmt: str, unit: str = "") -> str:
+    cells = "".join(f"{value:>10{fmt}}" for value in values)
+    return f"  {label:<30}{cells}{min(values):>10{fmt}}{statistics.median(values):>10{fmt}}  {unit}"
+
+
+def report(*, args: argparse.Namespace, database: str, measured: Measured, problems: list[str]) -> None:
+    n = measured.n
+    reps = measured.repetitions
+    if args.pool == "solo":
         shape = f"{args.workers} x celery solo"
+    else:
+        shape = f"{args.workers} x celery {args.pool} (concurrency {args.concurrency})"
+    latency = f"{args.latency_ms} ms provider latency (sandbox slow fault)" if args.latency_ms else "zero latency"
+    header = "".join(f"{'rep ' + str(i):>10}" for i in range(1, len(reps) + 1))
+    commits = [measured.commits_per_action(rep) for rep in reps]
+    rows = [
+        _row("bare Celery: tasks/s", [rep.noop_rate for rep in reps], ".1f"),
+        _row("bare Celery: CPU ms per task", [rep.noop_cpu_ms for rep in reps], ".2f", "(worker processes)"),
+        _row("console: actions/s", [rep.dispatch_rate for rep in reps], ".1f", "(acknowledged = recorded)"),
+        _row("console: CPU ms per action", [rep.dispatch_cpu_ms for rep in reps], ".2f", "(worker processes)"),
+        _row("console: statements per action", [rep.statements_per_action for rep in reps], ".2f", "(see below)"),
+        _row("console: commits per action", commits, ".2f", "(xact_commit, lone reads included)"),
+        _row("ratio to bare Celery", [rep.ratio for rep in reps], ".3f", "(actions/s / tasks/s)"),
+        _row("end to end: refunds/s", [rep.end_to_end_rate for rep in reps], ".1f", "(proposed one by one here)"),
+    ]
+    proposal = statistics.median(rep.proposal_statements / n for rep in reps)
+    worker = statistics.median(rep.worker_statements / n for rep in reps)
+    table = "\n".join(rows)
     print(
         f"""
-Effect console: dispatch benchmark, N = {n}
-  workers      {shape}, prefetch 1, acks_late, Redis {args.broker_url}; sandbox provider; no beat
-  bare Celery  {n} no-op tasks in {result.noop_seconds:.2f} s = {noop_rate:.1f} tasks/s
-  dispatch     {n} authorized refunds in {result.dispatch_seconds:.2f} s = {dispatch_rate:.1f} actions/s
-               (N dispatch messages published like the no-ops; done = acknowledged = outcome recorded)
-  ratio        {ratio:.2f} of bare Celery (target >= 0.50: {"met" if ratio >= 0.5 else "NOT met"})
-  end to end   {n} refunds from proposal to SUCCEEDED in {result.end_to_end_seconds:.2f} s = {end_to_end_rate:.1f}/s
-               (proposed one after another by this one process, which alone took {result.proposing_seconds:.2f} s)
-  commits      {per_action:.2f} per action (target 3: intent+authorization, reservation+SUBMITTING, outcome:
-               {"met" if round(per_action, 1) <= 3.0 else "NOT met"})
+Effect console: dispatch benchmark, N = {n} actions and {args.noops} no-ops per repetition, {latency}
+  workers: {shape}, prefetch 1, acks_late, Redis {args.broker_url}; sandbox provider; no beat
 
-How the commits were counted
-  PostgreSQL's own counter, pg_stat_database.xact_commit, for database {database} (created for this run
-  and dropped after it), read from a connection to another database so that reading adds nothing. A
-  backend publishes its counters when it exits, so every reading waits until no session is connected.
-  1. idle interval, nothing connected: {result.background_rate:.3f} commits/s (autovacuum, anything else),
-     subtracted pro rata from the intervals below;
-  2. the workers' life cycle alone (start, warm-up, stop): {result.lifecycle_commits:.1f} commits;
-  3. the same life cycle with the measured work ({2 * n} refunds, {n} no-ops): {result.run_commits:.1f} commits.
-  ({result.run_commits:.1f} - {result.lifecycle_commits:.1f}) / {2 * n} refunds = {per_action:.2f} commits per action.
-  PostgreSQL counts every transaction, a lone read outside a transaction block included, so this is
-  everything the console committed per action, not only its writes.
+  {"":<30}{header}{"min":>10}{"median":>10}
+{table}
+
+  statements: SQL statements sent through Django, BEGIN and COMMIT not included: the proposal
+  ({proposal:.2f} per action, median, in this process) and the claim and record ({worker:.2f}, in the workers).
+  commits: pg_stat_database.xact_commit of {database} (created for this run and dropped after it),
+  read with no session connected; idle rate {measured.background_rate:.3f}/s subtracted pro rata, and the
+  workers' own life cycle ({measured.lifecycle_commits:.1f} commits) subtracted from each repetition's total
+  ({", ".join(f"{rep.run_commits:.0f}" for rep in reps)}), over the 2N = {2 * n} refunds of each repetition.
 """
     )
     if problems:
@@ -558,7 +810,8 @@ How the commits were counted
         for problem in problems[:10]:
             print(f"  {problem}")
     else:
-        print(f"verified: {2 * n} refunds SUCCEEDED, one refund each at the sandbox, every order's money adds up")
+        count = 2 * n * len(reps)
+        print(f"verified: {count} refunds SUCCEEDED, one refund each at the sandbox, every order's money adds up")
 
 
 if __name__ == "__main__":

@@ -65,9 +65,9 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def authorized(live_sandbox: SandboxClient, agent_actor: Actor) -> Callable[..., Action]:
     """An auto-approved refund of 20.00 EUR on a fresh 100.00 EUR order whose charge the sandbox has."""
 
-    def _authorized(*, captured: str = "100.00") -> Action:
+    def _authorized(*, captured: str = "100.00", charge_currency: str = "eur") -> Action:
         order = make_order(captured=captured)
-        live_sandbox.seed_charge(order.charge_reference, to_minor_units(Decimal(captured), "EUR"), "eur")
+        live_sandbox.seed_charge(order.charge_reference, to_minor_units(Decimal(captured), "EUR"), charge_currency)
         request = make_request(order)
         result = action_propose_refund(
             order_number=order.number,
@@ -162,6 +162,25 @@ def test_a_refund_created_as_failed_or_canceled_is_failed_final_with_a_remedy_an
 # --- refused ----------------------------------------------------------------------------------
 
 
+def test_a_refund_in_another_currency_than_the_charge_is_failed_final_and_nothing_is_refunded(
+    live_sandbox: SandboxClient, authorized: Callable[..., Action], finance: Any
+) -> None:
+    """Invariant 1: the order says EUR but the charge was made in USD. No charge is read before
+    the refund; the refund carries its currency and the receiver refuses the mismatch, which
+    proves nothing was executed: FAILED_FINAL, a remedy, and no money moved."""
+    action = authorized(charge_currency="usd")
+
+    assert execution_dispatch(action_pk=action.pk) == S.FAILED_FINAL
+
+    assert live_sandbox.ledger() == []
+    error = submission_error(action)
+    assert (error["code"], error["http_status"]) == ("currency_mismatch", 400)
+    assert money_of(action) == (0, 0)
+    assert Remedy.objects.get(action=action).owner == finance
+    assert_order_money_adds_up(order_of(action))
+
+
+
 def test_a_validation_error_is_failed_final_with_a_remedy_and_nothing_at_the_receiver(
     live_sandbox: SandboxClient, authorized: Callable[..., Action], finance: Any
 ) -> None:
@@ -222,8 +241,8 @@ def test_a_key_reused_with_different_parameters_needs_review_by_a_named_person_a
 
 
 def _key_in_use(sandbox: SandboxClient, action: Action) -> None:
-    # An earlier request with the same key and the same parameters is still running at the
-    # sandbox (it committed and then hangs), so the dispatcher's request gets a 409.
+    # An earlier request with the same key and the same parameters (the console's, currency
+    # included) is still running at the sandbox (it committed and then hangs), so the dispatcher's request gets a 409.
     sandbox.fault(mode="commit_then_timeout", sleep_seconds=3)
     with pytest.raises(requests.Timeout):
         sandbox.post_refund(
@@ -231,6 +250,7 @@ def _key_in_use(sandbox: SandboxClient, action: Action) -> None:
             timeout=0.3,
             charge=action.payload["charge"],
             amount=to_minor_units(action.amount, action.currency),
+            currency=action.currency.lower(),
             metadata={"action_id": action.action_id},
         )
 

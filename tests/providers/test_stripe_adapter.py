@@ -109,13 +109,38 @@ def test_a_validation_error_is_definitive_and_nothing_was_stored(
     assert sandbox.ledger() == []
 
 
-def test_a_currency_mismatch_is_definitive_and_nothing_is_sent(
+def test_a_currency_mismatch_is_definitive_and_nothing_is_refunded(
     provider: StripeProvider, sandbox: SandboxClient
 ) -> None:
     sandbox.seed_charge("ch_jpy", 5000, "jpy")
     with pytest.raises(DefinitiveError) as caught:
         provider.create_refund(_request(charge="ch_jpy", currency="eur"))
     assert caught.value.code == "currency_mismatch"
+    assert caught.value.http_status == 400
+    assert sandbox.ledger() == []
+
+
+def test_a_refund_costs_one_call_with_no_charge_read_before_it(
+    provider: StripeProvider, sandbox: SandboxClient, charge: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_charge_read(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the charge was read before the refund")
+
+    monkeypatch.setattr(provider._client.v1.charges, "retrieve", no_charge_read)
+    refund = provider.create_refund(_request())
+    assert refund.currency == "eur"
+    assert len(sandbox.ledger()) == 1
+
+
+def test_the_optional_charge_read_also_refuses_a_currency_mismatch_before_sending(
+    sandbox: SandboxClient,
+) -> None:
+    sandbox.seed_charge("ch_jpy", 5000, "jpy")
+    provider = StripeProvider(api_key=API_KEY, api_base=sandbox.url, timeout_seconds=0.5, verify_charge_currency=True)
+    with pytest.raises(DefinitiveError) as caught:
+        provider.create_refund(_request(charge="ch_jpy", currency="eur"))
+    assert caught.value.code == "currency_mismatch"
+    assert caught.value.http_status is None, "refused by the console's own check, before any refund request"
     assert sandbox.ledger() == []
 
 
@@ -240,9 +265,10 @@ def test_a_rejected_api_key_is_a_configuration_error_not_a_definitive_failure(
         provider.get_refund("re_1")
 
 
-def test_a_failed_charge_read_before_creating_is_ambiguous_and_sends_nothing(
-    provider: StripeProvider, sandbox: SandboxClient, charge: Any
+def test_a_failed_optional_charge_read_before_creating_is_ambiguous_and_sends_nothing(
+    sandbox: SandboxClient, charge: Any
 ) -> None:
+    provider = StripeProvider(api_key=API_KEY, api_base=sandbox.url, timeout_seconds=0.5, verify_charge_currency=True)
     sandbox.fault(mode="fail_before_commit", applies_to="lookup")
     with pytest.raises(AmbiguousError) as caught:
         provider.create_refund(_request())
