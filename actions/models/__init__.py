@@ -20,6 +20,7 @@ from actions.models.followups import (
     RemedyKind,
 )
 from actions.models.orders import Order, RefundRequest, RequestSource
+from actions.models.suppliers import Supplier, SupplierContact
 
 __all__ = [
     "Action",
@@ -43,4 +44,6 @@ __all__ = [
     "Remedy",
     "RemedyKind",
     "RequestSource",
+    "Supplier",
+    "SupplierContact",
 ]
