@@ -51,6 +51,10 @@ def approval_refusal_reason(*, action: Action, user: Any, limit: Decimal | None)
         return ("not_a_manager", "Only managers may approve or reject proposals.")
     if action.proposed_by_user_id is not None and action.proposed_by_user_id == user.pk:
         return ("four_eyes", "You proposed this action (or own the agent that did): someone else must approve it.")
+    if not kind_for(action.kind).moves_money:
+        # No money moves (an email): no limit applies; the kind still says whether its target
+        # allows it (the address is still one of the supplier's contacts).
+        return kind_for(action.kind).approval_refusal(action)
     if limit is None:
         return ("no_limit", f"You have no approval limit in {action.currency}.")
     if action.amount > limit:

@@ -20,10 +20,18 @@ from actions.providers.mail.sandbox import MailSandbox
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actions.providers.mail", description="The mail sandbox.")
     parser.add_argument("--host", default=os.environ.get("MAIL_SANDBOX_HOST", "127.0.0.1"))
-    parser.add_argument("--smtp-port", type=int, default=int(os.environ.get("MAIL_SANDBOX_SMTP_PORT", "12525")),
-                        help="0 picks a free port (env MAIL_SANDBOX_SMTP_PORT, default 12525)")
-    parser.add_argument("--http-port", type=int, default=int(os.environ.get("MAIL_SANDBOX_HTTP_PORT", "12580")),
-                        help="the control endpoint; 0 picks a free port (env MAIL_SANDBOX_HTTP_PORT, default 12580)")
+    parser.add_argument(
+        "--smtp-port",
+        type=int,
+        default=int(os.environ.get("MAIL_SANDBOX_SMTP_PORT", "12525")),
+        help="0 picks a free port (env MAIL_SANDBOX_SMTP_PORT, default 12525)",
+    )
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=int(os.environ.get("MAIL_SANDBOX_HTTP_PORT", "12580")),
+        help="the control endpoint; 0 picks a free port (env MAIL_SANDBOX_HTTP_PORT, default 12580)",
+    )
     parser.add_argument("--db", default=os.environ.get("MAIL_SANDBOX_DB", "mail-sandbox.sqlite3"))
     parser.add_argument("--port-file", default="")
     args = parser.parse_args(argv)
@@ -34,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.port_file + ".tmp", "w") as handle:
             json.dump({"smtp": sandbox.smtp_port, "http": sandbox.http_port}, handle)
         os.replace(args.port_file + ".tmp", args.port_file)
-    print(f"mail sandbox smtp={args.host}:{sandbox.smtp_port} control=http://{args.host}:{sandbox.http_port}",
-          flush=True)
+    print(
+        f"mail sandbox smtp={args.host}:{sandbox.smtp_port} control=http://{args.host}:{sandbox.http_port}", flush=True
+    )
 
     stop = threading.Event()
 

@@ -130,7 +130,7 @@ class SandboxHandler:
         self.store = store
         self.faults = faults
 
-    async def handle_RCPT(  # noqa: N802 (aiosmtpd's hook name)
+    async def handle_RCPT(
         self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: list[str]
     ) -> str:
         fault = self.faults.take(modes=("defer", "reject"), rcpt=address)
@@ -141,7 +141,7 @@ class SandboxHandler:
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         rcpt = envelope.rcpt_tos[0] if envelope.rcpt_tos else ""
         fault = self.faults.take(modes=("reject_data", "drop_after_data", "slow"), rcpt=rcpt)
         if fault is not None and fault.mode == "reject_data":
@@ -169,10 +169,10 @@ def control_server(host: str, port: int, store: MailStore, faults: Faults) -> Th
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self._reply(200, {"ok": True})
             elif self.path == "/messages":
@@ -182,7 +182,7 @@ def control_server(host: str, port: int, store: MailStore, faults: Faults) -> Th
             else:
                 self._reply(404, {"error": "not found"})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 data = json.loads(self.rfile.read(length) or b"{}")
@@ -210,7 +210,7 @@ def control_server(host: str, port: int, store: MailStore, faults: Faults) -> Th
             else:
                 self._reply(404, {"error": "not found"})
 
-        def do_DELETE(self) -> None:  # noqa: N802
+        def do_DELETE(self) -> None:
             if self.path == "/faults":
                 faults.clear()
                 self._reply(200, {"faults": []})

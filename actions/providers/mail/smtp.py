@@ -8,8 +8,8 @@ maps those types to outcomes; this module knows nothing of actions.
 
 from __future__ import annotations
 
+import contextlib
 import smtplib
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,17 +80,19 @@ def classify(error: BaseException, *, content_sent: bool | None) -> MailError:
     code = _smtp_code(error)
     text = f"{type(error).__name__}: {error}"
     if code is not None and 500 <= code < 600:
-        return MailRejected(f"The relay refused the message for good ({code}): {text}", smtp_code=code,
-                            content_sent=content_sent)
+        return MailRejected(
+            f"The relay refused the message for good ({code}): {text}", smtp_code=code, content_sent=content_sent
+        )
     if content_sent is False:
         # Nothing left this side: a 4xx, a refused or dropped connection, a timeout before DATA.
-        return MailNotSent(f"The relay did not take the message ({text}); nothing was sent.", smtp_code=code,
-                           content_sent=False)
+        return MailNotSent(
+            f"The relay did not take the message ({text}); nothing was sent.", smtp_code=code, content_sent=False
+        )
     if content_sent is None:
-        return MailAmbiguous(f"The backend failed ({text}) and cannot say whether the message left.",
-                             smtp_code=code, content_sent=None)
-    return MailAmbiguous(f"The content was sent and no final answer came ({text}).", smtp_code=code,
-                         content_sent=True)
+        return MailAmbiguous(
+            f"The backend failed ({text}) and cannot say whether the message left.", smtp_code=code, content_sent=None
+        )
+    return MailAmbiguous(f"The content was sent and no final answer came ({text}).", smtp_code=code, content_sent=True)
 
 
 class SmtpMailer:
@@ -119,13 +121,12 @@ class SmtpMailer:
             raise classify(error, content_sent=False) from error
         try:
             sent = backend.send_messages([message])
-        except (OSError, smtplib.SMTPException, socket.timeout) as error:
+        except (TimeoutError, OSError, smtplib.SMTPException) as error:
             raise classify(error, content_sent=_content_sent(backend)) from error
         finally:
-            try:
+            # The answer is already decided; a failed QUIT changes nothing.
+            with contextlib.suppress(OSError, smtplib.SMTPException):
                 backend.close()
-            except (OSError, smtplib.SMTPException):
-                pass  # the answer is already decided; a failed QUIT changes nothing
         if sent != 1:
             raise MailAmbiguous("The backend reported no message sent and raised nothing.", content_sent=None)
         return Accepted(message_id=email.message_id, reply="250")
