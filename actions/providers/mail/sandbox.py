@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import sqlite3
 import threading
@@ -30,6 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from aiosmtpd.controller import Controller
+
+# aiosmtpd logs every command at INFO: the stored messages are the record here.
+logging.getLogger("mail.log").setLevel(logging.WARNING)
 
 FAULT_MODES = ("defer", "reject", "reject_data", "drop_after_data", "slow")
 
@@ -59,6 +63,8 @@ class MailStore:
         parsed = message_from_bytes(content, policy=policy.default)
         body_part = parsed.get_body(preferencelist=("plain",))
         body = body_part.get_content() if body_part is not None else ""  # type: ignore[attr-defined]
+        # SMTP carries lines ending in CRLF; a mail client shows them as lines, and so does this.
+        body = body.replace("\r\n", "\n")
         row = {
             "message_id": str(parsed.get("Message-ID", "")).strip(),
             "action_id": str(parsed.get("X-Console-Action-Id", "")).strip(),
