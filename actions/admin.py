@@ -787,7 +787,11 @@ class OwnerGroupAdmin(admin.ModelAdmin):
 
 # Agents propose refunds, or send the shop's orders; a compensation is only ever started by an
 # admin's correction.
-AGENT_SCOPES = [(ActionKind.REFUND.value, ActionKind.REFUND.label), (ORDERS_SCOPE, "Orders (send the shop's orders)")]
+AGENT_SCOPES = [
+    (ActionKind.REFUND.value, ActionKind.REFUND.label),
+    (ORDERS_SCOPE, "Orders (send the shop's orders)"),
+    (ActionKind.SUPPLIER_EMAIL.value, "Supplier emails (from the console's templates)"),
+]
 
 
 class AgentForm(forms.ModelForm):
