@@ -98,3 +98,9 @@ def test_the_operation_is_in_the_openapi_document(api: ApiClient) -> None:
     document = api.get("/api/v1/openapi.json").json()
     operation = document["paths"]["/api/v1/supplier-emails"]["post"]
     assert set(operation["responses"]) >= {"201", "200", "409", "422"}
+
+
+def test_the_docs_page_describes_the_operation(client: Any) -> None:
+    page = client.get("/api/v1/docs").content.decode()
+    assert "/api/v1/supplier-emails" in page
+    assert "Propose an email to a supplier" in page
