@@ -324,6 +324,10 @@ class EffectKind:
     def target_label(self, action: Action) -> str:
         return str(action.payload.get("target", "")) or "-"
 
+    def message_preview(self, action: Action) -> dict[str, str] | None:
+        """For a kind that sends a message: exactly what will be sent, for the manager's page."""
+        return None
+
     def default_reference(self, action: Action) -> str:
         """The effect's reference when its receiver issues none of its own (an email's
         Message-ID), offered when a person confirms it by hand; empty where the receiver names it."""

@@ -248,6 +248,13 @@ class SupplierEmailKind(EffectKind):
     def target_label(self, action: Action) -> str:
         return f"supplier {action.payload.get('supplier', '-')} ({action.payload.get('to', '-')})"
 
+    def message_preview(self, action: Action) -> dict[str, str] | None:
+        payload = action.payload
+        return {
+            name: str(payload.get(name, ""))
+            for name in ("to", "from", "subject", "body", "message_id", "template", "template_version")
+        }
+
     def default_reference(self, action: Action) -> str:
         return message_reference(action.action_id)
 
