@@ -32,10 +32,10 @@ from actions.api.schemas import (
     Problem,
     RefundProposal,
     RefundRequestOpen,
-    SupplierEmailProposal,
     RefundRequestOut,
     RejectionReason,
     StatusExplanationOut,
+    SupplierEmailProposal,
 )
 from actions.models import Action, ActionKind, Agent, Order, RefundRequest, RequestSource
 from actions.orders import OrderBusy, OrderConflict, order_data_check, order_upsert

@@ -258,6 +258,8 @@ class EffectKind:
         "failed": "Record as failed",
         "resend": "Send again",
     }
+    # Which of finance's resolutions the review page offers for this kind.
+    resolutions: ClassVar[tuple[str, ...]] = ("succeeded", "retry", "failed")
     # Recording a success by hand needs written evidence (the receiver cannot be asked, so the
     # person's evidence is the only record of the effect).
     confirmation_needs_evidence: ClassVar[bool] = False

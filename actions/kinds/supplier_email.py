@@ -215,6 +215,7 @@ class SupplierEmailKind(EffectKind):
     example_action_id = "supplier_email:ACME:bill-1042:bill_adjusted"
     binds = "the supplier's version (its contacts), the rendered message's hash and expiry"
     moves_money = False
+    resolutions = ("succeeded", "resend", "failed")
     confirmation_needs_evidence = True
     resolution_labels = {
         "succeeded": "Confirm delivered",

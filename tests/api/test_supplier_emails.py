@@ -65,8 +65,11 @@ def test_an_agent_without_the_scope_is_refused(api: ApiClient, body: dict[str, A
 @pytest.mark.parametrize(
     ("change", "field", "code"),
     [
-        ({"parameters": {**BILL_PARAMETERS, "bill_number": "BL-1\r\nBcc: all@evil.example"}}, "parameters.bill_number",
-         "header_injection"),
+        (
+            {"parameters": {**BILL_PARAMETERS, "bill_number": "BL-1\r\nBcc: all@evil.example"}},
+            "parameters.bill_number",
+            "header_injection",
+        ),
         ({"to": "ap@acme.example\r\nBcc: all@evil.example"}, "to", "header_injection"),
         ({"to": "ap@acme.example\nBcc: x@evil.example"}, "to", "header_injection"),
         ({"parameters": {k: v for k, v in BILL_PARAMETERS.items() if k != "reason"}}, "parameters.reason", "required"),

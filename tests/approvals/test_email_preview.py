@@ -50,8 +50,12 @@ def test_a_manager_without_a_money_limit_may_approve_an_email_but_never_the_prop
     from approvals.services import DecisionRefused
 
     action = supplier_email_propose(
-        supplier="ACME", reference="bill-2", template="bill_adjusted", parameters=BILL_PARAMETERS,
-        to="ap@acme.example", proposer=agent_actor,
+        supplier="ACME",
+        reference="bill-2",
+        template="bill_adjusted",
+        parameters=BILL_PARAMETERS,
+        to="ap@acme.example",
+        proposer=agent_actor,
     ).action
     with pytest.raises(DecisionRefused):
         approval_decide(action_pk=action.pk, user=agent_owner, decision=Decision.APPROVE)

@@ -83,8 +83,8 @@ def test_a_4xx_before_data_sends_nothing_and_the_action_goes_back_for_another_se
     assert execution_dispatch(action_pk=action.pk) == S.AUTHORIZED
     assert mail_sandbox.messages() == [], "a 4xx before DATA: the relay has nothing"
     attempt = Attempt.objects.get(action=action)
-    assert attempt.outcome == "not_sent" and attempt.error["raw"]["smtp_code"] == 451
-    assert attempt.error["raw"]["content_sent"] is False
+    assert attempt.outcome == "not_sent" and attempt.error is not None
+    assert attempt.error["raw"]["smtp_code"] == 451 and attempt.error["raw"]["content_sent"] is False
 
     # The sweep's grace period spaces the sends out; then it claims it again.
     later = timezone.now() + timedelta(minutes=1)
@@ -118,7 +118,9 @@ def test_a_relay_that_keeps_deferring_goes_to_a_person_instead_of_being_asked_fo
     assert mail_sandbox.messages() == []
 
 
-def test_a_5xx_is_a_final_failure(mail_sandbox: MailSandboxClient, supplier: Any, agent_actor: Any, manager: Any) -> None:
+def test_a_5xx_is_a_final_failure(
+    mail_sandbox: MailSandboxClient, supplier: Any, agent_actor: Any, manager: Any
+) -> None:
     mail_sandbox.fault(mode="reject", count=1)
     action = approved_email(agent_actor, manager)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.urls import reverse
 
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import check_effects
@@ -140,3 +141,29 @@ def test_abandon_records_a_final_failure_with_the_reason(ambiguous: Action, fina
     assert result.remedy is None
     event = ActionEvent.objects.get(action=ambiguous, transition="resolve_failed")
     assert event.reason == "Supplier closed; we phoned instead."
+
+
+def test_the_review_page_offers_confirm_send_again_and_abandon_and_no_same_key_retry(
+    ambiguous: Action, finance: Any, client: Any
+) -> None:
+    client.force_login(finance)
+    page = client.get(reverse("review-action", args=[ambiguous.pk])).content.decode()
+
+    assert 'data-testid="cannot-be-asked"' in page
+    assert 'id="resolve-resend"' in page and 'id="resolve-retry"' not in page
+    assert "Confirm delivered" in page and "Send again" in page and "Abandon" in page
+    assert kind_for(ambiguous.kind).default_reference(ambiguous) in page
+
+
+def test_finance_sends_again_from_the_review_page(
+    ambiguous: Action, finance: Any, client: Any, mail_sandbox: MailSandboxClient
+) -> None:
+    client.force_login(finance)
+    response = client.post(
+        reverse("review-action-resolve", args=[ambiguous.pk]),
+        {"resolution": "resend", "reason": "Supplier asked for it again by phone."},
+    )
+
+    assert response.status_code in (200, 302)
+    assert Action.objects.get(pk=ambiguous.pk).status == S.SUCCEEDED
+    assert len(mail_sandbox.messages(ambiguous.action_id)) == 2

@@ -136,9 +136,7 @@ class SandboxHandler:
         self.store = store
         self.faults = faults
 
-    async def handle_RCPT(
-        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: list[str]
-    ) -> str:
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: list[str]) -> str:
         fault = self.faults.take(modes=("defer", "reject"), rcpt=address)
         if fault is not None and fault.mode == "defer":
             return "451 4.3.0 Sandbox: try again later"
