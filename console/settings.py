@@ -316,8 +316,9 @@ EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
 SUPPLIER_EMAIL_FROM = env_str("SUPPLIER_EMAIL_FROM", "accounts-payable@console.invalid")
 EMAIL_MESSAGE_ID_DOMAIN = env_str("EMAIL_MESSAGE_ID_DOMAIN", "console.invalid")
 # The mail sandbox's control endpoint (its list of accepted messages is the receiver's ledger
-# for the audit). Empty: the relay has no ledger to read, and the audit skips supplier emails.
-MAIL_SANDBOX_URL = env_str("MAIL_SANDBOX_URL", "http://127.0.0.1:12580")
+# for the audit); `make start` sets it. Empty (a real relay): there is no ledger to read, and
+# the audits see no supplier emails.
+MAIL_SANDBOX_URL = env_str("MAIL_SANDBOX_URL", "")
 
 # Periodic sweeps: these, not the broker, make the system durable. Each claims rows with
 # SELECT ... FOR UPDATE SKIP LOCKED, so any number of beat-driven workers is safe.
