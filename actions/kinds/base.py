@@ -258,6 +258,9 @@ class EffectKind:
         "failed": "Record as failed",
         "resend": "Send again",
     }
+    # The answer table in a clerk's words, for the /kinds/ page: (the receiver's answer, what the
+    # console does, whether that leaves the outcome proven). Empty: the page shows none.
+    answer_table: ClassVar[tuple[tuple[str, str, bool], ...]] = ()
     # Which of finance's resolutions the review page offers for this kind.
     resolutions: ClassVar[tuple[str, ...]] = ("succeeded", "retry", "failed")
     # Recording a success by hand needs written evidence (the receiver cannot be asked, so the

@@ -215,6 +215,16 @@ class SupplierEmailKind(EffectKind):
     example_action_id = "supplier_email:ACME:bill-1042:bill_adjusted"
     binds = "the supplier's version (its contacts), the rendered message's hash and expiry"
     moves_money = False
+    answer_table = (
+        ("250: the relay took the message", "Succeeded, recorded under its Message-ID.", True),
+        ("4xx before DATA: nothing was handed over", "Sent again later under the same approval: not a repeat.", True),
+        ("5xx: refused for good", "Failed for good; nothing is resent.", True),
+        (
+            "Connection lost or timeout after DATA",
+            "Needs review at once, owned by a named member of finance with a due time; never resent automatically.",
+            False,
+        ),
+    )
     resolutions = ("succeeded", "resend", "failed")
     confirmation_needs_evidence = True
     resolution_labels = {

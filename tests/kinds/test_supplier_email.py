@@ -156,3 +156,18 @@ def test_a_send_that_may_have_arrived_goes_to_a_named_person_at_once_and_is_neve
     assert sweep_authorized(now=later) == 0
     assert execution_dispatch(action_pk=action.pk) == "taken"
     assert len(mail_sandbox.messages(action.action_id)) == 1
+
+
+def test_the_kinds_page_shows_the_email_card_red_where_it_is_red(client: Any, finance: Any) -> None:
+    """Safe to repeat? and Outcome unknown? are red for a relay with no keys and no lookup, and
+    so is the ambiguous row of its answer table."""
+    client.force_login(finance)
+    page = client.get("/kinds/").content.decode()
+    card = page[page.index('id="kind-supplier_email"') :]
+    card = card[: card.index("</section>")]
+    assert 'data-check="2" data-ok="no"' in card
+    assert 'data-check="3" data-ok="no"' in card
+    assert "mail relay" in card
+    table = card[card.index("answer-table") :]
+    assert table.count('data-ok="no"') == 1 and table.count('data-ok="yes"') == 3  # only the ambiguous row
+    assert "never resent automatically" in card
