@@ -34,9 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--db", default=os.environ.get("MAIL_SANDBOX_DB", "mail-sandbox.sqlite3"))
     parser.add_argument("--port-file", default="")
+    parser.add_argument("--fault-seed", type=int, default=0, help="seeds the faults' probabilities")
     args = parser.parse_args(argv)
 
-    sandbox = MailSandbox(host=args.host, smtp_port=args.smtp_port, http_port=args.http_port, db_path=args.db)
+    sandbox = MailSandbox(host=args.host, smtp_port=args.smtp_port, http_port=args.http_port, db_path=args.db, seed=args.fault_seed)
     sandbox.start()
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as handle:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import socket
 import sqlite3
 import threading
@@ -44,6 +45,7 @@ class Fault:
     rcpt: str = ""  # only for this recipient; empty: every message
     count: int | None = None  # how many messages it applies to; None: until cleared
     sleep_seconds: float = 0.0
+    probability: float = 1.0  # the chance it fires for a message (seeded: a run can be repeated)
 
 
 class MailStore:
@@ -100,9 +102,11 @@ class MailStore:
 
 
 class Faults:
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self._lock = threading.Lock()
         self._faults: list[Fault] = []
+        self._random = random.Random(seed)
+        self.fired: dict[str, int] = {}
 
     def add(self, fault: Fault) -> None:
         if fault.mode not in FAULT_MODES:
@@ -123,6 +127,9 @@ class Faults:
         with self._lock:
             for fault in self._faults:
                 if fault.mode in modes and (not fault.rcpt or fault.rcpt.lower() == rcpt.lower()):
+                    if fault.probability < 1.0 and self._random.random() >= fault.probability:
+                        continue
+                    self.fired[fault.mode] = self.fired.get(fault.mode, 0) + 1
                     if fault.count is not None:
                         fault.count -= 1
                         if fault.count <= 0:
@@ -182,7 +189,7 @@ def control_server(host: str, port: int, store: MailStore, faults: Faults) -> Th
             elif self.path == "/messages":
                 self._reply(200, {"messages": store.all()})
             elif self.path == "/faults":
-                self._reply(200, {"faults": faults.list()})
+                self._reply(200, {"faults": faults.list(), "fired": dict(faults.fired)})
             else:
                 self._reply(404, {"error": "not found"})
 
@@ -201,6 +208,7 @@ def control_server(host: str, port: int, store: MailStore, faults: Faults) -> Th
                             rcpt=str(data.get("rcpt", "")),
                             count=int(data["count"]) if data.get("count") is not None else None,
                             sleep_seconds=float(data.get("sleep_seconds", 0)),
+                            probability=float(data.get("probability", 1.0)),
                         )
                     )
                 except (TypeError, ValueError) as error:
@@ -233,10 +241,10 @@ def free_port(host: str) -> int:
 class MailSandbox:
     """The SMTP server and its control endpoint, in this process's threads."""
 
-    def __init__(self, *, host: str, smtp_port: int, http_port: int, db_path: str) -> None:
+    def __init__(self, *, host: str, smtp_port: int, http_port: int, db_path: str, seed: int = 0) -> None:
         self.host = host
         self.store = MailStore(db_path)
-        self.faults = Faults()
+        self.faults = Faults(seed)
         self.smtp_port = smtp_port or free_port(host)
         self.controller = Controller(
             SandboxHandler(self.store, self.faults), hostname=host, port=self.smtp_port, ready_timeout=10
