@@ -37,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fault-seed", type=int, default=0, help="seeds the faults' probabilities")
     args = parser.parse_args(argv)
 
-    sandbox = MailSandbox(host=args.host, smtp_port=args.smtp_port, http_port=args.http_port, db_path=args.db, seed=args.fault_seed)
+    sandbox = MailSandbox(
+        host=args.host, smtp_port=args.smtp_port, http_port=args.http_port, db_path=args.db, seed=args.fault_seed
+    )
     sandbox.start()
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as handle:
