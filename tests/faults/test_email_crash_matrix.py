@@ -123,6 +123,13 @@ def test_a_worker_killed_in_any_window_sends_each_email_at_most_once(
     if final.status == ActionStatus.NEEDS_REVIEW:
         # Finance decides to send again: the second message is the recorded exception.
         action_resolve_resend(action_pk=action.pk, user=finance, reason="The supplier says nothing arrived.")
+        # A relay that still refuses before DATA sends it back for another send under the
+        # approval: the workers take it from there.
+        wait_until(
+            lambda: Action.objects.filter(pk=action.pk, status__in=FINAL).first(),
+            timeout=60,
+            what="the email sent again to be final",
+        )
         after = mail_sandbox.messages(action.action_id)
         assert len(after) == len(messages) + 1
         assert after[-1]["possible_repeat"].startswith("yes")
