@@ -171,3 +171,17 @@ def test_the_kinds_page_shows_the_email_card_red_where_it_is_red(client: Any, fi
     table = card[card.index("answer-table") :]
     assert table.count('data-ok="no"') == 1 and table.count('data-ok="yes"') == 3  # only the ambiguous row
     assert "never resent automatically" in card
+
+
+def test_a_change_to_the_suppliers_contacts_after_the_approval_makes_the_email_stale_and_sends_nothing(
+    mail_sandbox: MailSandboxClient, supplier: Any, agent_actor: Any, manager: Any
+) -> None:
+    """Invariant 6: the approval bound the supplier's version; the address was removed since."""
+    action = approved_email(agent_actor, manager)
+    supplier.contacts.update(active=False)
+    type(supplier).objects.filter(pk=supplier.pk).update(version=supplier.version + 1)
+
+    assert execution_dispatch(action_pk=action.pk) == "stale"
+
+    assert Action.objects.get(pk=action.pk).status == S.STALE
+    assert mail_sandbox.messages() == []
