@@ -397,8 +397,8 @@ def action_resolve_succeeded(
 
     The kind books it on its target in the same transaction, as when the worker records a
     success (invariant 5). Where the receiver issues no reference of its own, the kind's
-    (an email's Message-ID) is used; where it cannot be asked at all, the kind may require the
-    person's written evidence (a supplier's reply, a relay's log line), kept on the event.
+    (``EffectKind.default_reference``) is used; where it cannot be asked at all, the kind may require the
+    person's written evidence (the recipient's reply, the receiver's log line), kept on the event.
     """
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
     kind = kind_for(review_action(action_pk).kind)
