@@ -157,7 +157,7 @@ class ChaosReport:
             "chaos run report",
             f"  actions          {audit.actions if audit else 0} ({self.proposed} proposed, "
             f"{self.proposal_errors} proposal errors)",
-            f"  effects          {audit.effects if audit else 0} at the provider",
+            f"  effects          {audit.effects if audit else 0} at the receivers (refunds and messages)",
             f"  duplicates       {audit.duplicates if audit else '?'}   (must be 0)",
             f"  lost             {audit.lost if audit else '?'}   (must be 0)",
             f"  drained          {'yes' if self.drained else 'NO: deadline passed'}",
@@ -592,10 +592,13 @@ class ChaosRun:
                     with self.lock:
                         self.report.emails_proposed += 1
                     return
-                except urllib.error.HTTPError:
-                    with self.lock:
-                        self.report.proposal_errors += 1
-                    return
+                except urllib.error.HTTPError as error:
+                    # A 5xx (the database restarting) is retried like the refunds: the same
+                    # proposal returns the same action.
+                    if error.code < 500:
+                        with self.lock:
+                            self.report.proposal_errors += 1
+                        return
                 except (urllib.error.URLError, OSError):
                     pass
                 time.sleep(0.5)
