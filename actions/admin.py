@@ -30,7 +30,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -73,6 +73,8 @@ from actions.models import (
     RefundRequest,
     Remedy,
     SecurityEvent,
+    Supplier,
+    SupplierContact,
 )
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.services import ActionRefused, Actor, action_cancel
@@ -811,7 +813,11 @@ class OwnerGroupAdmin(admin.ModelAdmin):
 
 # Agents propose refunds, or send the shop's orders; a compensation is only ever started by an
 # admin's correction.
-AGENT_SCOPES = [(ActionKind.REFUND.value, ActionKind.REFUND.label), (ORDERS_SCOPE, "Orders (send the shop's orders)")]
+AGENT_SCOPES = [
+    (ActionKind.REFUND.value, ActionKind.REFUND.label),
+    (ORDERS_SCOPE, "Orders (send the shop's orders)"),
+    (ActionKind.SUPPLIER_EMAIL.value, "Supplier emails (from the console's templates)"),
+]
 
 
 class AgentForm(forms.ModelForm):
@@ -964,3 +970,25 @@ class SecurityEventAdmin(ReadOnlyAdmin):
     list_filter = ("kind",)
     search_fields = ("subject", "actor_label")
     ordering = ("-created_at",)
+
+
+class SupplierContactInline(admin.TabularInline):
+    model = SupplierContact
+    extra = 1
+
+
+@admin.register(Supplier)
+class SupplierAdmin(admin.ModelAdmin):
+    """Suppliers and the only addresses supplier emails may go to. Any change to the contacts
+    raises the supplier's version: an email approved against the old list goes stale at its
+    claim and asks the manager again."""
+
+    list_display = ("code", "name", "version")
+    search_fields = ("code", "name", "contacts__email")
+    readonly_fields = ("version",)
+    inlines = [SupplierContactInline]
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        if change and any(formset.has_changed() for formset in formsets):
+            Supplier.objects.filter(pk=form.instance.pk).update(version=F("version") + 1)

@@ -86,7 +86,7 @@ def token_hash(plain: str) -> str:
 # never by agents), or, with ORDERS_SCOPE, feed the shop's orders in (a commerce system's
 # integration, which proposes nothing).
 ORDERS_SCOPE = "orders"
-AGENT_SCOPES = (ActionKind.REFUND.value, ORDERS_SCOPE)
+AGENT_SCOPES = (ActionKind.REFUND.value, ORDERS_SCOPE, ActionKind.SUPPLIER_EMAIL.value)
 
 
 def _clean_scopes(scopes: Sequence[str]) -> list[str]:

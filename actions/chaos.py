@@ -13,6 +13,13 @@ while they flow it:
 Then it drains (faults off, no more kills) until every action is terminal or in NEEDS_REVIEW,
 with a deadline, and checks invariants 1, 2, 5 and 8 against the sandbox's own ledger.
 
+Supplier emails go through the same run (issue 13): the agent proposes them through the API, the
+scripted manager approves them, and the mail sandbox refuses some before DATA, rejects some,
+and stores some and drops the connection. Every ambiguous send must end in NEEDS_REVIEW with an
+owner; after the drain a scripted member of finance resolves each one (confirm delivered when
+the relay's list has the message, else send again, a recorded decision), and the audit checks
+that no email reached the relay twice without such a decision.
+
 Used by ``manage.py chaos_run`` (large runs) and by tests/chaos (a small run in CI).
 """
 
@@ -48,9 +55,21 @@ from django.db import InterfaceError, OperationalError, connection
 
 from actions.agents import agent_create, agent_token_issue
 from actions.engine.invariants import EffectsReport, check_effects
+from actions.engine.resolutions import ReviewRefused, action_resolve_resend, action_resolve_succeeded
 from actions.kinds.refund import RefundReceiver
-from actions.models import Action, ActionStatus, Order, RefundRequest
+from actions.kinds.supplier_email import MailRelay, message_reference
+from actions.models import (
+    Action,
+    ActionEvent,
+    ActionKind,
+    ActionStatus,
+    Order,
+    RefundRequest,
+    Supplier,
+    SupplierContact,
+)
 from actions.models.actions import TERMINAL_STATUSES
+from actions.providers.mail.smtp import SmtpMailer
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider
 from approvals.models import ApprovalLimit, Decision
@@ -69,6 +88,9 @@ CREATE_FAULT_MODES = (
     "pending",
 )
 LOOKUP_FAULT_MODES = ("fail_before_commit", "commit_then_drop", "rate_limit", "commit_then_timeout")
+MAIL_FAULT_MODES = ("defer", "reject", "drop_after_data")
+CHAOS_SUPPLIER = "CHAOS"
+CHAOS_CONTACT = "ap@chaos-supplier.example"
 WORKER_FAULT_POINTS = ("before_provider_call", "after_provider_answer", "during_reconciliation", "after_record")
 
 
@@ -95,6 +117,9 @@ class ChaosConfig:
     key_retention_seconds: int = 30
     visibility_delay_seconds: int = 1
     reconcile_max_failures: int = 4
+    # Supplier emails proposed alongside the refunds, and the mail sandbox's fault rate per mode.
+    emails: int = 40
+    mail_fault_probability: float = 0.08
 
 
 @dataclass
@@ -111,10 +136,18 @@ class ChaosReport:
     drained: bool = False
     seconds: float = 0.0
     audit: EffectsReport | None = None
+    emails_proposed: int = 0
+    mail_faults_fired: dict[str, int] = field(default_factory=dict)
+    messages_at_relay: int = 0
+    ambiguous_sends: int = 0  # emails escalated to a person by the engine (no keys, no lookup)
+    ambiguous_unowned: int = 0  # of those, without a named owner (must be 0)
+    not_sent_retries: int = 0  # sends the relay refused before DATA, sent again under the approval
+    resolved_confirmed: int = 0
+    resolved_sent_again: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.drained and self.audit is not None and self.audit.ok
+        return self.drained and self.audit is not None and self.audit.ok and self.ambiguous_unowned == 0
 
     def lines(self) -> list[str]:
         audit = self.audit
@@ -124,7 +157,7 @@ class ChaosReport:
             "chaos run report",
             f"  actions          {audit.actions if audit else 0} ({self.proposed} proposed, "
             f"{self.proposal_errors} proposal errors)",
-            f"  effects          {audit.effects if audit else 0} at the provider",
+            f"  effects          {audit.effects if audit else 0} at the receivers (refunds and messages)",
             f"  duplicates       {audit.duplicates if audit else '?'}   (must be 0)",
             f"  lost             {audit.lost if audit else '?'}   (must be 0)",
             f"  drained          {'yes' if self.drained else 'NO: deadline passed'}",
@@ -134,6 +167,14 @@ class ChaosReport:
             f"  postgres         {self.postgres_restarts} restart(s); redis {self.redis_flushes} flush(es)",
             "  provider faults  " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults_fired.items())),
             f"  time             {self.seconds:.1f} s, {throughput:.1f} actions/s end to end",
+            f"  emails           {self.emails_proposed} proposed, {self.messages_at_relay} messages at the relay, "
+            f"{self.not_sent_retries} refused before DATA and sent again",
+            "  mail faults      " + ", ".join(f"{k} {v}" for k, v in sorted(self.mail_faults_fired.items())),
+            f"  ambiguous sends  {self.ambiguous_sends} held for a person ({self.ambiguous_unowned} without an owner: "
+            f"must be 0); resolved: {self.resolved_confirmed} confirmed delivered, "
+            f"{self.resolved_sent_again} sent again by decision",
+            f"  repeats          {audit.repeats_by_decision if audit else '?'} by a person's decision "
+            "(any other second message is a duplicate above)",
             f"  invariants       {'all hold' if audit and audit.ok else 'VIOLATED'}",
         ]
         for violation in (audit.violations if audit else [])[:50]:
@@ -228,6 +269,9 @@ class ChaosRun:
         self.worker_numbers = itertools.count(1)
         self.others: list[Process] = []
         self.sandbox_url = ""
+        self.mail_url = ""
+        self.mail_smtp_port = 0
+        self.stamp = ""
         self.web_url = ""
         self.token = ""
         self.lock = threading.Lock()
@@ -258,6 +302,11 @@ class ChaosRun:
             "RECONCILE_MAX_FAILURES": str(c.reconcile_max_failures),
             "API_RATE_LIMIT_PER_MINUTE": "1000000",
             "CONSOLE_FAULT_POINTS": fault_points,
+            "EMAIL_BACKEND": "actions.providers.mail.backend.EmailBackend",
+            "EMAIL_HOST": "127.0.0.1",
+            "EMAIL_PORT": str(self.mail_smtp_port),
+            "EMAIL_TIMEOUT": str(c.provider_timeout_seconds),
+            "MAIL_SANDBOX_URL": self.mail_url,
         }
 
     def _checks(self) -> None:
@@ -299,6 +348,38 @@ class ChaosRun:
                 "lookup_visibility_delay_seconds": self.config.visibility_delay_seconds,
             },
         )
+
+    def start_mail_sandbox(self) -> None:
+        self.mail_smtp_port = _free_port()
+        http_port = _free_port()
+        self.mail_url = f"http://127.0.0.1:{http_port}"
+        self.others.append(
+            Process(
+                "mail-sandbox",
+                [
+                    sys.executable,
+                    "-m",
+                    "actions.providers.mail",
+                    "--smtp-port",
+                    str(self.mail_smtp_port),
+                    "--http-port",
+                    str(http_port),
+                    "--db",
+                    str(self.workdir / "mail-sandbox.sqlite3"),
+                    "--fault-seed",
+                    str(self.config.seed),
+                ],
+                self.environment(),
+                self.workdir / "mail-sandbox.log",
+            )
+        )
+        _wait_for(lambda: self._healthy(f"{self.mail_url}/health"), 30, "the mail sandbox")
+        # This process sends too (finance's "send again" after the drain).
+        settings.EMAIL_BACKEND = "actions.providers.mail.backend.EmailBackend"
+        settings.EMAIL_HOST = "127.0.0.1"
+        settings.EMAIL_PORT = self.mail_smtp_port
+        settings.EMAIL_TIMEOUT = self.config.provider_timeout_seconds
+        settings.MAIL_SANDBOX_URL = self.mail_url
 
     def start_web(self) -> None:
         port = _free_port()
@@ -383,11 +464,19 @@ class ChaosRun:
         finance, _ = user_model.objects.get_or_create(username="chaos.finance")
         finance.groups.add(Group.objects.get(name="finance"))
         self.manager = manager
-        agent = agent_create(name=f"chaos-bot-{self.config.seed}-{int(time.time())}", owner=owner, scopes=["refund"])
+        self.finance = finance
+        supplier, _ = Supplier.objects.get_or_create(code=CHAOS_SUPPLIER, defaults={"name": "Chaos Supplies"})
+        SupplierContact.objects.get_or_create(supplier=supplier, email=CHAOS_CONTACT)
+        agent = agent_create(
+            name=f"chaos-bot-{self.config.seed}-{int(time.time())}",
+            owner=owner,
+            scopes=["refund", ActionKind.SUPPLIER_EMAIL.value],
+        )
         self.token = agent_token_issue(agent=agent).plain
 
         proposals: list[tuple[str, int, str, str]] = []
         stamp = f"{int(time.time()) % 100000:05d}"
+        self.stamp = stamp
         per_order = 2
         orders = (self.config.actions + per_order - 1) // per_order
         for index in range(orders):
@@ -425,6 +514,7 @@ class ChaosRun:
 
     def configure_faults(self, on: bool) -> None:
         _http("DELETE", f"{self.sandbox_url}/_sandbox/faults")
+        _http("DELETE", f"{self.mail_url}/faults")
         if not on:
             return
         c = self.config
@@ -439,6 +529,8 @@ class ChaosRun:
                 "probabilities": dict.fromkeys(CREATE_FAULT_MODES, c.create_fault_probability),
             },
         )
+        for mode in MAIL_FAULT_MODES:
+            _http("POST", f"{self.mail_url}/faults", {"mode": mode, "probability": c.mail_fault_probability})
         _http(
             "POST",
             f"{self.sandbox_url}/_sandbox/faults",
@@ -480,8 +572,44 @@ class ChaosRun:
             with self.lock:
                 self.report.proposal_errors += 1
 
+        def propose_email(number: int) -> None:
+            body = {
+                "supplier": CHAOS_SUPPLIER,
+                "reference": f"bill-{self.stamp}-{number:05d}",
+                "template": "bill_adjusted",
+                "parameters": {
+                    "supplier_name": "Chaos Supplies",
+                    "bill_number": f"CB-{number}",
+                    "amount": "10.00",
+                    "currency": "EUR",
+                    "reason": "chaos run",
+                },
+                "to": CHAOS_CONTACT,
+            }
+            for _attempt in range(20):
+                try:
+                    _http("POST", f"{self.web_url}/api/v1/supplier-emails", body, headers)
+                    with self.lock:
+                        self.report.emails_proposed += 1
+                    return
+                except urllib.error.HTTPError as error:
+                    # A 5xx (the database restarting) is retried like the refunds: the same
+                    # proposal returns the same action.
+                    if error.code < 500:
+                        with self.lock:
+                            self.report.proposal_errors += 1
+                        return
+                except (urllib.error.URLError, OSError):
+                    pass
+                time.sleep(0.5)
+            with self.lock:
+                self.report.proposal_errors += 1
+
         with ThreadPoolExecutor(max_workers=self.config.proposers) as pool:
-            list(pool.map(propose, proposals))
+            futures = [pool.submit(propose, item) for item in proposals]
+            futures += [pool.submit(propose_email, number) for number in range(self.config.emails)]
+            for future in futures:
+                future.result()
 
     def approve_waiting(self) -> None:
         """The scripted manager: approves whatever waits for a decision, and asks for a new
@@ -520,10 +648,18 @@ class ChaosRun:
         redis.Redis.from_url(self.broker_url).flushdb()
         self.report.redis_flushes += 1
 
+    def _emails(self) -> Any:
+        return Action.objects.filter(
+            action_id__startswith=f"{ActionKind.SUPPLIER_EMAIL}:{CHAOS_SUPPLIER}:bill-{self.stamp}-"
+        )
+
+    def _run_actions(self) -> Any:
+        return Action.objects.filter(order__number__startswith="C") | self._emails()
+
     def counts(self) -> tuple[int, int]:
         def query() -> tuple[int, int]:
-            total = Action.objects.filter(order__number__startswith="C").count()
-            final = Action.objects.filter(order__number__startswith="C", status__in=FINAL_STATUSES).count()
+            total = self._run_actions().count()
+            final = self._run_actions().filter(status__in=FINAL_STATUSES).count()
             return total, final
 
         return _db_retry(query)
@@ -532,10 +668,11 @@ class ChaosRun:
         """A one-line progress bar on stderr (the report itself goes to ``out``)."""
         total, final = self.counts()
         width = 30
-        done = int(width * final / max(self.config.actions, 1))
+        done = int(width * final / max(self.config.actions + self.config.emails, 1))
         alive = sum(1 for w in self.workers if w.alive)
         sys.stderr.write(
-            f"\r[{'#' * done}{'.' * (width - done)}] {final}/{self.config.actions} final, {total} proposed  "
+            f"\r[{'#' * done}{'.' * (width - done)}] {final}/{self.config.actions + self.config.emails} final, "
+            f"{total} proposed  "
             f"{phase:<9} workers {alive}  kills {self.report.kills}+{self.report.self_kills}   "
         )
         sys.stderr.flush()
@@ -552,6 +689,7 @@ class ChaosRun:
 
             redis.Redis.from_url(self.broker_url).flushdb()
             self.start_sandbox()
+            self.start_mail_sandbox()
             proposals = self.seed()
             self.start_web()
             self.configure_faults(on=True)
@@ -589,6 +727,8 @@ class ChaosRun:
             # Drain: no more injected faults or kills; replace fault-point workers with clean ones.
             fired = _http("GET", f"{self.sandbox_url}/_sandbox/faults").get("fired", {})
             self.report.faults_fired = {str(k): int(v) for k, v in fired.items()}
+            mail_fired = _http("GET", f"{self.mail_url}/faults").get("fired", {})
+            self.report.mail_faults_fired = {str(k): int(v) for k, v in mail_fired.items()}
             self.configure_faults(on=False)
             for worker in self.workers:
                 worker.kill()
@@ -601,7 +741,7 @@ class ChaosRun:
                 self._reap(with_faults=False)
                 total, final = self.counts()
                 self.progress("draining")
-                if final >= total and total >= self.report.proposed:
+                if final >= total and total >= self.report.proposed + self.report.emails_proposed:
                     self.report.drained = True
                     break
                 time.sleep(0.5)
@@ -622,7 +762,10 @@ class ChaosRun:
             # before the drain ended is not listed yet. Read the ledger only once the last
             # change is older than that delay, so the audit sees every effect.
             self._wait_until_ledger_settles()
-            ledger = list(RefundReceiver(provider).ledger())
+            self._emails_resolve()
+            mail_ledger = list(MailRelay(SmtpMailer(), self.mail_url).ledger())
+            self.report.messages_at_relay = len(mail_ledger)
+            ledger = list(RefundReceiver(provider).ledger()) + mail_ledger
             # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
             with _override(
                 LEASE_SECONDS=self.config.lease_seconds,
@@ -636,6 +779,41 @@ class ChaosRun:
         finally:
             for process in [*self.workers, *self.others]:
                 process.stop()
+
+    def _emails_resolve(self) -> None:
+        """Count the ambiguous sends, then resolve each as a member of finance would: confirm it
+        where the relay's list shows the message (its log line is the evidence), else decide to
+        send it again, knowing it may be a repeat."""
+        emails = self._emails()
+        self.report.ambiguous_sends = _db_retry(
+            ActionEvent.objects.filter(action__in=emails, transition="escalate").count
+        )
+        self.report.ambiguous_unowned = _db_retry(
+            emails.filter(status=ActionStatus.NEEDS_REVIEW, owner__isnull=True).count
+        )
+        self.report.not_sent_retries = _db_retry(
+            ActionEvent.objects.filter(action__in=emails, transition="record_not_sent").count
+        )
+        at_relay = {row["message_id"] for row in _http("GET", f"{self.mail_url}/messages")["messages"]}
+        for action in _db_retry(lambda: list(emails.filter(status=ActionStatus.NEEDS_REVIEW))):
+            user = action.owner or self.finance
+            try:
+                if action.payload["message_id"] in at_relay:
+                    action_resolve_succeeded(
+                        action_pk=action.pk,
+                        user=user,
+                        provider_reference=message_reference(action.action_id),
+                        reason="chaos: the relay's list shows the message",
+                        evidence=f"mail sandbox list: {action.payload['message_id']} accepted",
+                    )
+                    self.report.resolved_confirmed += 1
+                else:
+                    action_resolve_resend(
+                        action_pk=action.pk, user=user, reason="chaos: the relay's list has no such message"
+                    )
+                    self.report.resolved_sent_again += 1
+            except ReviewRefused:
+                pass
 
     def _wait_until_ledger_settles(self) -> None:
         from django.db.models import Max

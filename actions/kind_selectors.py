@@ -39,6 +39,8 @@ class KindCard:
     step_class: StepClass
     consequence: str
     checks: list[Check] = field(default_factory=list)
+    # The kind's answer table, where it declares one: (receiver's answer, what follows, ok).
+    answers: tuple[tuple[str, str, bool], ...] = ()
 
     @property
     def all_green(self) -> bool:
@@ -213,6 +215,7 @@ def kind_cards() -> list[KindCard]:
                     _same_decision(kind),
                     _twice(kind, contract, group, last_run, open_by_kind.get(kind.name, 0)),
                 ],
+                answers=kind.answer_table,
             )
         )
     return cards

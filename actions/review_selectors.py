@@ -26,6 +26,8 @@ from django.utils import timezone
 from actions import permissions as perms
 from actions.engine.invariants import max_unknown_seconds
 from actions.housekeeping import body_pruned
+from actions.kinds import kind_for
+from actions.kinds.base import EffectKind
 from actions.models import (
     Action,
     ActionEvent,
@@ -503,6 +505,33 @@ class ActionDetail:
     @property
     def was_sent(self) -> bool:
         return self.action.attempt_count > 0
+
+    # What the kind offers finance, in its own words (a refund is retried with its key; an
+    # email, whose relay can be neither asked nor trusted to deduplicate, is sent again only
+    # as a recorded decision).
+    @property
+    def kind(self) -> EffectKind:
+        return kind_for(self.action.kind)
+
+    @property
+    def resolutions(self) -> tuple[str, ...]:
+        return self.kind.resolutions
+
+    @property
+    def resolution_labels(self) -> dict[str, str]:
+        return self.kind.resolution_labels
+
+    @property
+    def default_reference(self) -> str:
+        return self.kind.default_reference(self.action)
+
+    @property
+    def receiver(self) -> str:
+        return self.kind.contract().receiver
+
+    @property
+    def receiver_can_be_asked(self) -> bool:
+        return self.kind.contract().can_be_asked
 
 
 def lookup_view(attempt: Attempt | None, *, now: datetime) -> LookupView | None:

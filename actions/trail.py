@@ -116,3 +116,13 @@ def action_transition(
         evidence=evidence,
         now=now,
     )
+
+
+# The transition by which a person decides to send again to a receiver that can neither
+# deduplicate nor be asked. Each such event allows one more effect at the receiver (the audits
+# count them) and tells the kind to mark the repeat in what it sends.
+RESEND_TRANSITION = "resolve_resend"
+
+
+def resend_decisions(action: Action) -> list[ActionEvent]:
+    return list(ActionEvent.objects.filter(action=action, transition=RESEND_TRANSITION).order_by("created_at", "id"))

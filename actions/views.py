@@ -61,7 +61,7 @@ class QueueFilterForm(forms.Form):
     kind = forms.ChoiceField(choices=[("", "Every kind"), *ItemKind.CHOICES], required=False)
 
 
-RESOLUTIONS = ("succeeded", "retry", "failed")
+RESOLUTIONS = ("succeeded", "retry", "failed", "resend")
 
 
 def _context(**extra: Any) -> dict[str, Any]:
@@ -283,6 +283,11 @@ def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
                 user=request.user,
                 provider_reference=request.POST.get("provider_reference", ""),
                 reason=request.POST.get("reason", ""),
+                evidence=request.POST.get("evidence", ""),
+            )
+        elif resolution == "resend":
+            result = resolutions.action_resolve_resend(
+                action_pk=pk, user=request.user, reason=request.POST.get("reason", "")
             )
         elif resolution == "retry":
             result = resolutions.action_resolve_retry(

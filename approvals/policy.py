@@ -90,6 +90,8 @@ def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | N
 
     Runs inside the proposal's transaction, so intent and authorization are one commit.
     """
+    if not kind_for(action.kind).moves_money:
+        return None  # the threshold is about money; a kind without it is always a person's call
     threshold = settings.AUTO_APPROVAL_THRESHOLDS.get(action.currency)
     if not settings.AUTO_APPROVAL_ENABLED or threshold is None or action.amount > threshold:
         return None

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
 
+from actions.kinds import kind_for
 from actions.models import Action, ActionEvent, ActionStatus, Order
 from actions.models.actions import TERMINAL_STATUSES
 from approvals.caps import AUTO_APPROVAL_HELD
@@ -42,6 +43,11 @@ class ProposalRow:
     stale_since: datetime | None = None
     # Why the auto-approval policy left it to a manager (a cap was reached), if it said so.
     held_reason: str = ""
+    # What the action is about and, for a message, exactly what will be sent (the kind says).
+    kind_label: str = ""
+    target: str = ""
+    receiver: str = ""
+    message: dict[str, str] | None = None
 
     @property
     def is_waiting(self) -> bool:
@@ -78,7 +84,7 @@ class ApprovalLine:
 @dataclass(frozen=True)
 class ProposalDetail:
     row: ProposalRow
-    order: Order
+    order: Order | None
     previous_refunds: list[Action]
     live_actions: list[Action]
     closed_actions: list[Action]
@@ -131,8 +137,17 @@ def _row(action: Action, *, user: Any, limits: dict[str, Decimal]) -> ProposalRo
         latest = invalidations[0]
         failed = list(latest.evidence.get("failed_bindings") or [])
         stale_since = latest.created_at
+    kind = kind_for(action.kind)
     return ProposalRow(
-        action=action, refusal=refusal, failed_bindings=failed, stale_since=stale_since, held_reason=held
+        action=action,
+        refusal=refusal,
+        failed_bindings=failed,
+        stale_since=stale_since,
+        held_reason=held,
+        kind_label=kind.label,
+        target=kind.target_label(action),
+        receiver=kind.contract().receiver,
+        message=kind.message_preview(action),
     )
 
 
@@ -170,22 +185,26 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
     action = _actions_for_rows().get(pk=action_pk)
     row = _row(action, user=user, limits=_limit_map(limits))
     order = action.order
-    assert order is not None, "refund actions always belong to an order"
-
-    others = list(
-        Action.objects.filter(order_id=order.pk)
-        .exclude(pk=action.pk)
-        .select_related("refund_request")
-        .order_by("created_at", "pk")
+    # Actions with no order (a supplier email) have no money and no siblings on an order to show.
+    others = (
+        list(
+            Action.objects.filter(order_id=order.pk)
+            .exclude(pk=action.pk)
+            .select_related("refund_request")
+            .order_by("created_at", "pk")
+        )
+        if order is not None
+        else []
     )
     previous_refunds = [a for a in others if a.status == S.SUCCEEDED]
     live = [a for a in others if a.status not in TERMINAL_STATUSES]
     closed = [a for a in others if a.status in TERMINAL_STATUSES and a.status != S.SUCCEEDED]
 
+    target_version = kind_for(action.kind).target_version(action)
     approvals = [
         ApprovalLine(
             approval=approval,
-            version_changed=approval.order_version != order.version,
+            version_changed=approval.order_version != target_version,
             expired=approval.decision == Decision.APPROVE
             and approval.expires_at is not None
             and approval.expires_at <= now,

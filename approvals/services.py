@@ -53,6 +53,10 @@ def approval_refusal_reason(*, action: Action, user: Any, limit: Decimal | None)
     four_eyes = four_eyes_refusal(action=action, user=user)
     if four_eyes is not None:
         return ("four_eyes", four_eyes)
+    if not kind_for(action.kind).moves_money:
+        # No money moves (an email): no limit applies; the kind still says whether its target
+        # allows it (the address is still one of the supplier's contacts).
+        return kind_for(action.kind).approval_refusal(action)
     if limit is None:
         return ("no_limit", f"You have no approval limit in {action.currency}.")
     if action.amount > limit:

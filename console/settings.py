@@ -343,6 +343,9 @@ RECONCILE_WINDOW_SECONDS: int = env_int("RECONCILE_WINDOW_SECONDS", 24 * 3600)
 RECONCILE_BASE_BACKOFF_SECONDS: int = env_int("RECONCILE_BASE_BACKOFF_SECONDS", 30)
 # Safety margin subtracted from the provider's key retention before a replay is trusted.
 KEY_RETENTION_MARGIN_SECONDS: int = env_int("KEY_RETENTION_MARGIN_SECONDS", 3600)
+# A receiver that refuses a send without taking it (an SMTP 4xx before DATA) is tried again
+# under the same approval; after this many attempts the action goes to a person instead.
+NOT_SENT_MAX_ATTEMPTS: int = env_int("NOT_SENT_MAX_ATTEMPTS", 5)
 # Escalated actions are due for a decision within this many hours.
 REVIEW_DUE_HOURS: int = env_int("REVIEW_DUE_HOURS", 24)
 # Review queue: when on, a member of finance may act only on items they own or nobody owns.
@@ -408,6 +411,28 @@ CELERY_TASK_SOFT_TIME_LIMIT = max(int(_lease * 0.6), 1)
 # than the lease (and the task time limit), or a slow but live task would be run twice at once.
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": _lease * 5}
+
+# Supplier emails go out through Django's email framework. The default backend is Django's SMTP
+# backend, told apart only in that it notes whether the message's content left (so that a 4xx
+# before DATA can be told from a drop after it). The embedded default points it at the mail
+# sandbox (``python -m actions.providers.mail``); production points it at a real relay, or sets
+# EMAIL_BACKEND to an API provider's backend (django-anymail), whose failures are then all
+# treated as ambiguous.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "actions.providers.mail.backend.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = env_int("EMAIL_PORT", 12525)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+# Who supplier emails come from, and the right-hand side of their Message-ID.
+SUPPLIER_EMAIL_FROM = env_str("SUPPLIER_EMAIL_FROM", "accounts-payable@console.invalid")
+EMAIL_MESSAGE_ID_DOMAIN = env_str("EMAIL_MESSAGE_ID_DOMAIN", "console.invalid")
+# The mail sandbox's control endpoint (its list of accepted messages is the receiver's ledger
+# for the audit); `make start` sets it. Empty (a real relay): there is no ledger to read, and
+# the audits see no supplier emails.
+MAIL_SANDBOX_URL = env_str("MAIL_SANDBOX_URL", "")
 
 # Periodic sweeps: these, not the broker, make the system durable. Each claims rows with
 # SELECT ... FOR UPDATE SKIP LOCKED, so any number of beat-driven workers is safe.

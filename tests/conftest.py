@@ -9,7 +9,7 @@ from django.conf import settings
 from actions.services import Actor
 from tests.factories import make_agent, make_user
 
-pytest_plugins = ["tests.processes"]
+pytest_plugins = ["tests.processes", "tests.mail"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -134,6 +134,53 @@ class RefundProposal(_Request):
         return self
 
 
+class SupplierEmailProposal(_Request):
+    """Propose an email to a supplier, rendered from one of the console's templates.
+
+    Never raw text or HTML: name the template and give its parameters; the console renders the
+    subject and the body now and the manager approves exactly that. ``to`` must be one of the
+    supplier's known contacts. Sending the same proposal again returns the existing action.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "supplier": "ACME",
+                    "reference": "bill-BL-1042",
+                    "template": "bill_adjusted",
+                    "parameters": {
+                        "supplier_name": "Acme Widgets",
+                        "bill_number": "BL-1042",
+                        "amount": "120.00",
+                        "currency": "EUR",
+                        "reason": "Two pallets arrived damaged.",
+                    },
+                    "to": "ap@acme.example",
+                }
+            ]
+        },
+    )
+
+    supplier: str = Field(min_length=1, max_length=32, description="The supplier's code.", examples=["ACME"])
+    reference: str = Field(
+        min_length=1,
+        max_length=32,
+        description="The business reference the message is about (a bill, a purchase order); with the "
+        "supplier and the template it names the action.",
+        examples=["bill-BL-1042"],
+    )
+    template: str = Field(min_length=1, max_length=64, description="A template name: bill_adjusted, po_mismatch_query.")
+    parameters: dict[str, str] = Field(
+        default_factory=dict, description="Every parameter the template names, as strings; no others."
+    )
+    to: str = Field(min_length=1, max_length=254, description="One of the supplier's known contact addresses.")
+    evidence: str = Field(
+        "", max_length=MAX_EVIDENCE_LENGTH, description="Free text for the manager who decides: why this message."
+    )
+
+
 class RefundRequestOpen(_Request):
     """Open a refund request on an order. Idempotent by ``external_reference``."""
 

@@ -37,6 +37,7 @@ from actions.api.schemas import (
     RefundRequestOut,
     RejectionReason,
     StatusExplanationOut,
+    SupplierEmailProposal,
 )
 from actions.models import Action, ActionKind, Agent, Order, RefundRequest, RequestSource
 from actions.orders import OrderBusy, OrderConflict, order_data_check, order_upsert
@@ -50,6 +51,7 @@ from actions.selectors import (
     refund_request_by_reference,
 )
 from actions.services import Actor, FieldProblem, ProposalConflict, ProposalInvalid, action_propose_refund
+from actions.supplier_emails import supplier_email_propose
 
 DESCRIPTION = """\
 The agent API of the effect console. An agent proposes refunds and reads what became of them;
@@ -508,6 +510,56 @@ def propose_refund(request: HttpRequest, payload: RefundProposal) -> Status[Acti
         log_event("refund.proposed_elsewhere")
         raise _proposed_elsewhere()
     log_event("refund.proposed" if result.created else "refund.replayed", status=action.status)
+    return Status(201 if result.created else 200, action_out(action))
+
+
+@api.post(
+    "/supplier-emails",
+    response={200: ActionOut, 201: ActionOut, 409: Problem, 422: Problem},
+    url_name="supplier_emails",
+    summary="Propose an email to a supplier",
+    tags=["supplier emails"],
+)
+def propose_supplier_email(request: HttpRequest, payload: SupplierEmailProposal) -> Status[ActionOut]:
+    """Propose an email to a supplier from a template. 201 with the new action (waiting for a
+    manager, who sees the rendered message); 200 with the existing one for the same proposal;
+    409 when the action exists with another message; 422 naming each invalid field (a line
+    break in the subject or the address, a missing parameter, an address that is not one of the
+    supplier's known contacts)."""
+    _refuse_unknown_query(request)
+    agent = _agent(request)
+    _require_scope(agent, ActionKind.SUPPLIER_EMAIL)
+    try:
+        result = supplier_email_propose(
+            supplier=payload.supplier,
+            reference=payload.reference,
+            template=payload.template,
+            parameters=payload.parameters,
+            to=payload.to,
+            evidence=payload.evidence,
+            proposer=Actor.for_agent(agent),
+        )
+    except ProposalInvalid as invalid:
+        log_event("supplier_email.invalid", errors=[p.as_dict() for p in invalid.problems])
+        raise _invalid(invalid) from None
+    except ProposalConflict as conflict:
+        bind(action_id=conflict.action.action_id)
+        if conflict.action.proposed_by_agent_id != agent.pk:
+            raise _proposed_elsewhere() from None
+        raise ApiProblem(
+            "conflict",
+            code="payload_conflict",
+            detail=f"{conflict.action.action_id} already exists with a different message. A different message "
+            "is a different business action: use another reference.",
+            action_id=conflict.action.action_id,
+            differing=conflict.differing,
+            links={"existing": reverse("api-v1:action", kwargs={"action_id": conflict.action.action_id})},
+        ) from None
+    action = result.action
+    bind(action_id=action.action_id)
+    if action.proposed_by_agent_id != agent.pk:
+        raise _proposed_elsewhere()
+    log_event("supplier_email.proposed" if result.created else "supplier_email.replayed", status=action.status)
     return Status(201 if result.created else 200, action_out(action))
 
 

@@ -94,6 +94,11 @@ def apply_outcome(
         )
         return action.status
 
+    if outcome == Outcome.NOT_SENT:
+        if status != S.SUBMITTING:
+            raise ValueError("only a send can prove that nothing was sent")
+        return _not_sent(action=action, answer=answer, actor=actor, now=now, evidence=evidence)
+
     if status == S.SUBMITTING:
         if outcome == Outcome.SUCCEEDED:
             action_transition(
@@ -168,6 +173,39 @@ def apply_outcome(
         raise ValueError(f"cannot apply a receiver's answer to an action in {status}")
 
     outcome_book(action)
+    return action.status
+
+
+def _not_sent(*, action: Action, answer: Answer, actor: Actor, now: datetime, evidence: dict[str, Any]) -> str:
+    """The receiver proved it was never handed the request: back to AUTHORIZED for another send.
+
+    Not a retry from UNKNOWN and not a re-send (invariants 7 and 16): the receiver has nothing,
+    so the next send is the first it sees. The approval still holds and the next claim checks
+    it again (expiry, binding); whatever the claim reserved is released, because that claim
+    reserves it anew. The sweep of AUTHORIZED rows picks it up after its grace period, which
+    spaces the sends out. A receiver that keeps refusing goes to a named person instead of
+    being asked for ever (invariant 8).
+    """
+    if action.attempt_count >= settings.NOT_SENT_MAX_ATTEMPTS:
+        action_escalate(
+            action=action,
+            actor=actor,
+            now=now,
+            reason=f"The {kind_for(action.kind).contract().receiver} refused it {action.attempt_count} times without "
+            f"taking it ({answer.summary()}); nothing was sent. A person decides whether to send it again.",
+            evidence=evidence,
+        )
+        return action.status
+    action_transition(
+        action=action,
+        transition="record_not_sent",
+        actor=actor,
+        reason=f"Nothing was sent ({answer.summary()}): the receiver refused before taking it. "
+        "It will be sent again under the same approval.",
+        evidence=evidence,
+        now=now,
+    )
+    kind_for(action.kind).release(action)
     return action.status
 
 

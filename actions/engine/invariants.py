@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from actions.engine.ledger import repeat_allowances
 from actions.kinds import all_kinds
 from actions.kinds.base import Effect, Outcome, Receiver
 from actions.models import Action, ActionStatus
@@ -36,6 +37,7 @@ class EffectsReport:
     effects: int = 0
     targets: int = 0  # targets whose money was checked
     duplicates: int = 0
+    repeats_by_decision: int = 0  # extra effects a person chose to send ("send again")
     lost: int = 0
     states: dict[str, int] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
@@ -88,7 +90,9 @@ def check_effects(
     for row in actions.values():
         report.states[row["status"]] = report.states.get(row["status"], 0) + 1
 
-    # Invariant 1: at most one effect per action; an effect must belong to an action.
+    decisions = repeat_allowances(effects_by_action.keys())
+    # Invariant 1: at most one effect per action (plus one per recorded "send again" decision,
+    # invariant 16); an effect must belong to an action.
     for action_id, effects in effects_by_action.items():
         if action_id not in actions:
             for effect in effects:
@@ -100,7 +104,11 @@ def check_effects(
                     )
                 )
             continue
-        if len(effects) > 1:
+        allowed = 1 + decisions.get(action_id, 0)
+        if len(effects) > 1 and len(effects) <= allowed:
+            # Each extra effect was a person's recorded "send again" (invariant 16): shown, allowed.
+            report.repeats_by_decision += len(effects) - 1
+        elif len(effects) > 1:
             report.duplicates += len(effects) - 1
             references = ", ".join(sorted(e.reference for e in effects))
             report.violations.append(Violation(1, action_id, f"{len(effects)} effects at the receiver: {references}"))
@@ -112,11 +120,11 @@ def check_effects(
             continue
         effects = effects_by_action.get(action_id, [])
         succeeded = [e for e in effects if e.outcome == Outcome.SUCCEEDED]
-        if len(succeeded) != 1:
+        if not 1 <= len(succeeded) <= 1 + decisions.get(action_id, 0):
             report.violations.append(
                 Violation(2, action_id, f"SUCCEEDED with {len(succeeded)} succeeded effects at the receiver")
             )
-        elif row["provider_reference"] != succeeded[0].reference:
+        elif row["provider_reference"] not in {effect.reference for effect in succeeded}:
             report.violations.append(
                 Violation(
                     2,

@@ -16,17 +16,20 @@ Failed and canceled records are not effects: they count for none of the above.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from actions.kinds import all_kinds
 from actions.kinds.base import Effect, EffectKind, LedgerUnavailable, Receiver
-from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
+from actions.models import Action, ActionEvent, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
+from actions.trail import RESEND_TRANSITION
 
 # Statuses in which the console holds that no effect happened, or not yet by our hand.
 NOT_SUCCEEDED_STATUSES = frozenset(
@@ -56,6 +59,18 @@ class LedgerComparison:
     findings: list[Finding] = field(default_factory=list)
 
 
+def repeat_allowances(action_ids: Iterable[str]) -> dict[str, int]:
+    """How many "send again" decisions a person recorded per action: each allows one more
+    effect at a receiver that can neither deduplicate nor be asked (invariant 16)."""
+    rows = (
+        ActionEvent.objects.filter(transition=RESEND_TRANSITION, action__action_id__in=list(action_ids))
+        .values_list("action__action_id")
+        .annotate(count=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
 def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, grace: timedelta) -> LedgerComparison:
     """Compare one kind's effects at its receiver with the console's actions. Reads only."""
     result = LedgerComparison(effects_seen=len(effects))
@@ -70,6 +85,7 @@ def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, gr
             "action_id", "amount", "currency", "status", "provider_reference"
         )
     }
+    decisions = repeat_allowances(known.keys())
     for action_id, effects in effects_by_action.items():
         action = known.get(action_id)
         if action is None:
@@ -109,12 +125,19 @@ def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, gr
                 )
             )
         if len(effects) > 1:
+            decided = decisions.get(action_id, 0)
             result.findings.append(
                 Finding(
-                    DiscrepancyKind.DUPLICATE_EFFECT,
+                    DiscrepancyKind.REPEAT_BY_DECISION
+                    if len(effects) <= 1 + decided
+                    else DiscrepancyKind.DUPLICATE_EFFECT,
                     action_id,
                     effects[0].reference,
-                    {"effects": sorted(e.reference for e in effects), "count": len(effects)},
+                    {
+                        "effects": sorted(e.reference for e in effects),
+                        "count": len(effects),
+                        "send_again_decisions": decided,
+                    },
                 )
             )
         expected_minor = kind.expected_amount_minor(action)

@@ -144,6 +144,7 @@ def reconcile_action(
 
     if action.status == S.UNKNOWN and not contract.supports_lookup:
         # DESIGN.md section 4: a receiver with no lookup can never give the evidence a retry needs.
+        fault_point("during_reconciliation")
         outcome = _record(
             action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=None, contract=contract, now=now
         )

@@ -33,7 +33,7 @@ from actions.models import Action, ActionStatus, Attempt, AttemptKind
 from actions.providers.money import currency_exponent
 from actions.refusals import Refused
 from actions.review_rules import owner_rule_refusal, retry_evidence_from_attempt
-from actions.trail import Actor, action_transition
+from actions.trail import RESEND_TRANSITION, Actor, action_transition
 
 S = ActionStatus
 
@@ -385,17 +385,33 @@ def _evidence(checked: _Checked, **extra: Any) -> dict[str, Any]:
 
 
 def action_resolve_succeeded(
-    *, action_pk: int, user: Any, provider_reference: object, reason: object, receiver: Receiver | None = None
+    *,
+    action_pk: int,
+    user: Any,
+    provider_reference: object,
+    reason: object,
+    evidence: object = "",
+    receiver: Receiver | None = None,
 ) -> Resolution:
     """NEEDS_REVIEW -> SUCCEEDED: the receiver confirms the effect under ``provider_reference``.
 
     The kind books it on its target in the same transaction, as when the worker records a
-    success (invariant 5).
+    success (invariant 5). Where the receiver issues no reference of its own, the kind's
+    (``EffectKind.default_reference``) is used; where it cannot be asked at all, the kind may require the
+    person's written evidence (the recipient's reply, the receiver's log line), kept on the event.
     """
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    noun = kind_for(review_action(action_pk).kind).explanations.noun
-    reference = _reference(provider_reference, noun)
+    kind = kind_for(review_action(action_pk).kind)
+    noun = kind.explanations.noun
+    default = kind.default_reference(review_action(action_pk))
+    reference = _reference(provider_reference if str(provider_reference or "").strip() else default, noun)
     reason_text = _reason(reason)
+    evidence_text = review_text(
+        evidence,
+        name="evidence",
+        required=kind.confirmation_needs_evidence,
+        label=f"Quote the evidence that the {noun} arrived (a reply, a relay's log line).",
+    )
 
     def confirm(checked: _Checked) -> str | None:
         conflict = _conflict_succeeded(checked.action, checked.lookup, reference)
@@ -406,7 +422,12 @@ def action_resolve_succeeded(
             transition="resolve_succeeded",
             actor=Actor.for_user(user),
             reason=reason_text,
-            evidence=_evidence(checked, resolution="succeeded", provider_reference=reference),
+            evidence=_evidence(
+                checked,
+                resolution="succeeded",
+                provider_reference=reference,
+                **({"evidence": evidence_text} if evidence_text else {}),
+            ),
             now=checked.now,
             provider_reference=reference,
         )
@@ -571,6 +592,69 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
         check=checked.check,
         outcome=outcome,
         message=f"{action.action_id} was sent again with the same key {action.idempotency_key}. "
+        f"It is {action.get_status_display().lower()} now.",
+    )
+
+
+def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver: Receiver | None = None) -> Resolution:
+    """NEEDS_REVIEW -> SUBMITTING for a receiver that can neither deduplicate nor be asked, then
+    send once more: a person's explicit new decision (invariant 16).
+
+    Nothing can prove the first send did not arrive, so the decision is recorded as accepting
+    that a duplicate may reach the receiver; the kind marks what it sends as a possible repeat,
+    and the audits allow one more effect per such decision. Refused for a receiver that has keys
+    or a lookup: there, "retry with the same key" asks it first.
+    """
+    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
+    reason_text = _reason(reason)
+    action = review_action(action_pk)
+    _check_resolvable(action, user, RESEND_TRANSITION)
+    receiver = receiver or receiver_for(action)
+    if receiver.contract.can_be_asked:
+        raise ReviewRefused(
+            f"The {receiver.contract.receiver} can be asked: look it up and retry with the same key instead.",
+            code="receiver_can_be_asked",
+        )
+    leases: list[Lease] = []
+
+    def resend(checked: _Checked) -> str | None:
+        leases.append(
+            lease_take(
+                action=checked.action,
+                transition=RESEND_TRANSITION,
+                actor=Actor.for_user(user),
+                reason=f"Send again, knowing a duplicate may reach the {checked.contract.receiver}: {reason_text}",
+                evidence=_evidence(
+                    checked,
+                    resolution="resend",
+                    possible_duplicate=True,
+                    earlier_attempts=checked.action.attempt_count,
+                ),
+                now=checked.now,
+            )
+        )
+        return None
+
+    checked = _resolve(
+        action_pk=action_pk,
+        user=user,
+        transition=RESEND_TRANSITION,
+        purpose="before sending again",
+        receiver=receiver,
+        policy=resend,
+    )
+    lease = leases[0]
+    # Committed: the decision, the SUBMITTING row and its attempt exist before the send.
+    outcome = submission_send_and_record(
+        action=lease.action, attempt=lease.attempt, lease_token=lease.token, receiver=receiver
+    )
+    action = checked.action
+    action.refresh_from_db()
+    return Resolution(
+        action=action,
+        check=checked.check,
+        outcome=outcome,
+        message=f"{action.action_id} was sent again, marked as a possible repeat. "
         f"It is {action.get_status_display().lower()} now.",
     )
 

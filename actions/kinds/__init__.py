@@ -10,8 +10,10 @@ from actions.kinds.base import EffectKind, ReceiverContract, StepClass
 from actions.kinds.compensation import CompensationKind
 from actions.kinds.refund import RefundKind
 from actions.kinds.registry import all_kinds, kind_for, register, unregister
+from actions.kinds.supplier_email import SupplierEmailKind
 
 register(RefundKind())
 register(CompensationKind())
+register(SupplierEmailKind())
 
 __all__ = ["EffectKind", "ReceiverContract", "StepClass", "all_kinds", "kind_for", "register", "unregister"]

@@ -66,6 +66,9 @@ class Outcome(enum.Enum):
     FAILED_FINAL = "failed_final"
     UNKNOWN = "unknown"
     NEEDS_REVIEW = "needs_review"
+    # The answer proves the receiver was never handed the request (an SMTP 4xx before DATA, a
+    # refused connection): nothing happened, so sending it later is not a repeat.
+    NOT_SENT = "not_sent"
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,24 @@ class EffectKind:
     # What a person chooses from when recording a final failure by hand: (value, label). Empty
     # where the failure needs no follow-up.
     failure_choices: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # Whether the kind moves money. One that does not (an email) carries no amount and no
+    # currency: no approval limit applies, and the auto-approval policy never decides it.
+    moves_money: ClassVar[bool] = True
+    # What finance's resolutions are called for this kind, in a clerk's words.
+    resolution_labels: ClassVar[dict[str, str]] = {
+        "succeeded": "Record as succeeded",
+        "retry": "Retry with the same key",
+        "failed": "Record as failed",
+        "resend": "Send again",
+    }
+    # The answer table in a clerk's words, for the /kinds/ page: (the receiver's answer, what the
+    # console does, whether that leaves the outcome proven). Empty: the page shows none.
+    answer_table: ClassVar[tuple[tuple[str, str, bool], ...]] = ()
+    # Which of finance's resolutions the review page offers for this kind.
+    resolutions: ClassVar[tuple[str, ...]] = ("succeeded", "retry", "failed")
+    # Recording a success by hand needs written evidence (the receiver cannot be asked, so the
+    # person's evidence is the only record of the effect).
+    confirmation_needs_evidence: ClassVar[bool] = False
 
     # --- the receiver -----------------------------------------------------------------
 
@@ -307,6 +328,15 @@ class EffectKind:
 
     def target_label(self, action: Action) -> str:
         return str(action.payload.get("target", "")) or "-"
+
+    def message_preview(self, action: Action) -> dict[str, str] | None:
+        """For a kind that sends a message: exactly what will be sent, for the manager's page."""
+        return None
+
+    def default_reference(self, action: Action) -> str:
+        """The effect's reference when its receiver issues none of its own (an email's
+        Message-ID), offered when a person confirms it by hand; empty where the receiver names it."""
+        return ""
 
     def __repr__(self) -> str:
         return f"<EffectKind {self.name}>"

@@ -21,6 +21,7 @@ from actions.models.followups import (
 )
 from actions.models.orders import Order, RefundRequest, RequestSource
 from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
+from actions.models.suppliers import Supplier, SupplierContact
 
 __all__ = [
     "Action",
@@ -47,4 +48,6 @@ __all__ = [
     "RequestSource",
     "SecurityEvent",
     "SecurityEventKind",
+    "Supplier",
+    "SupplierContact",
 ]

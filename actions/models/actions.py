@@ -25,6 +25,8 @@ class ActionKind(models.TextChoices):
     # Recovers money the receiver paid out twice (a duplicate effect found by the ledger audit).
     # Only the admin's correction service creates one; it must never go to the refund provider.
     COMPENSATION = "compensation", "Compensation"
+    # Tells a supplier about a change, by email: a receiver with no keys and no lookup.
+    SUPPLIER_EMAIL = "supplier_email", "Supplier email"
 
 
 class ActionStatus(models.TextChoices):
@@ -159,7 +161,10 @@ class Action(ConcurrentTransitionMixin, models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=~Q(status=S.NEW), name="action_status_not_new"),
-            models.CheckConstraint(condition=Q(amount__gt=0), name="action_amount_positive"),
+            # An action that moves no money (an email) carries none: zero, and no currency.
+            models.CheckConstraint(
+                condition=Q(amount__gt=0) | Q(amount=0, currency=""), name="action_amount_positive_or_no_money"
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="action_status_lease_idx"),
@@ -347,6 +352,13 @@ class Action(ConcurrentTransitionMixin, models.Model):
         self.next_reconcile_at = None
         return outcome
 
+    @transition(field=status, source=S.SUBMITTING, target=S.AUTHORIZED)
+    def record_not_sent(self) -> None:
+        """The receiver's answer proves nothing was handed over (an SMTP 4xx before DATA): the
+        approval still stands and the next claim sends it, under a new lease. Not a re-send: the
+        receiver never had it."""
+        self._drop_lease()
+
     @transition(field=status, source=S.UNKNOWN, target=S.SUBMITTING)
     def retry(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
         """Authoritative not-found (or a replay inside key retention): same key, new lease."""
@@ -379,6 +391,12 @@ class Action(ConcurrentTransitionMixin, models.Model):
 
     @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUBMITTING, permission=perms.RESOLVE)
     def resolve_retry(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
+        self._take_lease(lease_token=lease_token, lease_expires_at=lease_expires_at, started_at=started_at)
+
+    @transition(field=status, source=S.NEEDS_REVIEW, target=S.SUBMITTING, permission=perms.RESOLVE)
+    def resolve_resend(self, *, lease_token: UUID, lease_expires_at: datetime, started_at: datetime) -> None:
+        """A person decided to send again to a receiver that can neither deduplicate nor be asked,
+        knowing a duplicate may reach it (invariant 16)."""
         self._take_lease(lease_token=lease_token, lease_expires_at=lease_expires_at, started_at=started_at)
 
     # --- helpers used by the transitions above ---------------------------------------------

@@ -54,6 +54,9 @@ class DiscrepancyKind(models.TextChoices):
     # A refund exists for an action the console holds as not (yet) succeeded: failed for good
     # (a remedy may pay the customer a second time), rejected, cancelled or never submitted.
     EFFECT_FOR_UNSUCCESSFUL_ACTION = "effect_for_unsuccessful_action", "Effect for an action that did not succeed"
+    # More than one effect for an action, each beyond the first covered by a person's recorded
+    # "send again" (a receiver with no keys and no lookup): shown, not counted as a duplicate.
+    REPEAT_BY_DECISION = "repeat_by_decision", "Repeat a person chose to send"
 
 
 class DiscrepancyStatus(models.TextChoices):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start the whole console on the embedded default: SQLite and a filesystem broker in data/,
-# the sandbox payment provider, a Celery worker and beat, and the web server. Seeds demo data.
+# the sandbox payment provider, the mail sandbox, a Celery worker and beat, and the web server.
+# Seeds demo data.
 # Ctrl-C stops everything.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -32,6 +33,19 @@ echo "==> sandbox provider on $PROVIDER_API_BASE (log: $CONSOLE_DATA_DIR/logs/sa
 pids+=($!)
 for _ in $(seq 1 100); do
     curl -fsS "$PROVIDER_API_BASE/_sandbox/health" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+
+MAIL_SMTP_PORT="${MAIL_SMTP_PORT:-12525}"
+MAIL_HTTP_PORT="${MAIL_HTTP_PORT:-12580}"
+export EMAIL_HOST="${EMAIL_HOST:-127.0.0.1}" EMAIL_PORT="${EMAIL_PORT:-$MAIL_SMTP_PORT}"
+export MAIL_SANDBOX_URL="${MAIL_SANDBOX_URL:-http://127.0.0.1:$MAIL_HTTP_PORT}"
+echo "==> mail sandbox: SMTP on 127.0.0.1:$MAIL_SMTP_PORT, its list of messages on $MAIL_SANDBOX_URL/messages"
+"$PY" -m actions.providers.mail --host 127.0.0.1 --smtp-port "$MAIL_SMTP_PORT" --http-port "$MAIL_HTTP_PORT" \
+    --db "$CONSOLE_DATA_DIR/mail-sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/mail-sandbox.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+    curl -fsS "$MAIL_SANDBOX_URL/health" >/dev/null 2>&1 && break
     sleep 0.1
 done
 

@@ -542,7 +542,7 @@ def test_a_resolution_without_a_reason_is_a_400_naming_the_field_and_changes_not
     assert not Attempt.objects.filter(action=review, kind="lookup").exists()
     response = client.post(reverse("review-action-resolve", args=[review.pk]), {"resolution": "maybe"})
     assert response.status_code == 400
-    assert "resolution: choose one of succeeded, retry, failed." in response.content.decode()
+    assert "resolution: choose one of succeeded, retry, failed, resend." in response.content.decode()
 
 
 def test_pages_and_posts_for_missing_items_are_404s(client: Client, finance: Any) -> None:

@@ -66,6 +66,10 @@ EXPECTED: dict[str, tuple[frozenset[str], Target]] = {
     "resolve_succeeded": (frozenset({"NEEDS_REVIEW"}), "SUCCEEDED"),
     "resolve_failed": (frozenset({"NEEDS_REVIEW"}), "FAILED_FINAL"),
     "resolve_retry": (frozenset({"NEEDS_REVIEW"}), "SUBMITTING"),
+    # Issue 13: the receiver proved nothing was sent (back for another send under the same
+    # approval), and a person's "send again" to a receiver with no keys and no lookup.
+    "record_not_sent": (frozenset({"SUBMITTING"}), "AUTHORIZED"),
+    "resolve_resend": (frozenset({"NEEDS_REVIEW"}), "SUBMITTING"),
 }
 
 # The transitions a person decides, and the permission (by role, console/roles.py) they need.
@@ -77,6 +81,7 @@ PERMISSIONS = {
     "resolve_succeeded": "actions.resolve_action",
     "resolve_failed": "actions.resolve_action",
     "resolve_retry": "actions.resolve_action",
+    "resolve_resend": "actions.resolve_action",
 }
 
 # Argument variants that lead to different targets; every other transition has one variant.
@@ -111,6 +116,7 @@ def transition_kwargs(name: str, variant: str | None = None) -> dict[str, Any]:
         "begin_submission": lease,
         "retry": lease,
         "resolve_retry": lease,
+        "resolve_resend": lease,
         "record_success": {"provider_reference": "re_success"},
         "record_pending": {"provider_reference": "re_pending"},
         "record_failure": {"provider_reference": "re_failed"},
@@ -304,6 +310,7 @@ PERMISSION_CASES = [
     ("resolve_succeeded", "NEEDS_REVIEW", "finance", "manager"),
     ("resolve_failed", "NEEDS_REVIEW", "finance", "manager"),
     ("resolve_retry", "NEEDS_REVIEW", "finance", "admin"),
+    ("resolve_resend", "NEEDS_REVIEW", "finance", "manager"),
 ]
 
 

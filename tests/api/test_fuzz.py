@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from actions.agents import agent_token_issue
-from actions.models import Agent, Order
+from actions.models import Agent, Order, Supplier, SupplierContact
 from tests.factories import make_order, make_request
 
 CHECKS = [
@@ -60,8 +60,8 @@ def keep_test_connection() -> Iterator[None]:
 def fuzz_token(agent: Agent, settings: Any) -> str:
     # Hundreds of requests with one token: the limit is tested on its own elsewhere.
     settings.API_RATE_LIMIT_PER_MINUTE = 0
-    # Both scopes, so that every operation, the orders one included, gets past the scope check.
-    agent.scopes = ["orders", "refund"]
+    # Every scope, so that every operation, the orders one included, gets past the scope check.
+    agent.scopes = ["orders", "refund", "supplier_email"]
     agent.save(update_fields=["scopes"])
     return agent_token_issue(agent=agent, label="fuzz").plain
 
@@ -72,6 +72,9 @@ def fuzz_order(db: Any) -> Order:
     examples phase reaches the success paths too."""
     order = make_order(number="4821", currency="EUR", captured="1000.00")
     make_request(order, 1, external_reference="ZD-48213")
+    # The supplier the supplier-email example names, so that its example reaches the success path.
+    acme = Supplier.objects.create(code="ACME", name="Acme Widgets")
+    SupplierContact.objects.create(supplier=acme, email="ap@acme.example")
     return order
 
 
@@ -88,7 +91,7 @@ MIN_REQUESTS_IN_ALL = 1000
 @schema.parametrize()
 @seed(20240611)
 @settings(
-    # 200 per operation: with the five operations at least 1,000 requests in all (checked below).
+    # 200 per operation: with the six operations at least 1,000 requests in all (checked below).
     max_examples=200,
     deadline=None,
     derandomize=True,

@@ -40,3 +40,8 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     assert report.audit.ok, [str(v) for v in report.audit.violations]
     assert report.kills > 0 and report.postgres_restarts == 1 and report.redis_flushes == 1
     assert sum(report.faults_fired.values()) > 0, "the provider injected no fault"
+    # Supplier emails (issue 13): every one proposed, none sent twice without a person's decision
+    # (audit.ok above), and every ambiguous send held for a named person.
+    assert report.emails_proposed == config.emails
+    assert report.ambiguous_unowned == 0
+    assert sum(report.mail_faults_fired.values()) > 0, "the mail sandbox injected no fault"

@@ -44,6 +44,13 @@ class Command(BaseCommand):
         parser.add_argument("--no-redis-flush", action="store_true")
         parser.add_argument("--drain-deadline", type=float, default=defaults.drain_deadline_seconds, help="seconds")
         parser.add_argument("--seed", type=int, default=defaults.seed)
+        parser.add_argument("--emails", type=int, default=defaults.emails, help="supplier emails to propose")
+        parser.add_argument(
+            "--mail-faults",
+            type=float,
+            default=defaults.mail_fault_probability,
+            help="probability of each mail sandbox fault (defer, reject, drop after DATA) per message",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = ChaosConfig(
@@ -57,6 +64,8 @@ class Command(BaseCommand):
             flush_redis=not options["no_redis_flush"],
             drain_deadline_seconds=options["drain_deadline"],
             seed=options["seed"],
+            emails=options["emails"],
+            mail_fault_probability=options["mail_faults"],
         )
         report = ChaosRun(config).run()
         for line in report.lines():

@@ -52,11 +52,22 @@ from actions.engine.resolutions import ReviewRefused
 from actions.finance import action_assign
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, answer_from_refund, refund_action_id
-from actions.models import Action, ActionStatus, Agent, Attempt, Discrepancy, Order, RefundRequest
+from actions.models import (
+    Action,
+    ActionStatus,
+    Agent,
+    Attempt,
+    Discrepancy,
+    Order,
+    RefundRequest,
+    Supplier,
+    SupplierContact,
+)
 from actions.providers.base import AmbiguousError, DefinitiveError
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider, refund_from_stripe_json
 from actions.services import Actor, action_cancel, action_propose_refund
+from actions.supplier_emails import supplier_email_propose
 from approvals.models import ApprovalLimit
 from approvals.services import approval_decide
 from console.roles import ensure_roles
@@ -158,6 +169,28 @@ class Command(BaseCommand):
                 evidence=evidence,
                 proposer=actor,
             )
+
+        # A supplier with its known contacts, and an email to it waiting for a manager, who
+        # sees the message exactly as it will be sent.
+        with transaction.atomic():
+            acme, _ = Supplier.objects.get_or_create(code="ACME", defaults={"name": "Acme Widgets"})
+            for email, name in (("ap@acme.example", "Accounts payable"), ("ann@acme.example", "Ann Example")):
+                SupplierContact.objects.get_or_create(supplier=acme, email=email, defaults={"name": name})
+        supplier_email_propose(
+            supplier="ACME",
+            reference="bill-BL-1042",
+            template="bill_adjusted",
+            parameters={
+                "supplier_name": "Acme Widgets",
+                "bill_number": "BL-1042",
+                "amount": "120.00",
+                "currency": "EUR",
+                "reason": "Two pallets arrived damaged (delivery note DN-3321).",
+            },
+            to="ap@acme.example",
+            evidence="The credit note for bill BL-1042 was issued today.",
+            proposer=actor,
+        )
 
         token_note = self._demo_token(agent)
         if reachable:
