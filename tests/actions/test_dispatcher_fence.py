@@ -224,8 +224,9 @@ def test_a_late_dispatchers_answer_during_a_retry_is_kept_on_its_attempt_only(ag
     retry's answer is the one recorded."""
     action, first_attempt, first_token = claimed(agent_actor)
     swept_at = expire_lease(action)
-    receiver = SlowRetryReceiver(guarantees=guarantees(keys=True, lookup=True, authoritative=True,
-                                                      key_retention=timedelta(hours=24)))
+    receiver = SlowRetryReceiver(
+        guarantees=guarantees(keys=True, lookup=True, authoritative=True, key_retention=timedelta(hours=24))
+    )
     seen: dict[str, Any] = {}
 
     def late_answer_arrives(req: CreateRefund) -> None:
@@ -257,7 +258,7 @@ def test_a_late_dispatchers_answer_during_a_retry_is_kept_on_its_attempt_only(ag
     [_, retry_attempt] = Attempt.objects.filter(action=action, kind=AttemptKind.SUBMIT).order_by("pk")
     assert retry_attempt.held_lease is True
     action.refresh_from_db()
-    order = Order.objects.get(pk=action.order_id)
+    order = Order.objects.get(actions=action)
     assert (action.status, action.provider_reference) == (S.SUCCEEDED, "re_fake_1")
     assert (order.refunded_amount, order.reserved_amount) == (AMOUNT, Decimal("0.00"))
     assert not Remedy.objects.filter(action=action).exists()
