@@ -53,7 +53,7 @@ def no_broker(dispatched: list[int]) -> list[int]:
 # --- the late worker's answers ---------------------------------------------------------------
 
 
-def _refund(action: Action, status: RefundStatus, refund_id: str = "re_late_1") -> ProviderRefund:
+def receiver_refund(action: Action, status: RefundStatus, refund_id: str = "re_late_1") -> ProviderRefund:
     raw = {
         "id": refund_id,
         "object": "refund",
@@ -78,8 +78,8 @@ def _refund(action: Action, status: RefundStatus, refund_id: str = "re_late_1") 
 # Every kind of answer a late worker can bring back: each one, recorded on the action by a worker
 # that no longer holds the lease, would move the state, the money, or open a remedy.
 LATE_ANSWERS: dict[str, Callable[[Action], Answer]] = {
-    "succeeded": lambda action: Answer(Outcome.SUCCEEDED, refund=_refund(action, RefundStatus.SUCCEEDED)),
-    "pending": lambda action: Answer(Outcome.PENDING, refund=_refund(action, RefundStatus.PENDING)),
+    "succeeded": lambda action: Answer(Outcome.SUCCEEDED, refund=receiver_refund(action, RefundStatus.SUCCEEDED)),
+    "pending": lambda action: Answer(Outcome.PENDING, refund=receiver_refund(action, RefundStatus.PENDING)),
     "failed": lambda action: Answer(
         Outcome.FAILED_FINAL, error=DefinitiveError("amount exceeds the charge", code="amount_too_large")
     ),
@@ -174,7 +174,9 @@ def test_a_late_dispatchers_answer_during_reconciliation_is_kept_on_its_attempt_
     attempt.refresh_from_db()
     assert attempt.held_lease is False
     assert attempt.finished_at is not None
-    assert attempt.outcome == LATE_ANSWERS[late](action).outcome.value, "the answer is kept as evidence"
+    answer = LATE_ANSWERS[late](action)
+    assert attempt.outcome == answer.outcome.value, "the answer is kept as evidence"
+    assert (attempt.response, attempt.error) == (answer.response_json(), answer.error_json())
     lookup_attempt.refresh_from_db()
     assert lookup_attempt.finished_at is None, "the reconciler's own attempt is its own to complete"
 
