@@ -16,15 +16,17 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from actions.execution import submission_record, sweep_expired_leases
-from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order, Remedy
+from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order, OwnerGroup, Remedy
 from actions.outcomes import Answer, Outcome
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError, RefundStatus
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed, receiver_refund
 from tests.actions.test_reconciliation import AMOUNT, guarantees
+from tests.factories import make_user
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -91,6 +93,20 @@ def test_a_final_failure_releases_the_reservation_and_opens_a_remedy_for_a_named
     assert (remedy.amount, remedy.currency, remedy.owner) == (AMOUNT, "EUR", finance)
     attempt.refresh_from_db()
     assert attempt.error == answer.error_json() and attempt.response is None
+
+
+def test_the_remedy_goes_to_the_owner_group_of_the_actions_kind(agent_actor: Actor, finance: Any) -> None:
+    """Invariant 8: an admin's OwnerGroup mapping for refunds decides who follows up a failed refund,
+    as it decides who reviews one."""
+    desk = Group.objects.create(name="refund-desk")
+    rita = make_user("rita.refunds")
+    rita.groups.add(desk)
+    OwnerGroup.objects.create(kind="refund", group=desk)
+    action, attempt, token = claimed(agent_actor)
+
+    record(action, attempt, token, Answer(Outcome.FAILED_FINAL, error=DefinitiveError("bad", code="amount_too_large")))
+
+    assert Remedy.objects.get(action=action).owner == rita
 
 
 def test_a_pending_refund_keeps_its_reservation_and_is_polled_after_the_base_backoff(agent_actor: Actor) -> None:
@@ -227,9 +243,12 @@ def test_the_lease_sweep_hands_an_expired_lease_to_reconciliation_after_the_visi
     assert sweep_expired_leases(now=swept_at) == 1
 
     action.refresh_from_db()
-    assert action.status == S.UNKNOWN
+    assert (action.status, action.status_changed_at) == (S.UNKNOWN, swept_at)
     assert action.next_reconcile_at == swept_at + timedelta(seconds=settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS)
     assert money(action) == (Decimal("0.00"), AMOUNT)
     event = ActionEvent.objects.filter(action=action).order_by("pk").last()
     assert event is not None and event.transition == "mark_unknown"
     assert event.evidence["lease_token"] == str(token)
+    assert sweep_expired_leases(now=swept_at + timedelta(minutes=5)) == 0, "only SUBMITTING leases are swept"
+    action.refresh_from_db()
+    assert action.status == S.UNKNOWN
