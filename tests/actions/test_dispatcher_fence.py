@@ -182,9 +182,9 @@ def test_a_late_dispatchers_answer_during_reconciliation_is_kept_on_its_attempt_
 
 
 def test_a_late_dispatchers_answer_after_the_sweep_is_kept_on_its_attempt_only(agent_actor: Actor) -> None:
-    """Invariant 3: between the sweep and the reconciler's pass no one holds a lease, and the lease
-    token still on the row is the late worker's own. Its SUCCEEDED answer is evidence for the
-    reconciler, not a record: the action stays UNKNOWN with its money reserved."""
+    """Invariant 3: between the sweep and the reconciler's pass no one holds a lease (the sweep
+    dropped the late worker's). Its SUCCEEDED answer is evidence for the reconciler, not a record:
+    the action stays UNKNOWN with its money reserved."""
     action, attempt, first_token = claimed(agent_actor)
     expire_lease(action)
     before = Snapshot.of(action.pk)

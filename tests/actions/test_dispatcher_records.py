@@ -23,6 +23,7 @@ from actions.execution import submission_record, sweep_expired_leases
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order, OwnerGroup, Remedy
 from actions.outcomes import Answer, Outcome
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError, RefundStatus
+from actions.reconciliation import reconcile_claim
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed, receiver_refund
 from tests.actions.test_reconciliation import AMOUNT, guarantees
@@ -249,6 +250,22 @@ def test_the_lease_sweep_hands_an_expired_lease_to_reconciliation_after_the_visi
     event = ActionEvent.objects.filter(action=action).order_by("pk").last()
     assert event is not None and event.transition == "mark_unknown"
     assert event.evidence["lease_token"] == str(token)
-    assert sweep_expired_leases(now=swept_at + timedelta(minutes=5)) == 0, "only SUBMITTING leases are swept"
+
+
+def test_the_lease_sweep_leaves_a_reconcilers_expired_lease_to_reconciliation(agent_actor: Actor) -> None:
+    """Invariant 8: a reconciler that died mid-pass leaves an UNKNOWN action with an expired lease;
+    the next reconciliation replaces it (next_reconcile_at), the SUBMITTING sweep does not touch it."""
+    action, _, _ = claimed(agent_actor)
+    assert action.lease_expires_at is not None
+    swept_at = action.lease_expires_at + timedelta(seconds=1)
+    sweep_expired_leases(now=swept_at)
+    action.refresh_from_db()
+    assert action.next_reconcile_at is not None
+    assert reconcile_claim(action_pk=action.pk, now=action.next_reconcile_at) is not None
+    action.refresh_from_db()
+    assert action.lease_expires_at is not None
+
+    assert sweep_expired_leases(now=action.lease_expires_at + timedelta(minutes=5)) == 0
+
     action.refresh_from_db()
     assert action.status == S.UNKNOWN
