@@ -181,7 +181,9 @@ def test_a_late_dispatchers_answer_during_reconciliation_is_kept_on_its_attempt_
     assert lookup_attempt.finished_at is None, "the reconciler's own attempt is its own to complete"
 
 
-def test_a_late_dispatchers_answer_after_the_sweep_is_kept_on_its_attempt_only(agent_actor: Actor) -> None:
+def test_a_late_dispatchers_answer_after_the_sweep_is_kept_on_its_attempt_only(
+    agent_actor: Actor, caplog: pytest.LogCaptureFixture
+) -> None:
     """Invariant 3: between the sweep and the reconciler's pass no one holds a lease (the sweep
     dropped the late worker's). Its SUCCEEDED answer is evidence for the reconciler, not a record:
     the action stays UNKNOWN with its money reserved."""
@@ -198,6 +200,11 @@ def test_a_late_dispatchers_answer_after_the_sweep_is_kept_on_its_attempt_only(a
     attempt.refresh_from_db()
     assert attempt.held_lease is False
     assert attempt.response is not None and attempt.response["id"] == "re_late_1"
+    # The operator's log names the action, what the receiver said and where it was kept.
+    assert (
+        f"action_id={action.action_id} lease lost before recording (refund re_late_1 succeeded); "
+        f"the answer is kept on attempt {attempt.pk}"
+    ) in caplog.messages
 
 
 # --- (b) the late answer arrives while a retry holds a new SUBMITTING lease ---------------------
