@@ -240,7 +240,8 @@ def test_the_lease_sweep_hands_an_expired_lease_to_reconciliation_after_the_visi
     action.refresh_from_db()
     assert action.status == S.SUBMITTING
 
-    swept_at = action.lease_expires_at + timedelta(seconds=1)
+    lease_expires_at = action.lease_expires_at
+    swept_at = lease_expires_at + timedelta(seconds=1)
     assert sweep_expired_leases(now=swept_at) == 1
 
     action.refresh_from_db()
@@ -249,7 +250,13 @@ def test_the_lease_sweep_hands_an_expired_lease_to_reconciliation_after_the_visi
     assert money(action) == (Decimal("0.00"), AMOUNT)
     event = ActionEvent.objects.filter(action=action).order_by("pk").last()
     assert event is not None and event.transition == "mark_unknown"
-    assert event.evidence["lease_token"] == str(token)
+    # The trail tells a person which lease ran out, when, and what happens next.
+    assert event.actor_label == "system:lease-sweeper"
+    assert event.evidence == {"lease_token": str(token), "lease_expires_at": str(lease_expires_at)}
+    assert event.reason == (
+        f"The lease expired at {lease_expires_at:%H:%M:%S} with no recorded outcome; "
+        "reconciliation will ask the receiver before anything else."
+    )
 
 
 def test_the_lease_sweep_leaves_a_reconcilers_expired_lease_to_reconciliation(agent_actor: Actor) -> None:
