@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from django.core.management import call_command
 
 PROCESS_FIXTURES = frozenset({"sandbox_process", "live_sandbox"})
+DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_setup"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -28,3 +30,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def _uses_database(item: pytest.Item) -> bool:
+    return item.get_closest_marker("django_db") is not None or not DATABASE_FIXTURES.isdisjoint(
+        getattr(item, "fixturenames", ())
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mutation_run_starts_from_an_empty_database(request: pytest.FixtureRequest) -> None:
+    """The test database is kept between mutants (--reuse-db). A mutant stopped by mutmut's
+    timeout in the middle of a transactional test never reaches that test's flush, and its rows
+    would make the next mutant's tests fail for a reason that has nothing to do with it."""
+    if not any(_uses_database(item) for item in request.session.items):
+        return
+    request.getfixturevalue("django_db_setup")
+    with request.getfixturevalue("django_db_blocker").unblock():
+        call_command("flush", interactive=False, verbosity=0)
