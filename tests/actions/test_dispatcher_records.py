@@ -92,6 +92,7 @@ def test_a_final_failure_releases_the_reservation_and_opens_a_remedy_for_a_named
     assert money(action) == (Decimal("0.00"), Decimal("0.00"))
     remedy = Remedy.objects.get(action=action)
     assert (remedy.amount, remedy.currency, remedy.owner) == (AMOUNT, "EUR", finance)
+    assert remedy.note.startswith("Opened automatically: the refund failed for good."), "finance sees why it is open"
     attempt.refresh_from_db()
     assert attempt.error == answer.error_json() and attempt.response is None
 
