@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
 
-from actions.models import Action, ActionEvent, ActionStatus, Order
+from actions.models import Action, ActionEvent, ActionStatus, Order, OrderEvent
 from actions.models.actions import TERMINAL_STATUSES
 from approvals.models import Approval, ApprovalLimit, Decision
 from approvals.services import approval_refusal_reason
@@ -82,6 +82,8 @@ class ProposalDetail:
     approvals: list[ApprovalLine]
     audit_trail: list[AuditLine]
     limits: list[ApprovalLimit]
+    # What changed on the order without an action (refunds made outside the console), newest first.
+    order_events: list[OrderEvent] = field(default_factory=list)
 
 
 # --- building blocks ------------------------------------------------------------------------
@@ -194,6 +196,7 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
         approvals=approvals,
         audit_trail=trail,
         limits=limits,
+        order_events=list(OrderEvent.objects.filter(order_id=order.pk).order_by("-created_at", "-pk")),
     )
 
 

@@ -271,6 +271,11 @@ PROVIDER_API_KEY: str = env_str("PROVIDER_API_KEY", "sk_test_sandbox")
 PROVIDER_TIMEOUT_SECONDS: int = env_int("PROVIDER_TIMEOUT_SECONDS", 10)
 PROVIDER_KEY_RETENTION_SECONDS: int = env_int("PROVIDER_KEY_RETENTION_SECONDS", 24 * 3600)
 PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS: int = env_int("PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS", 2)
+# Webhooks (POST /webhooks/stripe): the endpoint's signing secret, as the provider shows it
+# (whsec_...). The sandbox signs with the same default; production sets its own. Events older
+# than the tolerance are refused, so a captured request cannot be replayed later.
+PROVIDER_WEBHOOK_SECRET: str = env_str("PROVIDER_WEBHOOK_SECRET", "whsec_sandbox")
+PROVIDER_WEBHOOK_TOLERANCE_SECONDS: int = env_int("PROVIDER_WEBHOOK_TOLERANCE_SECONDS", 300)
 # import_charges: the charge's metadata key that names the shop's order number.
 CHARGE_ORDER_NUMBER_METADATA_KEY: str = env_str("CHARGE_ORDER_NUMBER_METADATA_KEY", "order_number")
 

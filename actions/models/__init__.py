@@ -19,7 +19,8 @@ from actions.models.followups import (
     Remedy,
     RemedyKind,
 )
-from actions.models.orders import Order, RefundRequest, RequestSource
+from actions.models.orders import Order, OrderEvent, OrderEventKind, OutsideRefund, RefundRequest, RequestSource
+from actions.models.webhooks import WebhookEvent, WebhookEventOutcome
 
 __all__ = [
     "Action",
@@ -37,10 +38,15 @@ __all__ = [
     "FollowUpStatus",
     "LedgerAuditRun",
     "Order",
+    "OrderEvent",
+    "OrderEventKind",
+    "OutsideRefund",
     "OwnerGroup",
     "ReasonCode",
     "RefundRequest",
     "Remedy",
     "RemedyKind",
     "RequestSource",
+    "WebhookEvent",
+    "WebhookEventOutcome",
 ]
