@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -185,7 +186,7 @@ def test_a_refund_of_a_known_action_asks_for_reconciliation_now_and_books_nothin
         proposer=agent_actor,
     ).action
     assert submission_begin(action_pk=action.pk).outcome == ClaimOutcome.CLAIMED
-    later = timezone.now() + timezone.timedelta(hours=1)
+    later = timezone.now() + timedelta(hours=1)
     Action.objects.filter(pk=action.pk).update(
         status=S.SETTLING, lease_token=None, lease_expires_at=None, next_reconcile_at=later
     )
