@@ -44,6 +44,19 @@ class Command(BaseCommand):
         parser.add_argument("--no-redis-flush", action="store_true")
         parser.add_argument("--drain-deadline", type=float, default=defaults.drain_deadline_seconds, help="seconds")
         parser.add_argument("--seed", type=int, default=defaults.seed)
+        parser.add_argument(
+            "--outage",
+            type=float,
+            default=defaults.outage_seconds,
+            help="seconds the receiver refuses every create and lookup (0: none)",
+        )
+        parser.add_argument(
+            "--outside-refunds",
+            type=float,
+            default=defaults.outside_refund_share,
+            help="share of the orders that get a refund made outside the console, told by webhook",
+        )
+        parser.add_argument("--no-finance", action="store_true", help="leave NEEDS_REVIEW actions unresolved")
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = ChaosConfig(
@@ -57,6 +70,9 @@ class Command(BaseCommand):
             flush_redis=not options["no_redis_flush"],
             drain_deadline_seconds=options["drain_deadline"],
             seed=options["seed"],
+            outage_seconds=options["outage"],
+            outside_refund_share=options["outside_refunds"],
+            finance_resolves=not options["no_finance"],
         )
         report = ChaosRun(config).run()
         for line in report.lines():
