@@ -107,8 +107,9 @@ class ChaosConfig:
     # Refunds made outside the console: this share of the orders gets one, spread over the run.
     outside_refund_share: float = 0.05
     # The receiver outage: every create and lookup fails for this long, starting once this share
-    # of the actions exists. 0 turns it off.
-    outage_seconds: float = 45.0
+    # of the actions exists. 0 turns it off. The default outlasts the escalation policy of the
+    # run (4 failed lookups with backoff: about 90 s at worst), so some actions escalate.
+    outage_seconds: float = 90.0
     outage_at_share: float = 0.4
     finance_resolves: bool = True
 

@@ -51,6 +51,8 @@ HANDLED_TYPES = frozenset({"charge.refunded", "refund.created", "refund.updated"
 LIVE_REFUND_STATUSES = frozenset({"succeeded", "pending", "requires_action"})
 # A refund in these states never will; they are final at the provider.
 DEAD_REFUND_STATUSES = frozenset({"failed", "canceled"})
+# An order's money columns hold 12 whole-unit digits; no refund can be larger.
+MAX_AMOUNT_MINOR = 10**14
 
 
 class WebhookRefused(Exception):
@@ -78,6 +80,9 @@ def webhook_verify(*, payload: bytes, signature: str, secret: str | None = None)
         raise WebhookRefused("The signature does not match this endpoint's secret.") from error
     except (ValueError, UnicodeDecodeError) as error:
         raise WebhookRefused("The body is not a JSON event.") from error
+    if b"\\u0000" in payload:
+        # PostgreSQL's text cannot hold NUL; no genuine event carries one.
+        raise WebhookRefused("The event contains a NUL character.")
     try:
         event = json.loads(payload)
     except ValueError as error:  # construct_event parsed it already; kept for the type checker
@@ -170,7 +175,7 @@ def outside_refund_record(*, order: Order, refund: dict[str, Any], event_id: str
     status = str(refund.get("status") or "")
     currency = str(refund.get("currency") or order.currency).upper()
     amount_minor = refund.get("amount")
-    if isinstance(amount_minor, bool) or not isinstance(amount_minor, int) or amount_minor <= 0:
+    if isinstance(amount_minor, bool) or not isinstance(amount_minor, int) or not 0 < amount_minor < MAX_AMOUNT_MINOR:
         return WebhookEventOutcome.UNMATCHED, f"{reference}: the refund has no valid amount."
     if currency != order.currency:
         return WebhookEventOutcome.UNMATCHED, (
