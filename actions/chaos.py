@@ -108,9 +108,10 @@ class ChaosConfig:
     outside_refund_share: float = 0.05
     # The receiver outage: every create and lookup fails for this long, starting once this share
     # of the actions exists. 0 turns it off. The default outlasts the escalation policy of the
-    # run (4 failed lookups with backoff: about 90 s at worst), so some actions escalate.
+    # run (4 failed lookups with backoff: about 90 s when the workers keep up).
     outage_seconds: float = 90.0
     outage_at_share: float = 0.4
+    outage_min_review: int = 5  # the outage goes on (up to 4 x outage_seconds) until this many escalated
     finance_resolves: bool = True
 
 
@@ -493,6 +494,18 @@ class ChaosRun:
                 {"applies_to": target, "probabilities": {"fail_before_commit": 1.0}},
             )
 
+    def _outage_may_end(self, started: float) -> bool:
+        """The outage lasts its configured time and then until some actions have escalated to
+        NEEDS_REVIEW (how long that takes depends on how many the workers must reconcile), up
+        to four times its configured time."""
+        elapsed = time.monotonic() - started
+        if elapsed < self.config.outage_seconds:
+            return False
+        if elapsed >= 4 * self.config.outage_seconds:
+            return True
+        in_review = _db_retry(lambda: Action.objects.filter(status=ActionStatus.NEEDS_REVIEW).count())
+        return bool(in_review >= self.config.outage_min_review)
+
     def outside_refund(self) -> None:
         """A refund made at the provider without the console, on an order not used before."""
         if not self.charges:
@@ -661,11 +674,7 @@ class ChaosRun:
                 if not outage_over and outage_started is None and outage_due:
                     self.receiver_outage()
                     outage_started = time.monotonic()
-                elif (
-                    outage_started is not None
-                    and not outage_over
-                    and time.monotonic() - outage_started >= self.config.outage_seconds
-                ):
+                elif outage_started is not None and not outage_over and self._outage_may_end(outage_started):
                     self.collect_fired()
                     self.configure_faults(on=True)
                     self.report.outage_seconds = time.monotonic() - outage_started
@@ -816,6 +825,10 @@ class ChaosRun:
                     bump(f"left ({lookup.verdict})")
             except ReviewRefused as refused:
                 bump(f"left ({refused.code})")
+            except (OperationalError, InterfaceError):
+                # PostgreSQL went away mid-way: the action keeps its owner; the audit still runs.
+                connection.close()
+                bump("left (database error)")
         self.report.finance = counts
         # A retry leaves its action SUBMITTING until its answer is recorded (in the call) or
         # its lease expires (then the workers reconcile): wait for every action to be final again.
