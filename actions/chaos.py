@@ -11,8 +11,8 @@ while they flow it:
 - restarts PostgreSQL once and flushes the Redis broker once;
 - has refunds made outside the console (at the sandbox) arrive by signed webhook, so approvals
   bound to the old order version go stale and the orders' money must still add up;
-- takes the receiver down for a while (every create and lookup fails), long enough that the
-  reconciliation policy escalates some actions to NEEDS_REVIEW; after the drain, a scripted
+- takes the receiver down for a while (every create and lookup fails, then lookups only), long
+  enough that the reconciliation policy escalates some actions to NEEDS_REVIEW; after the drain, a scripted
   finance clerk resolves them with the receiver's evidence (found: succeeded; not found: retry).
 
 Then it drains (faults off, no more kills) until every action is terminal or in NEEDS_REVIEW,
