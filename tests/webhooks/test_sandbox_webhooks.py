@@ -123,3 +123,32 @@ def test_the_sandbox_delivers_again_once_the_console_answers(
     wait_until(lambda: pending_events(live_sandbox) == 0, timeout=30, what="the retried delivery")
     assert Order.objects.get(pk=order.pk).outside_refunded_amount == Decimal("10.00")
     live_sandbox.control("POST", "webhooks", {"url": ""})
+
+
+def test_an_outside_refund_that_fails_at_the_provider_gives_the_order_its_money_back(
+    endpoint: str, live_sandbox: SandboxClient
+) -> None:
+    """A pending outside refund is booked at once (the provider holds the money); when it fails,
+    refund.failed reverses the booking and the order's history says so."""
+    order = make_order(captured="100.00")
+    live_sandbox.seed_charge(order.charge_reference, 10000, "eur")
+    live_sandbox.configure(pending_outcome="failed", pending_settle_after_seconds=3600)
+    refund = live_sandbox.control(
+        "POST", "outside_refunds", {"charge": order.charge_reference, "amount": 2500, "status": "pending"}
+    )
+    wait_until(lambda: pending_events(live_sandbox) == 0, timeout=20, what="refund.created")
+    assert Order.objects.get(pk=order.pk).outside_refunded_amount == Decimal("25.00")
+
+    live_sandbox.settle(refund=refund["id"])
+
+    wait_until(lambda: pending_events(live_sandbox) == 0, timeout=20, what="refund.updated and refund.failed")
+    order.refresh_from_db()
+    assert order.outside_refunded_amount == Decimal("0")
+    assert set(WebhookEvent.objects.values_list("type", flat=True)) == {
+        "refund.created",
+        "refund.updated",
+        "refund.failed",
+    }
+    messages = list(OrderEvent.objects.filter(order=order).order_by("pk").values_list("message", flat=True))
+    assert len(messages) == 2
+    assert "failed at the payment provider" in messages[1]
