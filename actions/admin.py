@@ -39,7 +39,14 @@ from django.utils.html import format_html
 from django_fsm import ConcurrentTransition, Transition, TransitionNotAllowed
 from django_fsm.admin import FSMAdminMixin, FSMObjectTransition
 
-from actions.agents import ORDERS_SCOPE, TokenNotActive, agent_token_issue, agent_token_revoke, agent_token_rotate
+from actions.agents import (
+    ORDERS_SCOPE,
+    OWNER_CHANGE_BLOCKING_STATUSES,
+    AgentChangeRefused,
+    agent_owner_change,
+    agent_owner_refusal,
+    agent_token_revoke_by,
+)
 from actions.corrections import (
     CORRECT_PERMISSION,
     CorrectionRefused,
@@ -65,9 +72,11 @@ from actions.models import (
     OwnerGroup,
     RefundRequest,
     Remedy,
+    SecurityEvent,
 )
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.services import ActionRefused, Actor, action_cancel
+from actions.text import validate_plain_text
 from approvals.services import DecisionRefused, action_reopen
 
 # --- big tables ----------------------------------------------------------------------------
@@ -202,6 +211,8 @@ class TransitionFilter(FixedChoicesFilter):
         names = {transition.name for transition in status.get_all_transitions(Action)}  # type: ignore[attr-defined]
         # The events of corrections and of finance's follow-ups, which leave the status as it is.
         names.add("assign_owner")
+        # Events that leave the status as it is: an agent's owner changed, a cap held a proposal.
+        names.update({"agent_owner_changed", "auto_approval_held"})
         for model, statuses in (("remedy", FollowUpStatus.values), ("discrepancy", DiscrepancyStatus.values)):
             names.add(f"{model}_assign_owner")
             names.update(f"{model}_{value}" for value in statuses)
@@ -246,6 +257,15 @@ class OrderAdmin(LargeTableAdmin):
     search_help_text = "An exact order number, charge reference or customer email."
     inlines = [RefundRequestInline]
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # In production orders come from the shop, each with a charge the provider holds. An
+        # order typed in here would make money refundable that no customer paid, so typing
+        # them in is for demos and development only (ADMIN_MAY_CREATE_ORDERS).
+        return settings.ADMIN_MAY_CREATE_ORDERS and super().has_add_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # refunds and approvals point at it
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # Money and version change only through the reservation and outcome services.
         computed = ("refunded_amount", "reserved_amount", "version", "created_at")
@@ -266,8 +286,9 @@ class RefundRequestAdmin(LargeTableAdmin):
     raw_id_fields = ("order",)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        # Once created, a request's identity is part of action ids: it cannot move.
-        return ("order", "number", "created_at") if obj else ("created_at",)
+        # Once created, a request's identity is part of action ids: it cannot move. Which agent
+        # opened it decides who may read it back over the API: never typed in.
+        return ("order", "number", "opened_by_agent", "created_at") if obj else ("opened_by_agent", "created_at")
 
 
 # --- actions -------------------------------------------------------------------------------
@@ -289,6 +310,7 @@ class CorrectionReasonForm(forms.Form):
     reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
+        validators=[validate_plain_text],
         help_text="Why: this goes into the action's audit trail.",
     )
 
@@ -301,6 +323,7 @@ class AssignOwnerForm(forms.Form):
     reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
+        validators=[validate_plain_text],
         help_text="Why: this goes into the action's audit trail.",
     )
 
@@ -653,6 +676,7 @@ class CompensationForm(forms.Form):
     note = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
+        validators=[validate_plain_text],
         help_text="Why, and how finance should recover the money: goes into the audit trail and to the manager.",
     )
 
@@ -797,10 +821,37 @@ class AgentForm(forms.ModelForm):
         required=False,
         help_text="The action kinds it may propose, and whether it may send the shop's orders.",
     )
+    owner_change_reason = forms.CharField(
+        required=False,
+        max_length=2000,
+        validators=[validate_plain_text],
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="When changing the owner: why. It goes into the security trail and the agent's open actions' trails.",
+    )
 
     class Meta:
         model = Agent
         fields = ("name", "owner", "scopes", "is_active")
+
+    def clean_owner(self) -> Any:
+        owner = self.cleaned_data.get("owner")
+        refusal = agent_owner_refusal(owner)
+        if refusal:
+            raise forms.ValidationError(refusal)
+        if self.instance.pk is not None and owner is not None and owner.pk != self.instance.owner_id:
+            live = Action.objects.filter(proposed_by_agent=self.instance, status__in=OWNER_CHANGE_BLOCKING_STATUSES)
+            if live.exists():
+                raise forms.ValidationError(
+                    "This agent has actions awaiting a decision or approved and not yet sent: its owner cannot "
+                    "change until they are decided and sent, or cancelled (four eyes are bound to the owner)."
+                )
+        return owner
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.instance.pk is not None and "owner" in self.changed_data and not cleaned.get("owner_change_reason"):
+            self.add_error("owner_change_reason", "Say why the owner changes: it goes into the trails.")
+        return cleaned
 
 
 class AgentTokenInline(ReadOnlyInline):
@@ -810,20 +861,12 @@ class AgentTokenInline(ReadOnlyInline):
     readonly_fields = fields
 
 
-def _show_token_once(modeladmin: admin.ModelAdmin, request: HttpRequest, agent: Agent, plain: str) -> None:
-    modeladmin.message_user(
-        request,
-        format_html(
-            "New token for {}: <code>{}</code> Copy it now: only its hash is stored, and it is not shown again.",
-            agent.name,
-            plain,
-        ),
-        messages.WARNING,
-    )
-
-
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
+    """Agents are created, switched off and given to a new owner here. Their tokens are not
+    issued here: only the agent's owner issues them, on the owner page in the console, so that
+    an admin can never hold a token that proposes refunds in another person's name."""
+
     form = AgentForm
     list_display = ("name", "owner", "scopes", "is_active", "active_tokens", "created_at")
     list_filter = ("is_active",)
@@ -831,8 +874,6 @@ class AgentAdmin(admin.ModelAdmin):
     search_fields = ("name", "owner__username")
     raw_id_fields = ("owner",)
     inlines = [AgentTokenInline]
-    actions = ["issue_token"]
-    max_issued = 10
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Agent]:
         return (
@@ -848,22 +889,29 @@ class AgentAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # switch it off instead: its proposals name it
 
-    def has_add_token_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.has_perm("actions.add_agenttoken"))
-
-    @admin.action(description="Issue a new token", permissions=["add_token"])
-    def issue_token(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
-        agents = list(queryset[: self.max_issued + 1])
-        if len(agents) > self.max_issued:
-            self.message_user(request, f"Choose at most {self.max_issued} agents at a time.", messages.ERROR)
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if not change or "owner" not in form.changed_data:
+            super().save_model(request, obj, form, change)
             return
-        for agent in agents:
-            issued = agent_token_issue(agent=agent, label=f"issued in the admin by {request.user.get_username()}")
-            _show_token_once(self, request, agent, issued.plain)
-            if not agent.is_active:
-                self.message_user(
-                    request, f"{agent.name} is switched off: its tokens work once it is active again.", messages.INFO
-                )
+        # The owner changes through its service: it re-checks the agent's live actions under a
+        # row lock, revokes the previous owner's tokens and writes the trails.
+        new_owner = obj.owner
+        obj.owner = Agent.objects.get(pk=obj.pk).owner
+        obj.save()
+        try:
+            agent_owner_change(
+                agent=obj, owner=new_owner, user=request.user, reason=form.cleaned_data.get("owner_change_reason", "")
+            )
+        except AgentChangeRefused as refused:
+            self.message_user(request, refused.message, messages.ERROR)
+        else:
+            self.message_user(
+                request,
+                f"{obj.name} now belongs to {new_owner.get_username()}. Its tokens were revoked: the new owner "
+                "issues new ones on the owner page.",
+                messages.WARNING,
+            )
+        obj.refresh_from_db()
 
 
 class TokenStateFilter(admin.SimpleListFilter):
@@ -890,32 +938,29 @@ class AgentTokenAdmin(LargeTableAdmin):
     search_help_text = "A token's prefix (ect_ and 8 characters) or an agent's name."
     fields = ("agent", "prefix", "label", "created_at", "last_used_at", "revoked_at")
     readonly_fields = ("agent", "prefix", "created_at", "last_used_at", "revoked_at")
-    actions = ["revoke", "rotate"]
+    actions = ["revoke"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # issued from the agent list, so that the token is shown once
+        return False  # issued by the agent's owner on the owner page, never here
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # revoked tokens stay, as the record of what could authenticate when
 
     @admin.action(description="Revoke", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[AgentToken]) -> None:
+        # Revoking stays open to admins: stopping an agent is a correction, not a grant.
         revoked = 0
-        for token in queryset.filter(revoked_at__isnull=True):
-            agent_token_revoke(token=token)
+        for token in queryset.filter(revoked_at__isnull=True).select_related("agent"):
+            agent_token_revoke_by(token=token, user=request.user)
             revoked += 1
         self.message_user(request, f"{revoked} token(s) revoked; they stop working at once.", messages.SUCCESS)
 
-    @admin.action(description="Rotate (revoke and issue a replacement)", permissions=["change"])
-    def rotate(self, request: HttpRequest, queryset: QuerySet[AgentToken]) -> None:
-        tokens = list(queryset.select_related("agent")[: AgentAdmin.max_issued + 1])
-        if len(tokens) > AgentAdmin.max_issued:
-            self.message_user(request, f"Choose at most {AgentAdmin.max_issued} tokens at a time.", messages.ERROR)
-            return
-        for token in tokens:
-            try:
-                issued = agent_token_rotate(token=token)
-            except TokenNotActive as error:
-                self.message_user(request, str(error), messages.ERROR)
-            else:
-                _show_token_once(self, request, token.agent, issued.plain)
+
+@admin.register(SecurityEvent)
+class SecurityEventAdmin(ReadOnlyAdmin):
+    """The security trail: tokens issued, owners changed, approval limits and caps changed."""
+
+    list_display = ("created_at", "kind", "subject", "actor_label", "detail")
+    list_filter = ("kind",)
+    search_fields = ("subject", "actor_label")
+    ordering = ("-created_at",)

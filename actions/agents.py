@@ -19,7 +19,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from actions.models import ActionKind, Agent, AgentToken
+from actions.models import Action, ActionEvent, ActionKind, ActorKind, Agent, AgentToken, SecurityEventKind
+from actions.models.actions import UNRESOLVED_STATUSES, ActionStatus
+from actions.security import CORRECT_PERMISSION, security_event_record
 
 # Recognisable in logs, config files and secret scanners ("effect console token").
 TOKEN_MARKER = "ect_"  # noqa: S105 (a public marker, not a secret)
@@ -37,6 +39,21 @@ class AgentInvalid(ValueError):
 
 class TokenNotActive(Exception):
     """The token was already revoked (or replaced by a rotation)."""
+
+
+class AgentChangeRefused(Exception):
+    """A change to an agent or its tokens that separation of duties forbids. Nothing was written."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# An agent's owner may not be changed while it has actions in these statuses: a decision on
+# them is pending (or was given) against the owner recorded at proposal time, and four eyes
+# must not be re-aimed under a manager's feet.
+OWNER_CHANGE_BLOCKING_STATUSES = frozenset({ActionStatus.PROPOSED, ActionStatus.AUTHORIZED, ActionStatus.STALE})
 
 
 class AgentAuthenticationFailed(Exception):
@@ -83,13 +100,35 @@ def _clean_scopes(scopes: Sequence[str]) -> list[str]:
     return cleaned
 
 
+def agent_owner_refusal(owner: Any) -> str | None:
+    """Why ``owner`` may not own an agent, or None.
+
+    A person in the admin role may not: admins create and correct agents, and an agent of
+    their own would let them propose refunds that the auto-approval policy pays with no other
+    person involved. A superuser may (create_agent defaults to one): a superuser can already
+    change any role, so no rule here could separate their duties; give them agents only where
+    the deployment has no other accountable person.
+    """
+    if owner is None or getattr(owner, "pk", None) is None:
+        return "An agent needs an owner: the person accountable for what it proposes."
+    if not owner.is_active:
+        return f"{owner.get_username()} is deactivated and cannot be accountable for an agent."
+    if not owner.is_superuser and owner.has_perm(CORRECT_PERMISSION):
+        return (
+            f"{owner.get_username()} is an admin. Admins correct the console and may not own an agent "
+            "(separation of duties): choose the person accountable for the agent's proposals."
+        )
+    return None
+
+
 def agent_create(*, name: str, owner: Any, scopes: Sequence[str], is_active: bool = True) -> Agent:
     """Create an agent acting for ``owner``. Four eyes treat its proposals as the owner's."""
     name = name.strip()
     if not name or len(name) > 100:
         raise AgentInvalid("An agent needs a name of 1 to 100 characters.")
-    if owner is None or getattr(owner, "pk", None) is None:
-        raise AgentInvalid("An agent needs an owner: the person accountable for what it proposes.")
+    refusal = agent_owner_refusal(owner)
+    if refusal:
+        raise AgentInvalid(refusal)
     cleaned = _clean_scopes(scopes)
     with transaction.atomic():
         if Agent.objects.filter(name=name).exists():
@@ -98,7 +137,11 @@ def agent_create(*, name: str, owner: Any, scopes: Sequence[str], is_active: boo
 
 
 def agent_token_issue(*, agent: Agent, label: str = "") -> IssuedToken:
-    """Issue a new token for ``agent``. The returned ``plain`` token is never stored."""
+    """Issue a new token for ``agent``. The returned ``plain`` token is never stored.
+
+    The building block, for operators' commands (create_agent, seed_demo) run with shell
+    access. People in the console go through ``agent_token_issue_by_owner``.
+    """
     plain = TOKEN_MARKER + secrets.token_urlsafe(32)
     token = AgentToken.objects.create(
         agent=agent,
@@ -133,6 +176,121 @@ def agent_token_rotate(*, token: AgentToken, label: str | None = None, now: date
         issued = agent_token_issue(agent=current.agent, label=current.label if label is None else label)
     token.revoked_at = now
     return issued
+
+
+def _require_owner(*, agent: Agent, user: Any) -> None:
+    if user is None or not user.is_authenticated or not user.is_active or agent.owner_id != user.pk:
+        raise AgentChangeRefused(
+            f"Only the owner of {agent.name!r} may issue or rotate its tokens: the owner is accountable for "
+            "everything it proposes.",
+            code="not_owner",
+        )
+    refusal = agent_owner_refusal(user)
+    if refusal:
+        raise AgentChangeRefused(refusal, code="owner_is_admin")
+
+
+def agent_token_issue_by_owner(*, agent: Agent, user: Any, label: str = "") -> IssuedToken:
+    """The agent's owner issues a token for it, recorded in the security trail (never the token)."""
+    with transaction.atomic(durable=True):
+        agent = Agent.objects.select_for_update().get(pk=agent.pk)
+        _require_owner(agent=agent, user=user)
+        issued = agent_token_issue(agent=agent, label=label)
+        security_event_record(
+            kind=SecurityEventKind.TOKEN_ISSUED,
+            user=user,
+            subject=f"agent {agent.name}",
+            detail={"agent": agent.name, "prefix": issued.token.prefix, "label": issued.token.label},
+        )
+    return issued
+
+
+def agent_token_rotate_by_owner(*, token: AgentToken, user: Any) -> IssuedToken:
+    """The agent's owner replaces a token; recorded in the security trail."""
+    with transaction.atomic(durable=True):
+        _require_owner(agent=token.agent, user=user)
+        issued = agent_token_rotate(token=token)
+        security_event_record(
+            kind=SecurityEventKind.TOKEN_ROTATED,
+            user=user,
+            subject=f"agent {token.agent.name}",
+            detail={"agent": token.agent.name, "old_prefix": token.prefix, "prefix": issued.token.prefix},
+        )
+    return issued
+
+
+def agent_token_revoke_by(*, token: AgentToken, user: Any) -> AgentToken:
+    """Revoke a token: the owner or an admin may (stopping an agent is always allowed)."""
+    with transaction.atomic():
+        was_active = token.revoked_at is None
+        agent_token_revoke(token=token)
+        if was_active:
+            security_event_record(
+                kind=SecurityEventKind.TOKEN_REVOKED,
+                user=user,
+                subject=f"agent {token.agent.name}",
+                detail={"agent": token.agent.name, "prefix": token.prefix},
+            )
+    return token
+
+
+def agent_owner_change(*, agent: Agent, owner: Any, user: Any, reason: str = "") -> Agent:
+    """Give an agent a new owner.
+
+    - Refused while the agent has a proposal awaiting a decision or approved and not yet sent:
+      four eyes were checked (or will be) against the owner at proposal time.
+    - Its tokens are revoked: they were issued by the previous owner, and the new owner issues
+      their own, so that every token has an accountable issuer.
+    - The change is written to the security trail and to the trail of each of the agent's
+      actions whose effect is still unresolved.
+    """
+    refusal = agent_owner_refusal(owner)
+    if refusal:
+        raise AgentChangeRefused(refusal, code="owner_invalid")
+    now = timezone.now()
+    # Not durable: the admin's change form runs it inside its own transaction.
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update().select_related("owner").get(pk=agent.pk)
+        if agent.owner_id == owner.pk:
+            return agent
+        live = list(
+            Action.objects.filter(proposed_by_agent=agent, status__in=OWNER_CHANGE_BLOCKING_STATUSES)
+            .order_by("pk")
+            .values_list("action_id", flat=True)[:5]
+        )
+        if live:
+            raise AgentChangeRefused(
+                f"{agent.name} has actions awaiting a decision or approved and not yet sent ({', '.join(live)}"
+                f"{', ...' if len(live) == 5 else ''}). Their four-eyes check is bound to the current owner: wait "
+                "until they are decided and sent, or cancel them, then change the owner.",
+                code="live_actions",
+            )
+        previous = agent.owner.get_username()
+        agent.owner = owner
+        agent.save(update_fields=["owner"])
+        revoked = AgentToken.objects.filter(agent=agent, revoked_at__isnull=True).update(revoked_at=now)
+        label = user.get_username() if user is not None else "system"
+        evidence = {"agent": agent.name, "previous_owner": previous, "owner": owner.get_username()}
+        for action in Action.objects.filter(proposed_by_agent=agent, status__in=UNRESOLVED_STATUSES):
+            ActionEvent.objects.create(
+                action=action,
+                transition="agent_owner_changed",
+                from_state=action.status,
+                to_state=action.status,
+                actor_kind=ActorKind.USER,
+                actor_user=user,
+                actor_label=label,
+                reason=reason or "The proposing agent's owner changed.",
+                evidence=evidence,
+                created_at=now,
+            )
+        security_event_record(
+            kind=SecurityEventKind.AGENT_OWNER_CHANGED,
+            user=user,
+            subject=f"agent {agent.name}",
+            detail={**evidence, "tokens_revoked": revoked, "reason": reason},
+        )
+    return agent
 
 
 def agent_authenticate(*, plain: str, now: datetime | None = None) -> AgentToken:

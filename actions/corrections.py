@@ -77,9 +77,13 @@ def owner_candidates() -> QuerySet[User]:
     """The active people who may own an action: those who may resolve it."""
     user_model = get_user_model()
     assert issubclass(user_model, User)
-    return user_model.objects.with_perm(RESOLVE_PERMISSION, is_active=True, include_superusers=True).order_by(
-        "username"
-    )
+    return user_model.objects.with_perm(
+        # Named, because django-axes's backend is also configured and holds no permissions.
+        RESOLVE_PERMISSION,
+        is_active=True,
+        include_superusers=True,
+        backend="django.contrib.auth.backends.ModelBackend",
+    ).order_by("username")
 
 
 def action_owner_assign(*, action_pk: int, owner: Any, user: Any, reason: str, now: datetime | None = None) -> Action:

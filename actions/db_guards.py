@@ -1,8 +1,10 @@
-"""Database-level guards for the intent log, installed by a migration on PostgreSQL."""
+"""Database-level guards for the intent log, installed by migrations on PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from django.db.models import Count
 
 # The audit trail is append-only, and an action's material fields never change after the
 # proposal. Python refuses both; on PostgreSQL these triggers refuse them for any client.
@@ -58,3 +60,76 @@ def remove_database_guards(apps: Any, schema_editor: Any) -> None:
         "DROP TRIGGER IF EXISTS actionevent_append_only ON actions_actionevent;"
         "DROP TRIGGER IF EXISTS action_material_immutable ON actions_action;"
     )
+
+
+# The security trail (actions.SecurityEvent) is append-only like the audit trail.
+PG_SECURITY_GUARDS = """
+DROP TRIGGER IF EXISTS securityevent_append_only ON actions_securityevent;
+CREATE TRIGGER securityevent_append_only
+    BEFORE UPDATE OR DELETE ON actions_securityevent
+    FOR EACH ROW EXECUTE FUNCTION console_refuse_event_change();
+"""
+
+# SQLite has no stored procedures, but its triggers can RAISE(ABORT): the same three guards,
+# so that the embedded default refuses a rewrite from the sqlite3 shell as PostgreSQL does.
+SQLITE_GUARDS = [
+    """CREATE TRIGGER IF NOT EXISTS actionevent_no_update BEFORE UPDATE ON actions_actionevent
+    BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: UPDATE refused'); END""",
+    """CREATE TRIGGER IF NOT EXISTS actionevent_no_delete BEFORE DELETE ON actions_actionevent
+    BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: DELETE refused'); END""",
+    """CREATE TRIGGER IF NOT EXISTS securityevent_no_update BEFORE UPDATE ON actions_securityevent
+    BEGIN SELECT RAISE(ABORT, 'actions_securityevent is append-only: UPDATE refused'); END""",
+    """CREATE TRIGGER IF NOT EXISTS securityevent_no_delete BEFORE DELETE ON actions_securityevent
+    BEGIN SELECT RAISE(ABORT, 'actions_securityevent is append-only: DELETE refused'); END""",
+    """CREATE TRIGGER IF NOT EXISTS action_material_immutable BEFORE UPDATE ON actions_action
+    WHEN NEW.action_id IS NOT OLD.action_id OR NEW.kind IS NOT OLD.kind
+      OR NEW.idempotency_key IS NOT OLD.idempotency_key OR NEW.payload IS NOT OLD.payload
+      OR NEW.payload_hash IS NOT OLD.payload_hash OR NEW.order_id IS NOT OLD.order_id
+      OR NEW.refund_request_id IS NOT OLD.refund_request_id OR NEW.amount IS NOT OLD.amount
+      OR NEW.currency IS NOT OLD.currency OR NEW.reason_code IS NOT OLD.reason_code
+    BEGIN SELECT RAISE(ABORT, 'material fields of an action cannot change'); END""",
+]
+SQLITE_GUARD_NAMES = [
+    "actionevent_no_update",
+    "actionevent_no_delete",
+    "securityevent_no_update",
+    "securityevent_no_delete",
+    "action_material_immutable",
+]
+
+
+def install_security_guards(apps: Any, schema_editor: Any) -> None:
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        schema_editor.execute(PG_SECURITY_GUARDS, params=None)
+    elif vendor == "sqlite":
+        for statement in SQLITE_GUARDS:
+            schema_editor.execute(statement, params=None)
+
+
+def remove_security_guards(apps: Any, schema_editor: Any) -> None:
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        schema_editor.execute("DROP TRIGGER IF EXISTS securityevent_append_only ON actions_securityevent;")
+    elif vendor == "sqlite":
+        for name in SQLITE_GUARD_NAMES:
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
+
+
+def refuse_duplicate_charges(apps: Any, schema_editor: Any) -> None:
+    """Stop the migration with the duplicates named, rather than with a bare IntegrityError:
+    which order keeps the charge is a person's decision."""
+    order_model = apps.get_model("actions", "Order")
+    duplicates = list(
+        order_model.objects.exclude(charge_reference="")
+        .values("charge_reference")
+        .annotate(n=Count("pk"))
+        .filter(n__gt=1)
+        .values_list("charge_reference", flat=True)[:20]
+    )
+    if duplicates:
+        raise RuntimeError(
+            "Orders share a charge reference, so each could be refunded in full: "
+            + ", ".join(duplicates)
+            + ". Clear the charge reference on the order that does not own the charge, then migrate again."
+        )

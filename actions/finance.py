@@ -34,6 +34,7 @@ from actions.models import (
     Remedy,
     RemedyKind,
 )
+from actions.separation import follow_up_admin_refusal
 from actions.trail import Actor, event_record
 
 S = ActionStatus
@@ -198,6 +199,10 @@ def _advance(
 ) -> Any:
     name = model._meta.verbose_name
     review_require(user, permission, f"Only finance may work on a {name}.")
+    # Separation of duties holds whatever permissions a superuser or a stray grant carries.
+    refusal = follow_up_admin_refusal(user=user)
+    if refusal is not None:
+        raise ReviewRefused(refusal, code="not_allowed", status=403)
     target = str(to_status or "")
     statuses: type[FollowUpStatus] | type[DiscrepancyStatus] = FollowUpStatus if model is Remedy else DiscrepancyStatus
     choices = {status.value: status for status in statuses}

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Max
+from django.utils import timezone
 
-from actions.models import Order, RefundRequest, RequestSource
+from actions.models import Agent, Order, ReasonCode, RefundRequest, RequestSource
 from actions.services import REFERENCE_PATTERN, FieldProblem, ProposalInvalid
+from actions.text import unsafe_characters, unsafe_characters_message
 
 # Ticket ids from help desks look like "ZD-48213", "#4821" or "support/2024/77".
 EXTERNAL_REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9#][A-Za-z0-9_.:#/@+\-]{0,99}$")
@@ -78,12 +82,34 @@ def _check_note(raw: object, problems: list[FieldProblem]) -> str:
     value = str(raw or "")
     if len(value) > MAX_NOTE_LENGTH:
         problems.append(FieldProblem("note", "too_long", f"Keep the note under {MAX_NOTE_LENGTH} characters."))
-    if "\x00" in value:
-        problems.append(FieldProblem("note", "invalid_characters", "The note contains a NUL character."))
+    codes = unsafe_characters(value)
+    if codes:
+        problems.append(FieldProblem("note", "invalid_characters", unsafe_characters_message(codes)))
     return value
 
 
-def _existing_or_conflict(request: RefundRequest, order_number: str) -> RefundRequestResult:
+class RefundRequestTaken(Exception):
+    """The external reference names a request another agent opened. Nothing is revealed about it."""
+
+
+def _check_reason_code(raw: object, problems: list[FieldProblem], *, required: bool) -> str:
+    value = str(raw or "").strip()
+    if not value:
+        if required:
+            problems.append(FieldProblem("reason_code", "required", "Say why the customer asks: a reason code."))
+        return ""
+    if value not in ReasonCode.values:
+        problems.append(
+            FieldProblem("reason_code", "invalid_choice", f"Use one of: {', '.join(ReasonCode.values)}.")
+        )
+    return value
+
+
+def _existing_or_conflict(
+    request: RefundRequest, order_number: str, *, opened_by_agent: Agent | None = None
+) -> RefundRequestResult:
+    if opened_by_agent is not None and request.opened_by_agent_id not in (None, opened_by_agent.pk):
+        raise RefundRequestTaken(request.external_reference)
     if request.order.number == order_number:
         return RefundRequestResult(request=request, created=False)
     raise RefundRequestConflict(request, {"order_number": {"existing": request.order.number, "proposed": order_number}})
@@ -95,6 +121,9 @@ def refund_request_open(
     external_reference: object,
     note: object = "",
     source: str = RequestSource.TICKET,
+    reason_code: object = "",
+    opened_by_agent: Agent | None = None,
+    now: datetime | None = None,
 ) -> RefundRequestResult:
     """Open the next refund request on an order, or return the one this reference opened.
 
@@ -104,11 +133,16 @@ def refund_request_open(
       compared: it is a remark, not part of the request's identity.
     - Numbers are safe under concurrency: the order row is locked while the next number is
       chosen, so two requests on one order are numbered one after the other.
+    - An agent must give a reason code, may open at most REFUND_REQUESTS_PER_ORDER_PER_DAY
+      requests per order per day, and cannot read back (replay) a request another agent opened
+      (RefundRequestTaken).
     """
+    now = now or timezone.now()
     problems: list[FieldProblem] = []
     order_ref = _check_order_number(order_number, problems)
     reference = _check_external_reference(external_reference, problems)
     note_text = _check_note(note, problems)
+    reason = _check_reason_code(reason_code, problems, required=opened_by_agent is not None)
     if source not in RequestSource.values:
         problems.append(FieldProblem("source", "invalid_choice", f"Use one of: {', '.join(RequestSource.values)}."))
     if problems:
@@ -123,7 +157,23 @@ def refund_request_open(
         # has committed by now, and this statement sees its row.
         existing = RefundRequest.objects.select_related("order").filter(external_reference=reference).first()
         if existing is not None:
-            return _existing_or_conflict(existing, order.number)
+            return _existing_or_conflict(existing, order.number, opened_by_agent=opened_by_agent)
+        if opened_by_agent is not None:
+            # Counted under the order's lock, so that parallel openers cannot all fit under it.
+            opened_today = RefundRequest.objects.filter(
+                order=order, opened_by_agent=opened_by_agent, created_at__gte=now - timedelta(days=1)
+            ).count()
+            if opened_today >= settings.REFUND_REQUESTS_PER_ORDER_PER_DAY:
+                raise ProposalInvalid(
+                    [
+                        FieldProblem(
+                            "order_number",
+                            "request_limit_reached",
+                            f"This agent opened {opened_today} refund requests on order {order.number} in the last "
+                            f"24 hours, the most it may. Nothing was written: ask a person to handle this order.",
+                        )
+                    ]
+                )
         number = (RefundRequest.objects.filter(order=order).aggregate(top=Max("number"))["top"] or 0) + 1
         try:
             # A savepoint: the same reference opened concurrently on another order is not
@@ -131,11 +181,17 @@ def refund_request_open(
             # keeps the transaction usable for reading the winner.
             with transaction.atomic():
                 request = RefundRequest.objects.create(
-                    order=order, number=number, external_reference=reference, source=source, note=note_text
+                    order=order,
+                    number=number,
+                    external_reference=reference,
+                    source=source,
+                    note=note_text,
+                    reason_code=reason,
+                    opened_by_agent=opened_by_agent,
                 )
         except IntegrityError:
             winner = RefundRequest.objects.select_related("order").filter(external_reference=reference).first()
             if winner is None:
                 raise
-            return _existing_or_conflict(winner, order.number)
+            return _existing_or_conflict(winner, order.number, opened_by_agent=opened_by_agent)
         return RefundRequestResult(request=request, created=True)

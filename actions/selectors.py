@@ -118,10 +118,12 @@ class StatusExplanation:
     needs_person: bool
 
 
-def _person(user: Any) -> str:
+def _finance_role(user: Any) -> str:
+    # A role, never a name: agents read this, and who works in finance is not theirs to know
+    # (a name is a target for phishing and pressure).
     if user is None:
         return "finance (not yet assigned)"
-    return user.get_full_name() or user.get_username()
+    return "a person in finance"
 
 
 def _when(moment: datetime | None) -> str:
@@ -199,9 +201,9 @@ def action_explain_status(action: Action) -> StatusExplanation:
         return StatusExplanation(
             summary=f"The outcome of the refund of {money} could not be established automatically; the amount stays "
             "reserved.",
-            next_step=f"{_person(action.owner)} in finance resolves it{due} with the payment provider's evidence. "
+            next_step=f"{_finance_role(action.owner)} resolves it{due} with the payment provider's evidence. "
             "Wait and read this action: never send a new request.",
-            held_by=_person(action.owner),
+            held_by=_finance_role(action.owner),
             final=False,
             needs_person=True,
         )

@@ -43,6 +43,8 @@ from actions.review_selectors import (
     review_action_detail_get,
     review_queue_get,
 )
+from actions.separation import follow_up_admin_refusal
+from actions.text import unsafe_characters, unsafe_characters_message
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -76,6 +78,27 @@ def _require_view(request: HttpRequest) -> None:
     # Finance works the queue; admins may read it. Everyone else gets the friendly 403 page.
     if not may_view_review(request.user):
         raise PermissionDenied("The review queue is for finance.")
+
+
+# Free-text fields the review forms post: what a person types for the trail.
+FREE_TEXT_FIELDS = ("note", "reason", "provider_reference")
+
+
+def _refuse_unsafe_text(request: HttpRequest) -> None:
+    # Control and bidirectional-override characters let a note read differently from what is
+    # stored (actions/text.py); refused with the field named, before any service runs.
+    for field in FREE_TEXT_FIELDS:
+        codes = unsafe_characters(request.POST.get(field, ""))
+        if codes:
+            raise ReviewRefused(unsafe_characters_message(codes), code="invalid_characters", status=400, field=field)
+
+
+def _refuse_admin_follow_up(request: HttpRequest) -> None:
+    # Admins may read and reassign follow-ups, never advance them (separation of duties). The
+    # admin role no longer holds the permissions either; this holds for superusers too.
+    refusal = follow_up_admin_refusal(user=request.user)
+    if refusal:
+        raise ReviewRefused(refusal, code="separation_of_duties", status=403)
 
 
 def _filters(data: QueryDict) -> tuple[QueueFilters, str]:
@@ -220,6 +243,7 @@ def _done(request: HtmxHttpRequest, text: str, *, kind: str, pk: int) -> HttpRes
 def action_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         action = finance.action_assign(
             action_pk=pk,
             user=request.user,
@@ -239,6 +263,7 @@ def action_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def action_lookup(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         result = resolutions.action_lookup(action_pk=pk, user=request.user)
     except ReviewRefused as refused:
         return _refused(request, refused, kind=ItemKind.ACTION, pk=pk)
@@ -251,6 +276,7 @@ def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     resolution = request.POST.get("resolution", "")
     try:
+        _refuse_unsafe_text(request)
         if resolution == "succeeded":
             result = resolutions.action_resolve_succeeded(
                 action_pk=pk,
@@ -284,6 +310,7 @@ def action_resolve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def action_escalate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         action = resolutions.action_escalate_to_user(
             action_pk=pk, user=request.user, reason=request.POST.get("reason", "")
         )
@@ -331,6 +358,7 @@ def discrepancy_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def remedy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         remedy = finance.remedy_assign(
             remedy_pk=pk,
             user=request.user,
@@ -348,6 +376,7 @@ def remedy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def discrepancy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
         discrepancy = finance.discrepancy_assign(
             discrepancy_pk=pk,
             user=request.user,
@@ -370,6 +399,8 @@ def discrepancy_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def remedy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
+        _refuse_admin_follow_up(request)
         remedy = finance.remedy_advance(
             remedy_pk=pk,
             user=request.user,
@@ -387,6 +418,8 @@ def remedy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def discrepancy_advance(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     try:
+        _refuse_unsafe_text(request)
+        _refuse_admin_follow_up(request)
         discrepancy = finance.discrepancy_advance(
             discrepancy_pk=pk,
             user=request.user,

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+
+CURRENCY_PATTERN = re.compile(r"^[A-Z]{3}$")
+
+
+def validate_currency(value: str) -> None:
+    """An ISO 4217 code the console works in (upper case, as the provider and the orders spell it)."""
+    if not CURRENCY_PATTERN.match(value or ""):
+        raise ValidationError("Use an ISO 4217 currency code in capitals, e.g. EUR.")
+    if value not in settings.CONSOLE_CURRENCIES:
+        raise ValidationError(f"The console works in {', '.join(settings.CONSOLE_CURRENCIES)} only.")
+
+
+def validate_positive(value: Decimal) -> None:
+    if value is None or value <= 0:
+        raise ValidationError("Give an amount greater than zero.")
 
 
 class Decision(models.TextChoices):
@@ -62,14 +81,56 @@ class ApprovalLimit(models.Model):
     """The most a manager may approve for one action, per currency."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approval_limits")
-    currency = models.CharField(max_length=3)
-    max_amount = models.DecimalField(max_digits=14, decimal_places=2)
+    currency = models.CharField(max_length=3, validators=[validate_currency])
+    max_amount = models.DecimalField(max_digits=14, decimal_places=2, validators=[validate_positive])
 
     class Meta:
         ordering = ["user", "currency"]
         constraints = [
             models.UniqueConstraint(fields=["user", "currency"], name="approval_limit_per_user_currency"),
+            # The forms validate these too; the database refuses them from any other path.
+            models.CheckConstraint(condition=Q(max_amount__gt=0), name="approval_limit_positive"),
+            models.CheckConstraint(condition=Q(currency__regex=r"^[A-Z]{3}$"), name="approval_limit_iso_currency"),
         ]
 
     def __str__(self) -> str:
         return f"{self.user} up to {self.max_amount} {self.currency}"
+
+
+class CapScope(models.TextChoices):
+    TARGET = "target", "Per target (order)"
+    AGENT = "agent", "Per agent"
+
+
+class AutoApprovalCap(models.Model):
+    """A limit on what the auto-approval policy may approve without a person (approvals/caps.py).
+
+    - Per target: within ``window_hours``, at most ``max_amount`` in total and at most
+      ``max_count`` actions auto-approved on one order.
+    - Per agent: within ``window_hours`` (a day by default), at most ``max_amount`` in total
+      auto-approved for one agent's proposals.
+
+    One row per scope and currency; without a row the settings' defaults apply. Past a cap a
+    proposal waits for a manager. Rows are edited in the admin only, and every change is
+    written to the security trail.
+    """
+
+    scope = models.CharField(max_length=16, choices=CapScope.choices)
+    currency = models.CharField(max_length=3, validators=[validate_currency])
+    max_amount = models.DecimalField(max_digits=14, decimal_places=2, validators=[validate_positive])
+    max_count = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Per target only: how many auto-approved actions; empty for no count limit."
+    )
+    window_hours = models.PositiveIntegerField(default=24)
+
+    class Meta:
+        ordering = ["scope", "currency"]
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "currency"], name="auto_approval_cap_per_scope_currency"),
+            models.CheckConstraint(condition=Q(max_amount__gt=0), name="auto_approval_cap_positive"),
+            models.CheckConstraint(condition=Q(window_hours__gt=0), name="auto_approval_cap_window_positive"),
+        ]
+
+    def __str__(self) -> str:
+        count = f", {self.max_count} actions" if self.max_count is not None else ""
+        return f"{self.get_scope_display()}: {self.max_amount} {self.currency}{count} per {self.window_hours} h"

@@ -17,6 +17,7 @@ from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
 from actions.publish import dispatch_enqueue_on_commit
 from actions.trail import Actor, action_transition
+from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal, auto_approval_held_record
 from approvals.models import Approval, ApprovalPolicy, Decision
 
 S = ActionStatus
@@ -94,6 +95,13 @@ def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | N
         return None
     if kind_for(action.kind).auto_approval_refusal(action) is not None:
         return None  # a manager must look
+    # Caps on autonomy: past any cap (per target, per agent) a manager decides, and the card
+    # says why. The lock serialises concurrent auto-approvals on one target or by one agent.
+    auto_approval_cap_lock(action=action)
+    held = auto_approval_cap_refusal(action=action, now=now)
+    if held is not None:
+        auto_approval_held_record(action=action, reason=held, now=now)
+        return None
     label = f"policy:auto-approval (<= {threshold} {action.currency})"
     return approval_record(
         action=action,

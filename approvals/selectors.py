@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from actions.models import Action, ActionEvent, ActionStatus, Order, OrderEvent
 from actions.models.actions import TERMINAL_STATUSES
+from approvals.caps import AUTO_APPROVAL_HELD
 from approvals.models import Approval, ApprovalLimit, Decision
 from approvals.services import approval_refusal_reason
 
@@ -39,6 +40,8 @@ class ProposalRow:
     refusal: tuple[str, str] | None = None
     failed_bindings: list[dict[str, str]] = field(default_factory=list)
     stale_since: datetime | None = None
+    # Why the auto-approval policy left it to a manager (a cap was reached), if it said so.
+    held_reason: str = ""
 
     @property
     def is_waiting(self) -> bool:
@@ -100,10 +103,14 @@ def _limit_map(limits: list[ApprovalLimit]) -> dict[str, Decimal]:
 def _invalidations() -> Prefetch[Any]:
     # Only the 'invalidate' events are needed for the stale rows, newest first, so the row can
     # say which binding failed the last time without loading the whole trail.
+    # The same prefetch brings the note the auto-approval policy leaves when a cap held a
+    # proposal back for a manager (approvals/caps.py), so the card can say why.
     return Prefetch(
         "events",
-        queryset=ActionEvent.objects.filter(transition="invalidate").order_by("-created_at", "-id"),
-        to_attr="invalidations",
+        queryset=ActionEvent.objects.filter(transition__in=["invalidate", AUTO_APPROVAL_HELD]).order_by(
+            "-created_at", "-id"
+        ),
+        to_attr="row_events",
     )
 
 
@@ -117,14 +124,18 @@ def _row(action: Action, *, user: Any, limits: dict[str, Decimal]) -> ProposalRo
     refusal = None
     if action.status == S.PROPOSED:
         refusal = approval_refusal_reason(action=action, user=user, limit=limits.get(action.currency))
-    invalidations: list[ActionEvent] = getattr(action, "invalidations", [])
+    row_events: list[ActionEvent] = getattr(action, "row_events", [])
+    invalidations = [event for event in row_events if event.transition == "invalidate"]
+    held = next((event.reason for event in row_events if event.transition == AUTO_APPROVAL_HELD), "")
     failed: list[dict[str, str]] = []
     stale_since = None
     if action.status == S.STALE and invalidations:
         latest = invalidations[0]
         failed = list(latest.evidence.get("failed_bindings") or [])
         stale_since = latest.created_at
-    return ProposalRow(action=action, refusal=refusal, failed_bindings=failed, stale_since=stale_since)
+    return ProposalRow(
+        action=action, refusal=refusal, failed_bindings=failed, stale_since=stale_since, held_reason=held
+    )
 
 
 # --- the inbox ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
 from actions.refusals import Refused
 from actions.trail import Actor, action_transition
+from approvals.four_eyes import four_eyes_refusal
 from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
 from approvals.policy import approval_binding, approval_record
 
@@ -49,8 +50,9 @@ def approval_refusal_reason(*, action: Action, user: Any, limit: Decimal | None)
         if action.status != S.PROPOSED:
             return ("not_waiting", f"This action is {action.get_status_display().lower()}, not waiting for a decision.")
         return ("not_a_manager", "Only managers may approve or reject proposals.")
-    if action.proposed_by_user_id is not None and action.proposed_by_user_id == user.pk:
-        return ("four_eyes", "You proposed this action (or own the agent that did): someone else must approve it.")
+    four_eyes = four_eyes_refusal(action=action, user=user)
+    if four_eyes is not None:
+        return ("four_eyes", four_eyes)
     if limit is None:
         return ("no_limit", f"You have no approval limit in {action.currency}.")
     if action.amount > limit:

@@ -8,12 +8,15 @@ the refusal's own status code (409 when the action moved on, 403 for a rule), ne
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.timesince import timeuntil
 from django.views.decorators.http import require_POST, require_safe
@@ -26,6 +29,7 @@ from approvals.forms import DecisionForm, ReopenForm, form_problem
 from approvals.models import Decision
 from approvals.selectors import proposal_detail_get, proposal_inbox_get, proposal_row_get
 from approvals.services import DecisionRefused, action_reopen, approval_decide
+from approvals.step_up import step_up_refusal, step_up_verified_at
 
 # The manager role is whoever holds this permission: the inbox, the detail page and the
 # decisions all check it, and the services check it again inside their transactions.
@@ -71,6 +75,10 @@ def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     form = DecisionForm(request.POST)
     if not form.is_valid():
         return _refused(request, pk, form_problem(form), status=400)
+    if form.cleaned_data["decision"] == Decision.APPROVE:
+        stepped_up = _require_step_up(request, pk)
+        if stepped_up is not None:
+            return stepped_up
     try:
         approval = approval_decide(
             action_pk=pk,
@@ -108,6 +116,31 @@ def reopen(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
     return _done(request, pk, f"Asked for a new decision on {action.action_id}: it is waiting in the inbox again.")
+
+
+def _require_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse | None:
+    """None when this approval needs no fresh second factor; otherwise the answer that sends
+    the manager to confirm a code and back to this proposal."""
+    money = Action.objects.filter(pk=pk).values("amount", "currency").first()
+    if money is None:
+        raise Http404("There is no such action.")
+    refusal = step_up_refusal(
+        user=request.user,
+        amount=money["amount"],
+        currency=money["currency"],
+        verified_at=step_up_verified_at(request),
+        now=time.time(),
+    )
+    if refusal is None:
+        return None
+    verify_url = f"{reverse('two-factor-verify')}?{urlencode({'next': reverse('approvals-detail', args=[pk])})}"
+    if request.htmx:
+        # The row shows why; htmx then takes the browser to the code page.
+        response = _row_response(request, pk, level="error", text=refusal, status=403)
+        response["HX-Redirect"] = verify_url
+        return response
+    messages.error(request, f"{refusal} Nothing was changed.")
+    return redirect(verify_url)
 
 
 # --- responses shared by the decisions ------------------------------------------------------

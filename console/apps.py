@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.contrib.auth.signals import user_logged_in
 from django.db.models.signals import post_migrate
 
 
@@ -9,7 +10,11 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Effect console"
 
     def ready(self) -> None:
+        from console import checks  # noqa: F401 (registers the deploy checks)
+        from console.middleware import session_start_record
         from console.roles import ensure_roles
+
+        user_logged_in.connect(session_start_record, dispatch_uid="console.session_start_record")
 
         # Roles are part of the schema: (re)applied after every migrate and flush, including
         # the test database's. post_migrate is sent per app that has models; approvals comes

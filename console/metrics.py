@@ -54,8 +54,15 @@ class ConsoleCollector(Collector):
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Scrape endpoint. With METRICS_TOKEN set, a scraper must send it as a bearer token."""
+    """Scrape endpoint. With METRICS_TOKEN set, a scraper must send it as a bearer token. In
+    production mode an empty METRICS_TOKEN closes the endpoint rather than opening it."""
     token = settings.METRICS_TOKEN
+    if not token and settings.PRODUCTION_MODE:
+        return HttpResponse(
+            "metrics are closed: set METRICS_TOKEN (production mode never serves them without one)\n",
+            status=401,
+            content_type="text/plain",
+        )
     if token:
         sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(sent.encode(), token.encode()):

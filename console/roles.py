@@ -4,7 +4,9 @@
   who propose by hand).
 - manager: approves, rejects, cancels and reopens proposals.
 - finance: resolves actions that need review; works remedies and discrepancies.
-- admin: corrects through the admin site.
+- admin: corrects through the admin site. Separation of duties: admins do not approve,
+  resolve, issue agent tokens (only an agent's owner does, on the account page), own agents,
+  or advance remedies and discrepancies (they read and reassign them).
 """
 
 from __future__ import annotations
@@ -50,14 +52,19 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "actions.view_agent",
         "actions.add_agent",
         "actions.change_agent",
+        # Tokens: seeing and revoking (a kill switch), never issuing: only an agent's owner
+        # issues its tokens, on the owner page (separation of duties).
         "actions.view_agenttoken",
-        "actions.add_agenttoken",
         "actions.change_agenttoken",
+        # Follow-ups: reading and reassigning (actions.correct_action), never advancing.
         "actions.view_remedy",
-        "actions.change_remedy",
         "actions.view_discrepancy",
-        "actions.change_discrepancy",
         "actions.view_ownergroup",
+        "actions.view_securityevent",
+        "approvals.view_autoapprovalcap",
+        "approvals.add_autoapprovalcap",
+        "approvals.change_autoapprovalcap",
+        "approvals.delete_autoapprovalcap",
         "actions.add_ownergroup",
         "actions.change_ownergroup",
         "approvals.view_approvallimit",

@@ -8,6 +8,7 @@ everything on a fresh machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from decimal import Decimal
 from pathlib import Path
@@ -47,6 +48,15 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
+def create_private_file(path: Path) -> None:
+    """Create ``path`` readable and writable by its owner only (0600), if it does not exist,
+    and take group and other permissions off an existing one."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+
+
 # Data folder of the embedded default: the SQLite database, the filesystem broker's queues
 # and the sandbox provider's own database all live here.
 DATA_DIR = Path(env_str("CONSOLE_DATA_DIR", str(BASE_DIR / "data")))
@@ -68,6 +78,10 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "django_htmx",
     "django_fsm",
+    "axes",
+    "csp",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     "console",
     "actions",
     "approvals",
@@ -78,14 +92,28 @@ MIDDLEWARE = [
     # address the process by IP over plain HTTP).
     "console.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Outermost of the console's own: its headers land on every answer, errors included.
+    "console.middleware.SecurityHeadersMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Ends sessions older than SESSION_MAX_AGE_SECONDS before any view sees the user.
+    "console.middleware.SessionExpiryMiddleware",
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a lockout raised by the login into its 429 page.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes checks every login first (lockout), then Django's own model backend.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -126,7 +154,11 @@ if DATABASE_URL:
             }
         _db["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "test_console")}
 else:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    # The data folder holds the database, the broker's messages and demo tokens: the owner's only.
+    DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Created here, before SQLite would create it with the process's umask (usually 0644):
+    # the file holds customer names, e-mail addresses and token hashes.
+    create_private_file(DATA_DIR / "console.sqlite3")
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(DATA_DIR / "console.sqlite3"),
@@ -166,6 +198,38 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 
+# --- Login defence and sessions ------------------------------------------------------------
+# Production mode: the settings below that differ between a demo and a real deployment. It is
+# on unless DEBUG is; `check --deploy` reports what production mode still leaves open.
+PRODUCTION_MODE: bool = env_bool("PRODUCTION_MODE", not DEBUG)
+# django-axes: after this many failed logins for one username, or from one IP address, further
+# attempts are refused (429) until the cool-off has passed, even with the right password.
+AXES_FAILURE_LIMIT: int = env_int("LOGIN_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME: float = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "console/locked_out.html"
+# Client address: REMOTE_ADDR, or the proxy's X-Forwarded-For only behind a trusted TLS proxy.
+AXES_IPWARE_PROXY_COUNT = 1 if env_bool("BEHIND_TLS_PROXY", False) else None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if env_bool("BEHIND_TLS_PROXY", False) else ["REMOTE_ADDR"]
+)
+# A session ends after this much inactivity, and in any case this long after the login.
+SESSION_IDLE_TIMEOUT_SECONDS: int = env_int("SESSION_IDLE_TIMEOUT_SECONDS", 30 * 60)
+SESSION_MAX_AGE_SECONDS: int = env_int("SESSION_MAX_AGE_SECONDS", 10 * 3600)
+# Idle timeout: the session is saved on every request, so its expiry slides by this much.
+SESSION_COOKIE_AGE = SESSION_IDLE_TIMEOUT_SECONDS
+SESSION_SAVE_EVERY_REQUEST = True
+SESSION_COOKIE_SAMESITE = "Lax"
+# Step-up: approving more than this (per currency) needs a TOTP code confirmed within the
+# last STEP_UP_MAX_AGE_SECONDS. No entry for a currency means no step-up for it.
+STEP_UP_THRESHOLDS: dict[str, Decimal] = env_decimal_map("STEP_UP_THRESHOLDS", "EUR:1000,USD:1000,GBP:800,JPY:150000")
+STEP_UP_MAX_AGE_SECONDS: int = env_int("STEP_UP_MAX_AGE_SECONDS", 5 * 60)
+OTP_TOTP_ISSUER = "Effect console"
+# Admins may create orders by hand only outside production mode: in production, orders come
+# from the shop, with a charge the payment provider holds.
+ADMIN_MAY_CREATE_ORDERS: bool = env_bool("ADMIN_MAY_CREATE_ORDERS", not PRODUCTION_MODE)
+
 # --- Security (production values come from the environment) ------------------------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
@@ -177,6 +241,31 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIN
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# Content-Security-Policy (django-csp 4): scripts, styles and everything else from the
+# console's own origin only. No inline scripts, no inline styles, no eval: htmx is configured
+# to match in base.html (allowEval off, no injected indicator styles) and the page's error
+# notices are wired up by console/static/console/console.js instead of hx-on attributes.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "font-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+# Permissions-Policy: the console uses none of these browser features.
+PERMISSIONS_POLICY: str = (
+    "accelerometer=(), camera=(), geolocation=(), gyroscope=(), magnetometer=(), microphone=(), "
+    "payment=(), usb=(), interest-cohort=()"
+)
 
 # --- Celery -------------------------------------------------------------------------------
 # The embedded default is kombu's filesystem transport: no server, shared by every process
@@ -224,6 +313,18 @@ AUTO_APPROVAL_ENABLED: bool = env_bool("AUTO_APPROVAL_ENABLED", True)
 AUTO_APPROVAL_THRESHOLDS: dict[str, Decimal] = env_decimal_map(
     "AUTO_APPROVAL_THRESHOLDS", "EUR:25,USD:25,GBP:20,JPY:3000"
 )
+# Caps on autonomy (approvals/caps.py), used where no AutoApprovalCap row in the admin
+# overrides them. Past a cap a proposal waits for a manager.
+# - per target (order): the total, and the number of actions, auto-approved within the window;
+AUTO_APPROVAL_TARGET_MAX_AMOUNTS: dict[str, Decimal] = env_decimal_map(
+    "AUTO_APPROVAL_TARGET_MAX_AMOUNTS", "EUR:50,USD:50,GBP:40,JPY:6000"
+)
+AUTO_APPROVAL_TARGET_MAX_COUNT: int = env_int("AUTO_APPROVAL_TARGET_MAX_COUNT", 2)
+AUTO_APPROVAL_TARGET_WINDOW_HOURS: int = env_int("AUTO_APPROVAL_TARGET_WINDOW_HOURS", 7 * 24)
+# - per agent: the total auto-approved for its proposals per day, per currency.
+AUTO_APPROVAL_AGENT_DAILY_AMOUNTS: dict[str, Decimal] = env_decimal_map(
+    "AUTO_APPROVAL_AGENT_DAILY_AMOUNTS", "EUR:250,USD:250,GBP:200,JPY:30000"
+)
 # SUBMITTING is a lease: only its holder may record the outcome until it expires.
 LEASE_SECONDS: int = env_int("LEASE_SECONDS", 60)
 # How often beat sweeps AUTHORIZED rows (lost publishes) and expired leases.
@@ -248,19 +349,22 @@ LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 36
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.
 ATTEMPT_BODY_RETENTION_DAYS: int = env_int("ATTEMPT_BODY_RETENTION_DAYS", 90)
 HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 3600)
-# The API's per-token rate counters live in this cache, which every web process must share.
-# The database cache works on SQLite and PostgreSQL alike and stays out of the transactions
-# that record actions; its increment is a read then a write, so a parallel burst from one
-# token can pass a few requests over the limit (Redis's cache would be exact).
+# Django's cache (used by nothing that must be exact: the API's rate counters are a table of
+# their own, see actions/api/ratelimit.py).
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "console_cache"}}
 
-# The agent API: requests per minute per token (429 with Retry-After past it), and the largest
-# request body accepted (413 past it).
+# The agent API: requests per minute per token (429 with Retry-After past it), requests per
+# minute per client address before authentication, and the largest request body accepted
+# (413 past it).
 API_RATE_LIMIT_PER_MINUTE: int = env_int("API_RATE_LIMIT_PER_MINUTE", 120)
+API_ANONYMOUS_RATE_LIMIT_PER_MINUTE: int = env_int("API_ANONYMOUS_RATE_LIMIT_PER_MINUTE", 60)
 API_MAX_BODY_BYTES: int = env_int("API_MAX_BODY_BYTES", 64 * 1024)
-# Bearer token a metrics scraper must send to /metrics; empty leaves the endpoint open
-# (it shows counts and ages only, no customer data).
+# Bearer token a metrics scraper must send to /metrics. In production mode /metrics refuses
+# every request while it is empty, and `check --deploy` fails (console.checks); outside
+# production mode an empty token leaves it open for local scraping.
 METRICS_TOKEN: str = env_str("METRICS_TOKEN", "")
+# Refund requests: how many one agent may open on one order per day.
+REFUND_REQUESTS_PER_ORDER_PER_DAY: int = env_int("REFUND_REQUESTS_PER_ORDER_PER_DAY", 3)
 # Fault points in the worker (tests only): comma-separated names; inert when empty.
 CONSOLE_FAULT_POINTS: list[str] = env_list("CONSOLE_FAULT_POINTS", "")
 

@@ -6,12 +6,27 @@ from django.urls import include, path
 
 from actions import views as actions_views
 from actions import webhook_views
-from console import metrics, views
+from console import account, metrics, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("account/", account.account, name="account"),
+    path("account/password/", account.PasswordChange.as_view(), name="password-change"),
+    path("account/two-factor/", account.two_factor_setup, name="two-factor-setup"),
+    path("account/verify/", account.two_factor_verify, name="two-factor-verify"),
+    path("account/agents/<int:pk>/tokens", account.agent_token_issue_view, name="agent-token-issue"),
+    path(
+        "account/agents/<int:pk>/tokens/<int:token_pk>/rotate",
+        account.agent_token_rotate_view,
+        name="agent-token-rotate",
+    ),
+    path(
+        "account/agents/<int:pk>/tokens/<int:token_pk>/revoke",
+        account.agent_token_revoke_view,
+        name="agent-token-revoke",
+    ),
     path("approvals/", include("approvals.urls")),
     path("review/", include("actions.urls")),
     path("kinds/", actions_views.kinds, name="kinds"),

@@ -39,9 +39,18 @@ def fast_password_hashing(settings: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def login_lockout_off(settings: Any) -> None:
+    """django-axes refuses a login without a request, and Django's test client logs in without
+    one. The lockout has its own tests (tests/security/test_login_defence.py), which switch it
+    back on."""
+    settings.AXES_ENABLED = False
+
+
+@pytest.fixture(autouse=True)
 def process_local_cache(settings: Any) -> None:
-    """Production shares the API's rate counters through the database cache; tests use a
-    process-local cache, so that tests without database access can reset the counters."""
+    """Production uses the database cache; tests use a process-local one, which tests without
+    database access can clear. (The API's rate counters are a table of their own, rolled back
+    with each test's transaction.)"""
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 

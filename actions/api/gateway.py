@@ -1,7 +1,9 @@
 """The API's front door: what runs before django-ninja parses a request, and after it answers.
 
 In this order, so that cheap refusals come first and nothing unauthenticated is read:
-1. authentication by bearer token (401, or 403 for a deactivated agent),
+1. authentication by bearer token (401, or 403 for a deactivated agent); a request without a
+   valid token (a public document, a missing or guessed token) counts against its client
+   address's rate limit (429 with Retry-After),
 2. the per-token rate limit (429 with Retry-After), so that refused bodies count too,
 3. the body size cap (413), decided from Content-Length before the body is read,
 4. JSON only (415).
@@ -31,7 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 from actions.api.auth import authenticate_request, presented_token
 from actions.api.logs import bind, log_context, log_event
 from actions.api.problems import ApiProblem, is_problem, kind_for_status, problem_response
-from actions.api.ratelimit import ratelimit_hit
+from actions.api.ratelimit import anonymous_rate_limit_per_minute, ratelimit_hit
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
@@ -71,7 +73,9 @@ def _check_body(request: HttpRequest) -> None:
         )
 
 
-def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None) -> None:
+def _admit(
+    request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None, limited: bool = True
+) -> None:
     if methods is not None and request.method not in methods:
         raise ApiProblem(
             "method-not-allowed",
@@ -80,8 +84,15 @@ def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str]
             headers={"Allow": ", ".join(sorted(methods))},
         )
     if not authenticated:
+        if limited:
+            _limit_client_address(request)
         return
-    token = authenticate_request(request)
+    try:
+        token = authenticate_request(request)
+    except ApiProblem:
+        # Guessing tokens is limited per address: the 429 replaces the 401 once over the limit.
+        _limit_client_address(request)
+        raise
     # Read by AgentBearer, so that ninja does not authenticate a second time.
     request.agent_token = token  # type: ignore[attr-defined]
     bind(agent=token.agent.name, token=token.prefix)
@@ -98,6 +109,28 @@ def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str]
         _check_body(request)
 
 
+def client_address(request: HttpRequest) -> str:
+    """The client's address. Behind a TLS proxy (BEHIND_TLS_PROXY) the proxy's view of it,
+    the last X-Forwarded-For entry it appended; otherwise the socket's peer."""
+    if getattr(settings, "SECURE_PROXY_SSL_HEADER", None):
+        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
+        if forwarded:
+            return forwarded[-1][:64]
+    return str(request.META.get("REMOTE_ADDR") or "unknown")[:64]
+
+
+def _limit_client_address(request: HttpRequest) -> None:
+    decision = ratelimit_hit(key=f"ip:{client_address(request)}", limit=anonymous_rate_limit_per_minute())
+    if not decision.allowed:
+        raise ApiProblem(
+            "rate-limited",
+            code="rate_limited",
+            detail=f"This address sent more than {decision.limit} requests without a valid token this minute. Wait "
+            f"{decision.retry_after} seconds.",
+            headers={"Retry-After": str(decision.retry_after)},
+        )
+
+
 def _as_problem(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     if response.status_code < 400 or is_problem(response):
         return response
@@ -109,8 +142,15 @@ def _as_problem(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     )
 
 
-def api_view(view: View, *, authenticated: bool = True, methods: frozenset[str] | None = None) -> View:
-    """Wrap one of the API's URL callbacks with the front door described above."""
+def api_view(
+    view: View, *, authenticated: bool = True, methods: frozenset[str] | None = None, limited: bool = True
+) -> View:
+    """Wrap one of the API's URL callbacks with the front door described above.
+
+    ``limited=False`` exempts a public, constant document (the OpenAPI document and its docs
+    page) from the per-address limit: answering it reads no table, so it costs less than the
+    count would, and it must load even when the database is down.
+    """
 
     @functools.wraps(view)
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -121,7 +161,7 @@ def api_view(view: View, *, authenticated: bool = True, methods: frozenset[str] 
             if isinstance(kwargs.get("action_id"), str):
                 bind(action_id=kwargs["action_id"])
             try:
-                _admit(request, authenticated=authenticated, methods=methods)
+                _admit(request, authenticated=authenticated, methods=methods, limited=limited)
                 response = view(request, *args, **kwargs)
             except ApiProblem as problem:
                 if problem.kind.status in (401, 403):

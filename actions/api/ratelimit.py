@@ -1,22 +1,21 @@
-"""Per-token rate limit: a fixed-window counter in Django's cache.
+"""Request rate limits of the agent API: fixed-window counters, counted atomically.
 
-Why the cache and not a table: the counter is disposable. Losing it resets at most one
-window, it must never take part in (or wait for) the transactions that record actions, and
-one ``add`` plus one ``incr`` per request is the cheapest shared counter Django offers. It
-is only correct across several web processes when the cache is shared by all of them: a
-database cache (``django.core.cache.backends.db.DatabaseCache``, on the one database every
-process already shares, SQLite or PostgreSQL) or Redis. The per-process local-memory cache
-that Django uses when nothing is configured counts each process separately; the alias is
-``settings.API_RATE_LIMIT_CACHE`` (default ``"default"``).
+Per token (``API_RATE_LIMIT_PER_MINUTE``) for authenticated requests, and per client address
+(``API_ANONYMOUS_RATE_LIMIT_PER_MINUTE``) for every request before it is authenticated, so
+that guessing tokens or hammering the public documents is limited too.
 
-On Redis ``incr`` is atomic. On the database cache it is a read followed by a write, so a
-burst of parallel requests from one token can slip a few requests past the limit; that is
-acceptable for a limit that protects the console's capacity, not money (money is protected
-by the invariants, whatever the request rate).
+Why a table and one upsert: the count must hold under a parallel burst. The earlier counter in
+Django's database cache was a read followed by a write, and 400 parallel requests of one token
+against a limit of 120 got 398 answers of 200 (lost updates). Here every request is one
+statement, ``INSERT ... ON CONFLICT (key, window) DO UPDATE SET count = count + 1 RETURNING
+count``, which PostgreSQL and SQLite both run atomically: no two requests read the same count.
+It runs in its own autocommit statement, outside the transactions that record actions, and
+never waits on them.
 
-Why a fixed window: one counter per token and minute, and ``Retry-After`` is exact (the
-seconds until the window ends). The price is that a client can send up to twice the limit
-across a window boundary, which a limit meant to stop runaway loops can live with.
+Why a fixed window: one row per key and minute, and ``Retry-After`` is exact (the seconds until
+the window ends). A client can send up to twice the limit across a window boundary, which a
+limit meant to stop runaway loops and guessing can live with. Rows of past windows are deleted
+when a key opens a new window.
 """
 
 from __future__ import annotations
@@ -26,10 +25,13 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.cache import caches
+from django.db import connection
+
+from actions.models import RateCounter
 
 WINDOW_SECONDS = 60
 DEFAULT_PER_MINUTE = 120
+DEFAULT_ANONYMOUS_PER_MINUTE = 60
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,33 @@ def rate_limit_per_minute() -> int:
     return int(getattr(settings, "API_RATE_LIMIT_PER_MINUTE", DEFAULT_PER_MINUTE))
 
 
+def anonymous_rate_limit_per_minute() -> int:
+    return int(getattr(settings, "API_ANONYMOUS_RATE_LIMIT_PER_MINUTE", DEFAULT_ANONYMOUS_PER_MINUTE))
+
+
+def _increment(key: str, window: int) -> int:
+    table = connection.ops.quote_name(RateCounter._meta.db_table)
+    # "window" is a reserved word in PostgreSQL: every column name is quoted.
+    key_col, window_col, count_col = (connection.ops.quote_name(name) for name in ("key", "window", "count"))
+    sql = (
+        f"INSERT INTO {table} ({key_col}, {window_col}, {count_col}) VALUES (%s, %s, 1) "  # noqa: S608 (names only)
+        f"ON CONFLICT ({key_col}, {window_col}) DO UPDATE SET {count_col} = {table}.{count_col} + 1 "
+        f"RETURNING {count_col}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [key, window])
+        row = cursor.fetchone()
+    count = int(row[0]) if row else 1
+    if count == 1:
+        # The first request of a new window clears this key's old windows.
+        RateCounter.objects.filter(key=key, window__lt=window).delete()
+    return count
+
+
 def ratelimit_hit(*, key: str, limit: int | None = None, now: float | None = None) -> RateDecision:
     """Count one request for ``key`` in the current window and say whether it may proceed.
 
-    A limit of 0 or less switches the limit off.
+    A limit of 0 or less switches the limit off (and counts nothing).
     """
     limit = rate_limit_per_minute() if limit is None else limit
     now = time.time() if now is None else now
@@ -55,17 +80,5 @@ def ratelimit_hit(*, key: str, limit: int | None = None, now: float | None = Non
     retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
     if limit <= 0:
         return RateDecision(allowed=True, limit=limit, count=0, retry_after=retry_after)
-    cache = caches[getattr(settings, "API_RATE_LIMIT_CACHE", "default")]
-    cache_key = f"api-rate:{key}:{window}"
-    # The entry outlives its window a little so that a late incr never finds it expired.
-    timeout = WINDOW_SECONDS + 10
-    if cache.add(cache_key, 1, timeout=timeout):
-        count = 1
-    else:
-        try:
-            count = cache.incr(cache_key)
-        except ValueError:
-            # Expired between add and incr: this request opens the window again.
-            cache.add(cache_key, 1, timeout=timeout)
-            count = 1
+    count = _increment(key[:100], window)
     return RateDecision(allowed=count <= limit, limit=limit, count=count, retry_after=retry_after)

@@ -11,12 +11,13 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AwareDatetime, ConfigDict, Field, Strict, model_validator
+from pydantic import AwareDatetime, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from actions.models import ReasonCode
 from actions.requests import MAX_NOTE_LENGTH
 from actions.services import MAX_EVIDENCE_LENGTH
+from actions.text import unsafe_characters, unsafe_characters_message
 
 ORDER_NUMBER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"
 EXTERNAL_REFERENCE_PATTERN = r"^[A-Za-z0-9#][A-Za-z0-9_.:#/@+\-]{0,99}$"
@@ -61,6 +62,18 @@ ExternalReference = Annotated[
 
 class _Request(Schema):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_control_characters(cls, value: Any, info: ValidationInfo) -> Any:
+        # Every string field of every request, so that a field added later is covered too.
+        if isinstance(value, str):
+            codes = unsafe_characters(value)
+            if codes:
+                raise PydanticCustomError(
+                    "invalid_characters", unsafe_characters_message(codes), {"field": info.field_name}
+                )
+        return value
 
 
 class RefundProposal(_Request):
@@ -127,12 +140,20 @@ class RefundRequestOpen(_Request):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"order_number": "4821", "external_reference": "ZD-48213", "note": "Lid arrived broken."}]
+            "examples": [
+                {
+                    "order_number": "4821",
+                    "external_reference": "ZD-48213",
+                    "reason_code": "damaged",
+                    "note": "Lid arrived broken.",
+                }
+            ]
         },
     )
 
     order_number: OrderNumber
     external_reference: ExternalReference
+    reason_code: ReasonCode = Field(description="Why the customer asks for money back.")
     note: str = Field("", max_length=MAX_NOTE_LENGTH, description="What the customer asked for, in a sentence.")
 
 
@@ -222,7 +243,7 @@ class Problem(Schema):
 class StatusExplanationOut(Schema):
     summary: str = Field(description="What is true now, in a sentence.")
     next_step: str = Field(description="What happens next, and what the agent should (not) do.")
-    held_by: str = Field(description="Who or what the action waits for.")
+    held_by: str = Field(description="Who or what the action waits for: a role, never a person's name.")
     final: bool = Field(description="True when nothing will change any more.")
     needs_person: bool = Field(description="True when a person must act before anything changes.")
 

@@ -39,7 +39,7 @@ def _patterns() -> list[URLPattern]:
         assert isinstance(pattern, URLPattern)
         name = pattern.name or ""
         if name in _PUBLIC:
-            view = api_view(pattern.callback, authenticated=False, methods=_PUBLIC[name])
+            view = api_view(pattern.callback, authenticated=False, methods=_PUBLIC[name], limited=False)
         else:
             view = api_view(pattern.callback, methods=methods.get(name))
         result.append(URLPattern(pattern.pattern, view, pattern.default_args, pattern.name))

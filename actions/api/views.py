@@ -7,6 +7,7 @@ them (as application/problem+json) next to the errors the gateway answers before
 
 from __future__ import annotations
 
+import json
 import logging
 import traceback
 from dataclasses import asdict
@@ -17,6 +18,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import NinjaAPI, Query, Status
 from ninja.errors import HttpError, ValidationError
+from ninja.parser import Parser
 
 from actions.agents import ORDERS_SCOPE
 from actions.api.auth import AgentBearer
@@ -38,7 +40,7 @@ from actions.api.schemas import (
 )
 from actions.models import Action, ActionKind, Agent, Order, RefundRequest, RequestSource
 from actions.orders import OrderBusy, OrderConflict, order_data_check, order_upsert
-from actions.requests import RefundRequestConflict, refund_request_open
+from actions.requests import RefundRequestConflict, RefundRequestTaken, refund_request_open
 from actions.selectors import (
     MAX_PAGE_SIZE,
     InvalidCursor,
@@ -55,9 +57,10 @@ managers approve in the console, workers execute with a stable idempotency key, 
 outcomes are reconciled with the payment provider, never blindly retried.
 
 Authenticate every request with `Authorization: Bearer <token>` (tokens are issued by the
-console's admins). Bodies are JSON (`Content-Type: application/json`). Every error is an
-RFC 9457 problem document (`application/problem+json`) with a machine-readable `code` and, for
-bad input, one entry per field in `errors`.
+agent's owner, on the owner's account page in the console). Bodies are JSON
+(`Content-Type: application/json`), each key once. Every error is an RFC 9457 problem
+document (`application/problem+json`) with a machine-readable `code` and, for bad input, one
+entry per field in `errors`.
 
 A shop's commerce system sends its orders to `POST /api/v1/orders` (scope `orders`), the whole
 order each time it changes; agents with the scope `refund` propose refunds on them.
@@ -66,6 +69,35 @@ Sending the same proposal again is always safe: it returns the existing action (
 means the business reference already names a different proposal: read it, never invent a new
 reference. An action in UNKNOWN or NEEDS_REVIEW is being resolved by the console: wait and read.
 """
+
+
+class DuplicateKeys(ValueError):
+    """A JSON object in the body names the same key twice."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(", ".join(keys))
+        self.keys = keys
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    duplicates = []
+    for key, _ in pairs:
+        if key in seen and key not in duplicates:
+            duplicates.append(key)
+        seen.add(key)
+    if duplicates:
+        raise DuplicateKeys(duplicates)
+    return dict(pairs)
+
+
+class StrictJsonParser(Parser):
+    """JSON with every key once. Python's json keeps the last of two equal keys, and another
+    parser on the way (a proxy, a log, the agent's own) may keep the first: the two would read
+    different amounts from one body."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        return json.loads(request.body, object_pairs_hook=_refuse_duplicate_keys)
 
 
 class ConsoleApi(NinjaAPI):
@@ -81,6 +113,7 @@ api = ConsoleApi(
     urls_namespace="api-v1",
     auth=AgentBearer(),
     docs=SelfContainedDocs(),
+    parser=StrictJsonParser(),
 )
 
 # --- the OpenAPI document declares every answer, including the gateway's ------------------
@@ -229,7 +262,17 @@ def _on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResp
 
 @api.exception_handler(HttpError)
 def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
-    if exc.status_code == 400:
+    if exc.status_code == 400 and isinstance(exc.__cause__, DuplicateKeys):
+        keys = exc.__cause__.keys
+        problem = ApiProblem(
+            "invalid-request",
+            code="duplicate_keys",
+            detail=f"The body names {', '.join(keys)} more than once. Send each field once. Nothing was written.",
+            errors=[
+                {"field": key, "code": "duplicate_key", "message": "This key appears more than once."} for key in keys
+            ],
+        )
+    elif exc.status_code == 400:
         # django-ninja raises this when the body does not parse as JSON.
         problem = ApiProblem("malformed-json", code="malformed_json", detail="The body is not valid JSON.")
     else:
@@ -302,8 +345,18 @@ def _refuse_unknown_query(request: HttpRequest, *allowed: str) -> None:
         )
 
 
+# Messages that would tell an agent more than its own request needs: the order's captured,
+# refunded and reserved amounts include other parties' refunds.
+_DISCREET_MESSAGES = {
+    "over_refundable_balance": "The amount is more than the order's refundable balance: the order cannot pay it. "
+    "Nothing was written. Ask a person if the customer is owed more.",
+}
+
+
 def _invalid(problems: ProposalInvalid) -> ApiProblem:
     errors = [problem.as_dict() for problem in problems.problems]
+    for error in errors:
+        error["message"] = _DISCREET_MESSAGES.get(error["code"], error["message"])
     return ApiProblem(
         "invalid-request",
         code="validation_failed",
@@ -408,7 +461,8 @@ def propose_refund(request: HttpRequest, payload: RefundProposal) -> Status[Acti
         refund_request = refund_request_by_reference(
             order_number=payload.order_number, external_reference=payload.external_reference
         )
-        if refund_request is None:
+        if refund_request is None or refund_request.opened_by_agent_id not in (None, agent.pk):
+            # Another agent's request reads as no request at all.
             raise _invalid(
                 ProposalInvalid(
                     [
@@ -477,10 +531,20 @@ def open_refund_request(request: HttpRequest, payload: RefundRequestOpen) -> Sta
             external_reference=payload.external_reference,
             note=payload.note,
             source=RequestSource.AGENT,
+            reason_code=payload.reason_code.value,
+            opened_by_agent=agent,
         )
     except ProposalInvalid as invalid:
         log_event("refund_request.invalid", errors=[p.as_dict() for p in invalid.problems])
         raise _invalid(invalid) from None
+    except RefundRequestTaken:
+        log_event("refund_request.taken", external_reference=payload.external_reference)
+        raise ApiProblem(
+            "conflict",
+            code="reference_taken",
+            detail="This external reference already names a refund request opened by another proposer. Nothing was "
+            "written. Do not invent a new reference: ask a person.",
+        ) from None
     except RefundRequestConflict as conflict:
         log_event("refund_request.conflict", external_reference=payload.external_reference)
         raise ApiProblem(

@@ -89,6 +89,7 @@ def check_effects(
         for a in Action.objects.values(
             "pk",
             "action_id",
+            "kind",
             "status",
             "provider_reference",
             "status_changed_at",
@@ -100,6 +101,7 @@ def check_effects(
         )
     }
     report.actions = len(actions)
+    audited_kinds = {kind.name for kind in all_kinds() if kind.has_ledger}
     for row in actions.values():
         report.states[row["status"]] = report.states.get(row["status"], 0) + 1
 
@@ -131,7 +133,8 @@ def check_effects(
 
     # Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded.
     for action_id, row in actions.items():
-        if row["status"] != S.SUCCEEDED:
+        # A kind whose receiver keeps no ledger (a person is its receiver) has nothing to count.
+        if row["status"] != S.SUCCEEDED or row["kind"] not in audited_kinds:
             continue
         effects = effects_by_action.get(action_id, [])
         succeeded = [e for e in effects if e.outcome == Outcome.SUCCEEDED]

@@ -259,7 +259,10 @@ class RefundKind(EffectKind):
     # --- binding and reservation on the order ------------------------------------------
 
     def target_version(self, action: Action) -> int | None:
-        return Order.objects.values_list("version", flat=True).get(pk=_order_pk(action))
+        # The order as the caller loaded it in its transaction (select_related, or the proposal's
+        # own read): the version the decider saw.
+        assert action.order is not None, "a refund always targets an order"
+        return action.order.version
 
     def approval_refusal(self, action: Action) -> tuple[str, str] | None:
         order = action.order
@@ -272,8 +275,8 @@ class RefundKind(EffectKind):
         return None
 
     def auto_approval_refusal(self, action: Action) -> str | None:
-        order = Order.objects.get(pk=_order_pk(action))
-        if action.amount > order.refundable_amount:
+        order = action.order
+        if order is None or action.amount > order.refundable_amount:
             return "the order no longer covers it"
         return None
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("actions", "0007_kinds"),
+        ("actions", "0008_security_hardening"),
     ]
 
     operations = [

@@ -20,6 +20,7 @@ from actions.models.followups import (
     RemedyKind,
 )
 from actions.models.orders import Order, OrderEvent, OrderEventKind, OutsideRefund, RefundRequest, RequestSource
+from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 from actions.models.webhooks import WebhookEvent, WebhookEventOutcome
 
 __all__ = [
@@ -42,11 +43,14 @@ __all__ = [
     "OrderEventKind",
     "OutsideRefund",
     "OwnerGroup",
+    "RateCounter",
     "ReasonCode",
     "RefundRequest",
     "Remedy",
     "RemedyKind",
     "RequestSource",
+    "SecurityEvent",
+    "SecurityEventKind",
     "WebhookEvent",
     "WebhookEventOutcome",
 ]

@@ -53,6 +53,11 @@ class Order(models.Model):
                 & Q(captured_amount__gte=F("refunded_amount") + F("reserved_amount") + F("outside_refunded_amount")),
                 name="order_money_adds_up",
             ),
+            # One charge is one order: a second order on a charge would make its money
+            # refundable twice (once per order).
+            models.UniqueConstraint(
+                fields=["charge_reference"], condition=~Q(charge_reference=""), name="order_charge_reference_unique"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -133,6 +138,12 @@ class RefundRequest(models.Model):
         max_length=100, null=True, blank=True, unique=True, help_text="E.g. the support ticket's id."
     )
     source = models.CharField(max_length=16, choices=RequestSource.choices, default=RequestSource.TICKET)
+    # Why the customer asks (a ReasonCode); blank only on requests opened before it was asked.
+    reason_code = models.CharField(max_length=64, blank=True)
+    # The agent that opened it over the API, if one did: another agent may not read it back.
+    opened_by_agent = models.ForeignKey(
+        "actions.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="refund_requests"
+    )
     note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

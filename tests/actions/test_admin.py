@@ -541,19 +541,24 @@ def test_the_compensation_is_listed_and_the_original_keeps_its_trail(
 # --- agents and their tokens -----------------------------------------------------------------
 
 
-def test_issuing_a_token_shows_it_once_and_stores_only_its_hash(admin_client: Client, agent: Any) -> None:
-    response = admin_client.post(
-        "/admin/actions/agent/", {"action": "issue_token", "_selected_action": [agent.pk]}, follow=True
-    )
+def test_issuing_a_token_shows_it_once_and_stores_only_its_hash(
+    admin_client: Client, agent: Any, agent_owner: Any
+) -> None:
+    """Issued by the agent's owner on the account page: the admin site no longer issues tokens
+    (tests/security/test_separation_of_duties.py)."""
+    owner = Client()
+    owner.force_login(agent_owner)
+    response = owner.post(f"/account/agents/{agent.pk}/tokens", {"label": "production"})
 
-    shown = re.findall(r"<code>(ect_[A-Za-z0-9_\-]+)</code>", response.content.decode())
+    shown = re.findall(r">(ect_[A-Za-z0-9_\-]+)</code>", response.content.decode())
     assert len(shown) == 1
     plain = shown[0]
     token = AgentToken.objects.get(agent=agent)
     assert token.token_hash == token_hash(plain)
     assert plain not in str(AgentToken.objects.values().get(pk=token.pk))
     assert agent_authenticate(plain=plain).pk == token.pk
-    assert plain not in admin_client.get("/admin/actions/agent/").content.decode(), "shown once"
+    assert plain not in owner.get("/account/").content.decode(), "shown once"
+    assert plain not in admin_client.get("/admin/actions/agent/").content.decode()
     assert plain not in admin_client.get(f"/admin/actions/agent/{agent.pk}/change/").content.decode()
 
 

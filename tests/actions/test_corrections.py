@@ -20,6 +20,7 @@ from django.utils import timezone
 from actions.corrections import CorrectionRefused, action_owner_assign, discrepancy_compensate
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, execution_dispatch, submission_record
+from actions.engine.invariants import check_effects
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.resolutions import action_resolve_succeeded
 from actions.kinds.base import Answer
@@ -282,6 +283,10 @@ def test_finance_records_the_recovery_and_the_compensation_succeeds(
     assert resolution.action.status == S.SUCCEEDED
     assert Action.objects.get(pk=compensation.pk).provider_reference == "INV-2026-0042"
     assert order.values("reserved_amount", "refunded_amount", "version").get() == order_before
+    # Its receiver is a person and keeps no ledger: invariant 2 counts no effect for it, while
+    # the refund it compensates is still checked against the provider's ledger.
+    violations = check_effects(ledger=[]).violations
+    assert [v.subject for v in violations if v.invariant == 2] == [duplicate.action.action_id]  # type: ignore[union-attr]
 
 
 def test_a_compensation_recovers_every_duplicate_in_the_currencys_own_decimals(

@@ -716,6 +716,7 @@ def test_the_demo_seed_puts_actions_in_every_state_and_running_it_again_changes_
     live_sandbox: SandboxClient, settings: Any
 ) -> None:
     """Invariants 5 and 8 hold for the demo data: every state is shown, built through the services."""
+    settings.DEBUG = True  # seed_demo refuses to run in production
     call_command("seed_demo", "--sandbox", live_sandbox.url, stdout=_Sink(), stderr=_Sink())
 
     statuses = set(Action.objects.values_list("status", flat=True))

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.core.cache import caches
 from django.test import Client
 
 from actions.agents import agent_token_issue
@@ -51,12 +50,6 @@ def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
     return calls
-
-
-@pytest.fixture(autouse=True)
-def fresh_rate_limit_counters() -> None:
-    """The counters live in the cache, which outlives a test's database transaction."""
-    caches["default"].clear()
 
 
 @pytest.fixture

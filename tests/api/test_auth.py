@@ -80,7 +80,9 @@ def test_an_agent_without_the_refund_scope_may_not_propose_refunds(
 
     assert_problem(client.post(REFUNDS, proposal), 403, "scope_missing")
     assert_problem(
-        client.post("/api/v1/refund-requests", {"order_number": "4821", "external_reference": "ZD-9"}),
+        client.post(
+            "/api/v1/refund-requests", {"order_number": "4821", "external_reference": "ZD-9", "reason_code": "damaged"}
+        ),
         403,
         "scope_missing",
     )

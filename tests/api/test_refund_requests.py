@@ -19,7 +19,10 @@ REQUESTS = "/api/v1/refund-requests"
 
 @pytest.mark.django_db
 def test_opening_a_request_numbers_it_after_the_orders_last_one(api: ApiClient, order: Order) -> None:
-    response = api.post(REQUESTS, {"order_number": order.number, "external_reference": "ZD-2", "note": "Lid broken"})
+    response = api.post(
+        REQUESTS,
+        {"order_number": order.number, "external_reference": "ZD-2", "reason_code": "damaged", "note": "Lid broken"},
+    )
 
     assert response.status_code == 201, response.content
     body = response.json()
@@ -30,8 +33,11 @@ def test_opening_a_request_numbers_it_after_the_orders_last_one(api: ApiClient, 
 
 @pytest.mark.django_db
 def test_opening_the_same_reference_again_returns_the_existing_request_with_200(api: ApiClient, order: Order) -> None:
-    first = api.post(REQUESTS, {"order_number": order.number, "external_reference": "ZD-2"})
-    again = api.post(REQUESTS, {"order_number": order.number, "external_reference": "ZD-2", "note": "retry"})
+    first = api.post(REQUESTS, {"order_number": order.number, "external_reference": "ZD-2", "reason_code": "damaged"})
+    again = api.post(
+        REQUESTS,
+        {"order_number": order.number, "external_reference": "ZD-2", "reason_code": "damaged", "note": "retry"},
+    )
 
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["request_number"] == first.json()["request_number"]
@@ -45,7 +51,9 @@ def test_a_reference_already_used_on_another_order_is_a_409(
     other = make_order(number="5000")
     before = row_counts()
 
-    response = api.post(REQUESTS, {"order_number": other.number, "external_reference": "ZD-1"})
+    response = api.post(
+        REQUESTS, {"order_number": other.number, "external_reference": "ZD-1", "reason_code": "damaged"}
+    )
 
     body = assert_problem(response, 409, "reference_conflict")
     assert body["differing"] == {"order_number": {"existing": "4821", "proposed": "5000"}}
@@ -56,10 +64,18 @@ def test_a_reference_already_used_on_another_order_is_a_409(
 @pytest.mark.parametrize(
     ("body", "field", "code"),
     [
-        ({"order_number": "9999", "external_reference": "ZD-2"}, "order_number", "not_found"),
-        ({"order_number": "4821", "external_reference": "has space"}, "external_reference", "invalid_format"),
-        ({"order_number": "4821"}, "external_reference", "required"),
-        ({"order_number": "4821", "external_reference": "ZD-2", "note": "x" * 2001}, "note", "too_long"),
+        ({"order_number": "9999", "external_reference": "ZD-2", "reason_code": "damaged"}, "order_number", "not_found"),
+        (
+            {"order_number": "4821", "external_reference": "has space", "reason_code": "damaged"},
+            "external_reference",
+            "invalid_format",
+        ),
+        ({"order_number": "4821", "reason_code": "damaged"}, "external_reference", "required"),
+        (
+            {"order_number": "4821", "external_reference": "ZD-2", "reason_code": "damaged", "note": "x" * 2001},
+            "note",
+            "too_long",
+        ),
     ],
 )
 def test_bad_input_names_the_field_and_opens_nothing(

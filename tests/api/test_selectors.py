@@ -38,13 +38,14 @@ def test_every_waiting_status_tells_the_agent_not_to_send_again(status: str) -> 
     assert "propose it again" in next_step or "never send a new request" in next_step
 
 
-def test_an_action_in_review_names_the_person_who_holds_it_and_when_it_is_due(finance: Any) -> None:
+def test_an_action_in_review_names_the_role_that_holds_it_and_when_it_is_due(finance: Any) -> None:
     finance.first_name, finance.last_name = "Fiona", "Finance"
     due = timezone.now() + timedelta(hours=24)
 
     explanation = action_explain_status(unsaved_action(S.NEEDS_REVIEW, owner=finance, due_at=due))
 
-    assert explanation.held_by == "Fiona Finance"
+    # A role, not the person's name: agents are not told who works in finance.
+    assert explanation.held_by == "a person in finance"
     assert explanation.needs_person is True
     assert f"{due:%Y-%m-%d %H:%M}" in explanation.next_step
 

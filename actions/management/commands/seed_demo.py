@@ -40,7 +40,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
@@ -126,6 +126,13 @@ class Command(BaseCommand):
         parser.add_argument("--sandbox", default=settings.PROVIDER_API_BASE, help="the sandbox provider's address")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.DEBUG:
+            # Demo users with known passwords, an agent token written to a file and invented
+            # orders: never on a production database.
+            raise CommandError(
+                "seed_demo refuses to run with DEBUG off: it creates demo users with known passwords. "
+                "It is for development (`make start` sets DEBUG=1)."
+            )
         ensure_roles()
         sandbox = options["sandbox"].rstrip("/")
         with transaction.atomic():

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+class SecurityEventKind(models.TextChoices):
+    TOKEN_ISSUED = "token_issued", "Agent token issued"
+    TOKEN_ROTATED = "token_rotated", "Agent token rotated"
+    TOKEN_REVOKED = "token_revoked", "Agent token revoked"
+    AGENT_OWNER_CHANGED = "agent_owner_changed", "Agent owner changed"
+    APPROVAL_LIMIT_CHANGED = "approval_limit_changed", "Approval limit changed"
+    APPROVAL_LIMIT_DELETED = "approval_limit_deleted", "Approval limit deleted"
+    CAP_CHANGED = "cap_changed", "Auto-approval cap changed"
+    CAP_DELETED = "cap_deleted", "Auto-approval cap deleted"
+
+
+class SecurityEventQuerySet(models.QuerySet["SecurityEvent"]):
+    def update(self, **kwargs: Any) -> int:
+        raise SecurityTrailIsAppendOnly("security events cannot be updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise SecurityTrailIsAppendOnly("security events cannot be deleted")
+
+
+class SecurityTrailIsAppendOnly(Exception):
+    pass
+
+
+class SecurityEvent(models.Model):
+    """One line of the append-only trail of who changed who may do what.
+
+    Action events record what happened to one action; these record changes to the rules
+    around all of them: tokens issued to agents, agents' owners, managers' approval limits and
+    the caps on auto-approval. Each is written in the same transaction as the change.
+    """
+
+    kind = models.CharField(max_length=32, choices=SecurityEventKind.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    actor_label = models.CharField(max_length=200)
+    subject = models.CharField(max_length=200, help_text="What changed, e.g. 'agent refund-bot'.")
+    detail = models.JSONField(default=dict, blank=True, help_text="Before and after, never a secret.")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = SecurityEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()}: {self.subject} by {self.actor_label}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise SecurityTrailIsAppendOnly("security events cannot be updated")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise SecurityTrailIsAppendOnly("security events cannot be deleted")
+
+
+class RateCounter(models.Model):
+    """One fixed-window request counter of the agent API (actions/api/ratelimit.py)."""
+
+    key = models.CharField(max_length=100)
+    window = models.BigIntegerField(help_text="Epoch minute the window starts at.")
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "window"], name="rate_counter_key_window")]
+
+    def __str__(self) -> str:
+        return f"{self.key}@{self.window}: {self.count}"

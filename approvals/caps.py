@@ -1,0 +1,140 @@
+"""Caps on autonomy: how much the auto-approval policy may approve with no person involved.
+
+The threshold alone let an agent empty an order in small pieces (13 auto-approved refunds of
+25.00 EUR or less in 25 seconds). Past any of these caps a proposal waits for a manager:
+
+- per target (the order): the total amount, and the number of actions, auto-approved within
+  the cap's window;
+- per agent: the total amount auto-approved for the agent's proposals within a day (the cap's
+  window), per currency.
+
+The caps are policy data (``AutoApprovalCap`` rows, edited in the admin and written to the
+security trail), with defaults in the settings. ``auto_approval_cap_refusal`` decides and
+changes nothing: the auto-approval policy calls it before approving, inside its transaction,
+after ``auto_approval_cap_lock`` has locked the rows that serialise concurrent decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
+
+from actions.models import Action, ActionEvent, ActorKind, Agent, Order
+from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision
+
+# The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card
+# shows its reason (approvals/selectors.py).
+AUTO_APPROVAL_HELD = "auto_approval_held"
+
+
+@dataclass(frozen=True)
+class Cap:
+    max_amount: Decimal | None
+    max_count: int | None
+    window: timedelta
+
+
+def cap_for(*, scope: str, currency: str) -> Cap:
+    """The cap for a scope and currency: the admin's row if there is one, else the settings'."""
+    row = AutoApprovalCap.objects.filter(scope=scope, currency=currency).first()
+    if row is not None:
+        return Cap(row.max_amount, row.max_count, timedelta(hours=row.window_hours))
+    if scope == CapScope.TARGET:
+        return Cap(
+            settings.AUTO_APPROVAL_TARGET_MAX_AMOUNTS.get(currency),
+            settings.AUTO_APPROVAL_TARGET_MAX_COUNT,
+            timedelta(hours=settings.AUTO_APPROVAL_TARGET_WINDOW_HOURS),
+        )
+    return Cap(settings.AUTO_APPROVAL_AGENT_DAILY_AMOUNTS.get(currency), None, timedelta(days=1))
+
+
+def _auto_approved(*, since: datetime, until: datetime, exclude: Action) -> QuerySet[Action]:
+    """Actions auto-approved since ``since``, each counted once (a reopened action may hold
+    two approvals), other than the one being decided."""
+    approved = Approval.objects.filter(
+        policy=ApprovalPolicy.AUTO, decision=Decision.APPROVE, decided_at__gte=since, decided_at__lte=until
+    ).values("action_id")
+    return Action.objects.filter(pk__in=approved).exclude(pk=exclude.pk)
+
+
+def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
+    """Why the auto-approval policy must leave ``action`` to a manager, or None within every cap.
+
+    The text is for the manager's card, e.g. "Auto-approval cap for order 4821 reached: ...".
+    A currency with no cap configured has no auto-approval at all (fail closed).
+    """
+    currency = action.currency
+    amount = action.amount
+
+    target = cap_for(scope=CapScope.TARGET, currency=currency)
+    if action.order_id is not None:
+        if target.max_amount is None:
+            return f"No auto-approval cap is configured for {currency} per order, so a manager decides."
+        totals = (
+            _auto_approved(since=now - target.window, until=now, exclude=action)
+            .filter(order_id=action.order_id)
+            .aggregate(total=Sum("amount"), count=Count("pk"))
+        )
+        total = totals["total"] or Decimal("0")
+        count = totals["count"] or 0
+        hours = int(target.window.total_seconds() // 3600)
+        number = action.order.number if action.order is not None else action.order_id
+        if target.max_count is not None and count + 1 > target.max_count:
+            return (
+                f"Auto-approval cap for order {number} reached: {count} refunds were auto-approved on it in the last "
+                f"{hours} h (at most {target.max_count}). A manager decides this one."
+            )
+        if total + amount > target.max_amount:
+            return (
+                f"Auto-approval cap for order {number} reached: {total} {currency} was auto-approved on it in the last "
+                f"{hours} h, and {amount} {currency} more would pass the cap of {target.max_amount} {currency}. "
+                "A manager decides this one."
+            )
+
+    if action.proposed_by_agent_id is not None:
+        agent_cap = cap_for(scope=CapScope.AGENT, currency=currency)
+        if agent_cap.max_amount is None:
+            return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
+        total = _auto_approved(since=now - agent_cap.window, until=now, exclude=action).filter(
+            proposed_by_agent_id=action.proposed_by_agent_id, currency=currency
+        ).aggregate(total=Sum("amount"))["total"] or Decimal("0")
+        if total + amount > agent_cap.max_amount:
+            hours = int(agent_cap.window.total_seconds() // 3600)
+            return (
+                f"Auto-approval cap for this agent reached: {total} {currency} of its proposals was auto-approved in "
+                f"the last {hours} h, and {amount} {currency} more would pass the cap of {agent_cap.max_amount} "
+                f"{currency}. A manager decides this one."
+            )
+    return None
+
+
+def auto_approval_cap_lock(*, action: Action) -> None:
+    """Lock the order and the proposing agent (in that order), so that two auto-approvals on
+    the same order or by the same agent are decided one after the other and cannot both fit
+    under a cap that only one of them fits. Call inside the policy's transaction, before
+    ``auto_approval_cap_refusal``."""
+    if action.order_id is not None:
+        list(Order.objects.select_for_update().filter(pk=action.order_id).values_list("pk", flat=True))
+    if action.proposed_by_agent_id is not None:
+        list(Agent.objects.select_for_update().filter(pk=action.proposed_by_agent_id).values_list("pk", flat=True))
+
+
+def auto_approval_held_record(*, action: Action, reason: str, now: datetime | None = None) -> ActionEvent:
+    """Write, in the policy's transaction, that a cap left ``action`` to a manager. The status
+    does not change (PROPOSED to PROPOSED); the inbox card shows ``reason``."""
+    return ActionEvent.objects.create(
+        action=action,
+        transition=AUTO_APPROVAL_HELD,
+        from_state=action.status,
+        to_state=action.status,
+        actor_kind=ActorKind.SYSTEM,
+        actor_label="system:auto-approval",
+        reason=reason,
+        evidence={"policy": "auto_approval_caps"},
+        created_at=now or timezone.now(),
+    )

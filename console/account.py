@@ -1,0 +1,186 @@
+"""Every person's own page: password, second factor, and the agents they own.
+
+- Password change: Django's own view, open to every signed-in person (staff or not).
+- Second factor: one TOTP device per person (django-otp), set up by scanning a QR code and
+  confirming a first code. Confirming a code later (``verify``) is the step-up that approving
+  a high-value refund needs (approvals/step_up.py).
+- Agents: the owner of an agent issues, rotates and revokes its tokens here. The token is shown
+  once, on the answer to the POST that issued it, and never stored; issuing is written to the
+  security trail. Admins cannot do this in the admin site (separation of duties).
+"""
+
+from __future__ import annotations
+
+import time
+from base64 import b32encode
+from typing import Any
+
+import segno
+from django import forms
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse, reverse_lazy
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
+from django_otp import login as otp_login
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from actions.agents import (
+    AgentChangeRefused,
+    TokenNotActive,
+    agent_token_issue_by_owner,
+    agent_token_revoke_by,
+    agent_token_rotate_by_owner,
+)
+from actions.models import Agent, AgentToken
+from approvals.step_up import STEP_UP_SESSION_KEY
+
+
+class CodeForm(forms.Form):
+    code = forms.RegexField(
+        regex=r"^\s*[0-9]{6}\s*$",
+        error_messages={"invalid": "Enter the 6-digit code your authenticator app shows."},
+        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "maxlength": "8"}),
+    )
+
+
+class TokenLabelForm(forms.Form):
+    label = forms.CharField(required=False, max_length=100)
+
+
+def _device(user: Any, *, confirmed: bool) -> TOTPDevice | None:
+    return TOTPDevice.objects.filter(user=user, confirmed=confirmed).order_by("-pk").first()
+
+
+def _safe_next(request: HttpRequest, fallback: str) -> str:
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=False):
+        return target
+    return fallback
+
+
+@require_safe
+@login_required
+def account(request: HttpRequest) -> HttpResponse:
+    agents = Agent.objects.filter(owner_id=request.user.pk).prefetch_related("tokens").order_by("name")
+    context = {"device": _device(request.user, confirmed=True), "agents": agents}
+    return render(request, "console/account.html", context)
+
+
+class PasswordChange(auth_views.PasswordChangeView):
+    template_name = "console/password_change.html"
+    success_url = reverse_lazy("account")
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        messages.success(self.request, "Your password is changed.")
+        return response
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def two_factor_setup(request: HttpRequest) -> HttpResponse:
+    if _device(request.user, confirmed=True) is not None:
+        messages.info(request, "Your authenticator app is already set up.")
+        return redirect("account")
+    device = _device(request.user, confirmed=False)
+    if device is None:
+        device = TOTPDevice.objects.create(user=request.user, name="authenticator app", confirmed=False)
+    form = CodeForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        if device.verify_token(form.cleaned_data["code"].strip()):
+            device.confirmed = True
+            device.save(update_fields=["confirmed"])
+            otp_login(request, device)
+            request.session[STEP_UP_SESSION_KEY] = time.time()
+            messages.success(request, "Your authenticator app is set up.")
+            return redirect("account")
+        form.add_error("code", "That code is not right (or no longer current). Try the next one.")
+    qr_svg = segno.make(device.config_url, error="m").svg_inline(scale=4, omitsize=True)
+    context = {"form": form, "qr_svg": qr_svg, "secret": b32encode(device.bin_key).decode()}
+    return render(request, "console/two_factor_setup.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def two_factor_verify(request: HttpRequest) -> HttpResponse:
+    """The step-up: confirm a current code; high-value approvals then work for a few minutes."""
+    device = _device(request.user, confirmed=True)
+    if device is None:
+        messages.info(request, "Set up an authenticator app first.")
+        return redirect("two-factor-setup")
+    next_url = _safe_next(request, reverse("dashboard"))
+    form = CodeForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        # verify_token throttles repeated failures and refuses a code that was already used.
+        if device.verify_token(form.cleaned_data["code"].strip()):
+            otp_login(request, device)
+            request.session[STEP_UP_SESSION_KEY] = time.time()
+            messages.success(request, "Code confirmed. You can approve high-value refunds for the next few minutes.")
+            return redirect(next_url)
+        form.add_error("code", "That code is not right (or was already used). Wait for the next one.")
+    return render(request, "console/two_factor_verify.html", {"form": form, "next": next_url})
+
+
+# --- the owner page: tokens of one's own agents ------------------------------------------------
+
+
+def _own_agent(request: HttpRequest, pk: int) -> Agent:
+    agent = Agent.objects.filter(pk=pk, owner_id=request.user.pk).first()
+    if agent is None:
+        # The same answer for someone else's agent and for none: an agent's existence is not news.
+        raise Http404("You own no such agent.")
+    return agent
+
+
+def _own_token(request: HttpRequest, agent: Agent, token_pk: int) -> AgentToken:
+    token = AgentToken.objects.select_related("agent").filter(pk=token_pk, agent=agent).first()
+    if token is None:
+        raise Http404("No such token.")
+    return token
+
+
+def _show_once(request: HttpRequest, agent: Agent, plain: str) -> HttpResponse:
+    # Rendered as the POST's answer, never stored in the session or a message: reloading the
+    # page or going back does not show it again.
+    return render(request, "console/token_issued.html", {"agent": agent, "plain": plain})
+
+
+@require_POST
+@login_required
+def agent_token_issue_view(request: HttpRequest, pk: int) -> HttpResponse:
+    agent = _own_agent(request, pk)
+    form = TokenLabelForm(request.POST)
+    label = form.cleaned_data["label"] if form.is_valid() else ""
+    try:
+        issued = agent_token_issue_by_owner(agent=agent, user=request.user, label=label)
+    except AgentChangeRefused as refused:
+        messages.error(request, refused.message)
+        return redirect("account")
+    return _show_once(request, agent, issued.plain)
+
+
+@require_POST
+@login_required
+def agent_token_rotate_view(request: HttpRequest, pk: int, token_pk: int) -> HttpResponse:
+    agent = _own_agent(request, pk)
+    token = _own_token(request, agent, token_pk)
+    try:
+        issued = agent_token_rotate_by_owner(token=token, user=request.user)
+    except (AgentChangeRefused, TokenNotActive) as refused:
+        messages.error(request, str(refused))
+        return redirect("account")
+    return _show_once(request, agent, issued.plain)
+
+
+@require_POST
+@login_required
+def agent_token_revoke_view(request: HttpRequest, pk: int, token_pk: int) -> HttpResponse:
+    agent = _own_agent(request, pk)
+    token = _own_token(request, agent, token_pk)
+    agent_token_revoke_by(token=token, user=request.user)
+    messages.success(request, f"Token {token.prefix}… is revoked; it stops working at once.")
+    return redirect("account")
