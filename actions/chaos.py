@@ -8,7 +8,12 @@ while they flow it:
 - SIGKILLs a random worker every few seconds and starts a replacement;
 - lets the workers kill themselves at the named fault points with a small probability;
 - has the sandbox inject every fault mode it knows at configurable probabilities;
-- restarts PostgreSQL once and flushes the Redis broker once.
+- restarts PostgreSQL once and flushes the Redis broker once;
+- has refunds made outside the console (at the sandbox) arrive by signed webhook, so approvals
+  bound to the old order version go stale and the orders' money must still add up;
+- takes the receiver down for a while (every create and lookup fails, then lookups only), long
+  enough that the reconciliation policy escalates some actions to NEEDS_REVIEW; after the drain, a scripted
+  finance clerk resolves them with the receiver's evidence (found: succeeded; not found: retry).
 
 Then it drains (faults off, no more kills) until every action is terminal or in NEEDS_REVIEW,
 with a deadline, and checks invariants 1, 2, 5 and 8 against the sandbox's own ledger.
@@ -55,7 +60,14 @@ from django.db import InterfaceError, OperationalError, connection
 
 from actions.agents import agent_create, agent_token_issue
 from actions.engine.invariants import EffectsReport, check_effects
-from actions.engine.resolutions import ReviewRefused, action_resolve_resend, action_resolve_succeeded
+from actions.engine.resolutions import (
+    ReviewRefused,
+    action_lookup,
+    action_resolve_resend,
+    action_resolve_retry,
+    action_resolve_succeeded,
+)
+from actions.kinds.base import LookupVerdict, Outcome
 from actions.kinds.refund import RefundReceiver
 from actions.kinds.supplier_email import MailRelay, message_reference
 from actions.models import (
@@ -64,6 +76,7 @@ from actions.models import (
     ActionKind,
     ActionStatus,
     Order,
+    OutsideRefund,
     RefundRequest,
     Supplier,
     SupplierContact,
@@ -72,7 +85,8 @@ from actions.models.actions import TERMINAL_STATUSES
 from actions.providers.mail.smtp import SmtpMailer
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider
-from approvals.models import ApprovalLimit, Decision
+from approvals.models import ApprovalLimit, ApprovalPolicy, Decision
+from approvals.policy import latest_approval
 from approvals.services import DecisionRefused, action_reopen, approval_decide
 from console.roles import ensure_roles
 
@@ -91,6 +105,7 @@ LOOKUP_FAULT_MODES = ("fail_before_commit", "commit_then_drop", "rate_limit", "c
 MAIL_FAULT_MODES = ("defer", "reject", "drop_after_data")
 CHAOS_SUPPLIER = "CHAOS"
 CHAOS_CONTACT = "ap@chaos-supplier.example"
+WEBHOOK_SECRET = "whsec_chaos"  # noqa: S105 - a secret between two local processes of the run
 WORKER_FAULT_POINTS = ("before_provider_call", "after_provider_answer", "during_reconciliation", "after_record")
 
 
@@ -120,6 +135,16 @@ class ChaosConfig:
     # Supplier emails proposed alongside the refunds, and the mail sandbox's fault rate per mode.
     emails: int = 40
     mail_fault_probability: float = 0.08
+    # Refunds made outside the console: this share of the orders gets one, spread over the run.
+    outside_refund_share: float = 0.05
+    # The receiver outage: every create and lookup fails for this long, starting once this share
+    # of the actions exists. 0 turns it off. The default outlasts the escalation policy of the
+    # run (4 failed lookups with backoff: about 90 s when the workers keep up).
+    outage_seconds: float = 90.0
+    outage_at_share: float = 0.4
+    outage_min_review: int = 5  # the outage goes on (up to 4 x outage_seconds) until this many escalated
+    outage_creates_seconds: float = 20.0  # creates fail for this first part of the outage, lookups for all of it
+    finance_resolves: bool = True
 
 
 @dataclass
@@ -145,9 +170,26 @@ class ChaosReport:
     resolved_confirmed: int = 0
     resolved_sent_again: int = 0
 
+    outside_refunds: int = 0  # made at the sandbox during the run
+    outside_refunds_booked: int = 0  # booked on their orders from the webhooks
+    webhooks: dict[str, Any] = field(default_factory=dict)
+    outage_seconds: float = 0.0
+    reached_review: int = 0  # actions that were ever in NEEDS_REVIEW
+    finance: dict[str, int] = field(default_factory=dict)
+    money_mismatches: list[str] = field(default_factory=list)
+    stale_by_policy: int = 0
+
+
     @property
     def ok(self) -> bool:
-        return self.drained and self.audit is not None and self.audit.ok and self.ambiguous_unowned == 0
+        return (
+            self.drained
+            and self.audit is not None
+            and self.audit.ok
+            and self.ambiguous_unowned == 0
+            and not self.money_mismatches
+            and self.webhooks.get("pending", 0) == 0
+        )
 
     def lines(self) -> list[str]:
         audit = self.audit
@@ -166,6 +208,18 @@ class ChaosReport:
             f"{self.worker_exits} other worker exits",
             f"  postgres         {self.postgres_restarts} restart(s); redis {self.redis_flushes} flush(es)",
             "  provider faults  " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults_fired.items())),
+            f"  outage           {self.outage_seconds:.0f} s of every lookup failing (creates too for the first "
+            f"{self.config['outage_creates_seconds']:.0f} s); "
+            f"{self.reached_review} action(s) reached NEEDS_REVIEW",
+            "  finance          " + (", ".join(f"{k} {v}" for k, v in sorted(self.finance.items())) or "-"),
+            f"  outside refunds  {self.outside_refunds} made at the provider, {self.outside_refunds_booked} booked "
+            f"from webhooks; webhooks {self.webhooks.get('delivered', 0)}/{self.webhooks.get('events', 0)} "
+            f"delivered in {self.webhooks.get('delivery_attempts', 0)} attempts, {self.webhooks.get('pending', '?')} "
+            "pending (must be 0)",
+            f"  money per order  {len(self.money_mismatches)} order(s) where the provider's refunds differ from "
+            f"refunded + refunded outside (must be 0); {audit.targets if audit else 0} orders checked",
+            f"  waiting          {audit.decisions_due if audit else 0} decision(s) due from a person who may make "
+            f"them; {self.stale_by_policy} STALE after the policy's approval (must be 0)",
             f"  time             {self.seconds:.1f} s, {throughput:.1f} actions/s end to end",
             f"  emails           {self.emails_proposed} proposed, {self.messages_at_relay} messages at the relay, "
             f"{self.not_sent_retries} refused before DATA and sent again",
@@ -179,6 +233,8 @@ class ChaosReport:
         ]
         for violation in (audit.violations if audit else [])[:50]:
             out.append(f"    [{violation.invariant}] {violation.subject}: {violation.message}")
+        for mismatch in self.money_mismatches[:20]:
+            out.append(f"    [money] {mismatch}")
         return out
 
 
@@ -307,6 +363,7 @@ class ChaosRun:
             "EMAIL_PORT": str(self.mail_smtp_port),
             "EMAIL_TIMEOUT": str(c.provider_timeout_seconds),
             "MAIL_SANDBOX_URL": self.mail_url,
+            "PROVIDER_WEBHOOK_SECRET": WEBHOOK_SECRET,
         }
 
     def _checks(self) -> None:
@@ -392,6 +449,19 @@ class ChaosRun:
         )
         self.others.append(process)
         _wait_for(lambda: self._healthy(f"{self.web_url}/api/v1/openapi.json"), 60, "the web server")
+        # The sandbox signs its events for the web server's endpoint, and retries until a 2xx.
+        _http(
+            "POST",
+            f"{self.sandbox_url}/_sandbox/webhooks",
+            {
+                "url": f"{self.web_url}/webhooks/stripe",
+                "secret": WEBHOOK_SECRET,
+                "retry_max_seconds": 5,
+                # charge.refunded repeats what refund.created says (tested on its own); leaving it
+                # out halves the events the single-threaded web server of the run must take.
+                "enabled_events": ["refund.created", "refund.updated", "refund.failed"],
+            },
+        )
 
     @staticmethod
     def _healthy(url: str) -> bool:
@@ -475,6 +545,7 @@ class ChaosRun:
         self.token = agent_token_issue(agent=agent).plain
 
         proposals: list[tuple[str, int, str, str]] = []
+        self.charges: list[str] = []
         stamp = f"{int(time.time()) % 100000:05d}"
         self.stamp = stamp
         per_order = 2
@@ -489,6 +560,7 @@ class ChaosRun:
                 charge_reference=f"ch_chaos_{stamp}_{index}",
                 paid_at=_now() - timedelta(days=1),
             )
+            self.charges.append(order.charge_reference)
             _http(
                 "POST",
                 f"{self.sandbox_url}/_sandbox/charges",
@@ -511,6 +583,53 @@ class ChaosRun:
         return proposals
 
     # --- chaos -------------------------------------------------------------------------------
+
+    def collect_fired(self) -> None:
+        """Add the sandbox's fault counts to the report; clearing the faults resets them."""
+        fired = _http("GET", f"{self.sandbox_url}/_sandbox/faults").get("fired", {})
+        for mode, count in fired.items():
+            self.report.faults_fired[str(mode)] = self.report.faults_fired.get(str(mode), 0) + int(count)
+
+    def receiver_outage(self, *, creates: bool) -> None:
+        """Every lookup fails before anything is read, and with ``creates`` every create fails
+        before anything is stored too (a provider outage); otherwise creates see the run's usual
+        faults (the provider's lookups still down: the tail of the outage)."""
+        self.collect_fired()
+        self.configure_faults(on=not creates)
+        targets = ("create", "lookup") if creates else ("lookup",)
+        for target in targets:
+            _http(
+                "POST",
+                f"{self.sandbox_url}/_sandbox/faults",
+                {"applies_to": target, "probabilities": {"fail_before_commit": 1.0}},
+            )
+
+    def _outage_may_end(self, started: float) -> bool:
+        """The outage lasts its configured time and then until some actions have escalated to
+        NEEDS_REVIEW (how long that takes depends on how many the workers must reconcile), up
+        to four times its configured time."""
+        elapsed = time.monotonic() - started
+        if elapsed < self.config.outage_seconds:
+            return False
+        if elapsed >= 4 * self.config.outage_seconds:
+            return True
+        in_review = _db_retry(lambda: Action.objects.filter(status=ActionStatus.NEEDS_REVIEW).count())
+        return bool(in_review >= self.config.outage_min_review)
+
+    def outside_refund(self) -> None:
+        """A refund made at the provider without the console, on an order not used before."""
+        if not self.charges:
+            return
+        charge = self.charges.pop(self.rng.randrange(len(self.charges)))
+        body = {
+            "charge": charge,
+            # Orders capture 200.00 and the run refunds at most 2 x 90.00 on one: 10.00 always fits.
+            "amount": self.rng.randint(100, 1000),
+            "status": "pending" if self.rng.random() < 0.2 else "succeeded",
+        }
+        with contextlib.suppress(urllib.error.URLError, OSError):
+            _http("POST", f"{self.sandbox_url}/_sandbox/outside_refunds", body)
+            self.report.outside_refunds += 1
 
     def configure_faults(self, on: bool) -> None:
         _http("DELETE", f"{self.sandbox_url}/_sandbox/faults")
@@ -701,7 +820,35 @@ class ChaosRun:
             proposer.start()
             next_kill = time.monotonic() + self.config.kill_every_seconds
             restarted = flushed = False
+            outage_started: float | None = None
+            creates_down = False
+            outage_over = self.config.outage_seconds <= 0
+            outside_total = int(len(self.charges) * self.config.outside_refund_share)
             while proposer.is_alive() or self.counts()[1] < self.report.proposed * 0.6:
+                total, _final = self.counts()
+                # Outside refunds keep pace with the proposals, so they land on orders under way.
+                due_outside = outside_total * min(total / max(self.config.actions, 1), 1.0)
+                while self.report.outside_refunds < due_outside and self.charges:
+                    self.outside_refund()
+                outage_due = total >= self.config.actions * self.config.outage_at_share
+                if not outage_over and outage_started is None and outage_due:
+                    self.receiver_outage(creates=True)
+                    outage_started = time.monotonic()
+                    creates_down = True
+                elif (
+                    outage_started is not None
+                    and creates_down
+                    and time.monotonic() - outage_started >= self.config.outage_creates_seconds
+                ):
+                    # Creates come back first: the actions the outage left UNKNOWN are bounded,
+                    # so their reconciliations fail often enough to escalate.
+                    self.receiver_outage(creates=False)
+                    creates_down = False
+                elif outage_started is not None and not outage_over and self._outage_may_end(outage_started):
+                    self.collect_fired()
+                    self.configure_faults(on=True)
+                    self.report.outage_seconds = time.monotonic() - outage_started
+                    outage_over = True
                 self.approve_waiting()
                 self._reap(with_faults=True)
                 if time.monotonic() >= next_kill and self.workers:
@@ -725,8 +872,9 @@ class ChaosRun:
             proposer.join(timeout=60)
 
             # Drain: no more injected faults or kills; replace fault-point workers with clean ones.
-            fired = _http("GET", f"{self.sandbox_url}/_sandbox/faults").get("fired", {})
-            self.report.faults_fired = {str(k): int(v) for k, v in fired.items()}
+            if outage_started is not None and not outage_over:
+                self.report.outage_seconds = time.monotonic() - outage_started
+            self.collect_fired()
             mail_fired = _http("GET", f"{self.mail_url}/faults").get("fired", {})
             self.report.mail_faults_fired = {str(k): int(v) for k, v in mail_fired.items()}
             self.configure_faults(on=False)
@@ -758,6 +906,14 @@ class ChaosRun:
                 key_retention=timedelta(seconds=self.config.key_retention_seconds),
                 lookup_visibility_delay=timedelta(seconds=self.config.visibility_delay_seconds),
             )
+            self.report.reached_review = _db_retry(
+                lambda: ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW)
+                .values("action_id")
+                .distinct()
+                .count()
+            )
+            if self.config.finance_resolves:
+                self.finance_resolve(RefundReceiver(provider))
             # The provider's lists lag by its lookup visibility delay: a refund created just
             # before the drain ended is not listed yet. Read the ledger only once the last
             # change is older than that delay, so the audit sees every effect.
@@ -765,7 +921,16 @@ class ChaosRun:
             self._emails_resolve()
             mail_ledger = list(MailRelay(SmtpMailer(), self.mail_url).ledger())
             self.report.messages_at_relay = len(mail_ledger)
-            ledger = list(RefundReceiver(provider).ledger()) + mail_ledger
+            ledger = list(RefundReceiver(provider).ledger())
+            # Reading the ledger settles what was due; its events go out now. Every event must
+            # have reached the console before its bookings are judged.
+            self._wait_for_webhooks()
+            self.report.outside_refunds_booked = _db_retry(
+                lambda: OutsideRefund.objects.filter(booked=True).count()
+            )
+            self.report.money_mismatches = _db_retry(lambda: money_per_order(ledger))
+            self.report.stale_by_policy = _db_retry(stale_by_policy_count)
+            ledger += mail_ledger
             # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
             with _override(
                 LEASE_SECONDS=self.config.lease_seconds,
@@ -815,6 +980,79 @@ class ChaosRun:
             except ReviewRefused:
                 pass
 
+    def _wait_for_webhooks(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            status = _http("GET", f"{self.sandbox_url}/_sandbox/webhooks")
+            self.report.webhooks = {
+                k: status.get(k, 0) for k in ("events", "delivered", "pending", "delivery_attempts")
+            }
+            if status.get("pending", 0) == 0 or time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
+
+    def finance_resolve(self, receiver: RefundReceiver) -> None:
+        """The scripted finance clerk: every action in NEEDS_REVIEW is looked up at the receiver;
+        one it has is resolved as succeeded, one it has not is sent again with the same key. An
+        answer that proves neither (pending, several, inconclusive) leaves it with its owner."""
+        counts: dict[str, int] = {}
+
+        def bump(name: str) -> None:
+            counts[name] = counts.get(name, 0) + 1
+
+        pks = _db_retry(
+            lambda: list(
+                # Refunds only: the supplier emails have their own clerk (_emails_resolve).
+                Action.objects.filter(status=ActionStatus.NEEDS_REVIEW, kind=ActionKind.REFUND)
+                .order_by("pk")
+                .values_list("pk", "owner_id")
+            )
+        )
+        user_model = get_user_model()
+        for pk, owner_id in pks:
+            clerk = user_model.objects.get(pk=owner_id) if owner_id else None
+            if clerk is None:
+                bump("left (no owner)")
+                continue
+            try:
+                lookup = action_lookup(action_pk=pk, user=clerk, receiver=receiver).lookup
+                effects = lookup.live_effects
+                found = lookup.verdict == LookupVerdict.FOUND and len(effects) == 1
+                if found and effects[0].outcome == Outcome.SUCCEEDED:
+                    action_resolve_succeeded(
+                        action_pk=pk,
+                        user=clerk,
+                        provider_reference=effects[0].reference,
+                        reason="Chaos run: the provider's record shows the refund succeeded.",
+                        receiver=receiver,
+                    )
+                    bump("resolved succeeded")
+                elif lookup.verdict == LookupVerdict.NOT_FOUND:
+                    action_resolve_retry(
+                        action_pk=pk,
+                        user=clerk,
+                        reason="Chaos run: the provider has no refund for this action; sent again, same key.",
+                        receiver=receiver,
+                    )
+                    bump("resolved by retry")
+                else:
+                    bump(f"left ({lookup.verdict})")
+            except ReviewRefused as refused:
+                bump(f"left ({refused.code})")
+            except (OperationalError, InterfaceError):
+                # PostgreSQL went away mid-way: the action keeps its owner; the audit still runs.
+                connection.close()
+                bump("left (database error)")
+        self.report.finance = counts
+        # A retry leaves its action SUBMITTING until its answer is recorded (in the call) or
+        # its lease expires (then the workers reconcile): wait for every action to be final again.
+        deadline = time.monotonic() + self.config.drain_deadline_seconds
+        while time.monotonic() < deadline:
+            total, final = self.counts()
+            if final >= total:
+                break
+            time.sleep(0.5)
+
     def _wait_until_ledger_settles(self) -> None:
         from django.db.models import Max
         from django.utils import timezone
@@ -846,6 +1084,40 @@ class _override:
     def __exit__(self, *exc: object) -> None:
         for name, value in self.saved.items():
             setattr(settings, name, value)
+
+
+def money_per_order(ledger: list[Any]) -> list[str]:
+    """Per order, the provider's refunds (succeeded or pending) must equal what the console
+    booked: refunded by its actions plus refunded outside. The refunds of actions still in
+    NEEDS_REVIEW are left out: their money is reserved, waiting for finance's word."""
+    in_review = set(
+        Action.objects.filter(status=ActionStatus.NEEDS_REVIEW).values_list("action_id", flat=True)
+    )
+    by_charge: dict[str, int] = {}
+    for effect in ledger:
+        if effect.is_effect and (effect.action_id or "") not in in_review:
+            charge = str(effect.raw.get("charge", ""))
+            by_charge[charge] = by_charge.get(charge, 0) + int(effect.amount_minor or 0)
+    problems = []
+    for order in Order.objects.filter(number__startswith="C").exclude(charge_reference="").iterator(chunk_size=2000):
+        booked = to_minor_units(order.refunded_amount + order.outside_refunded_amount, order.currency)
+        at_provider = by_charge.get(order.charge_reference, 0)
+        if booked != at_provider:
+            problems.append(
+                f"order {order.number}: provider {at_provider} minor units, console {booked} "
+                f"(refunded {order.refunded_amount} + outside {order.outside_refunded_amount})"
+            )
+    return problems
+
+
+def stale_by_policy_count() -> int:
+    """STALE actions whose approval in force came from the policy: none may exist (invariant 8)."""
+    count = 0
+    for action in Action.objects.filter(status=ActionStatus.STALE).only("pk"):
+        approval = latest_approval(action)
+        if approval is not None and approval.policy == ApprovalPolicy.AUTO:
+            count += 1
+    return count
 
 
 def _now() -> Any:

@@ -227,7 +227,8 @@ def _refuse(order: Order, changes: dict[str, Any]) -> None:
             "so it cannot be replaced. Nothing was written.",
         )
     captured = changes.get("captured_amount")
-    if captured is not None and captured < order.refunded_amount + order.reserved_amount:
+    taken = order.refunded_amount + order.reserved_amount + order.outside_refunded_amount
+    if captured is not None and captured < taken:
         raise OrderConflict(
             order=order,
             field="captured_amount",
@@ -272,7 +273,7 @@ def order_upsert(*, data: OrderData, source: str) -> OrderResult:
             updated = Order.objects.filter(
                 pk=order.pk,
                 version=order.version,
-                refunded_amount__lte=captured - F("reserved_amount"),
+                refunded_amount__lte=captured - F("reserved_amount") - F("outside_refunded_amount"),
             ).update(**changes, version=F("version") + 1)
         if updated:
             order.refresh_from_db()

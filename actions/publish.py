@@ -12,6 +12,7 @@ from django.db import transaction
 from console.celery import app
 
 DISPATCH_TASK = "actions.tasks.dispatch"
+RECONCILE_TASK = "actions.tasks.reconcile"
 
 
 def dispatch_enqueue(action_pk: int) -> None:
@@ -24,3 +25,9 @@ def dispatch_enqueue_on_commit(action_pk: int) -> None:
     picked up by the AUTHORIZED sweep."""
     # The name is looked up at commit time, so a test's replacement is the one called.
     transaction.on_commit(lambda: dispatch_enqueue(action_pk))
+
+
+def reconcile_enqueue_on_commit(action_pk: int) -> None:
+    """Publish a reconciliation once the change that made the action due is committed; a publish
+    lost on the way is picked up by the reconciliation sweep, which finds it due."""
+    transaction.on_commit(lambda: app.send_task(RECONCILE_TASK, args=(action_pk, None)))

@@ -19,7 +19,7 @@ from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
 
 from actions.kinds import kind_for
-from actions.models import Action, ActionEvent, ActionStatus, Order
+from actions.models import Action, ActionEvent, ActionStatus, Order, OrderEvent
 from actions.models.actions import TERMINAL_STATUSES
 from approvals.caps import AUTO_APPROVAL_HELD
 from approvals.models import Approval, ApprovalLimit, Decision
@@ -91,6 +91,8 @@ class ProposalDetail:
     approvals: list[ApprovalLine]
     audit_trail: list[AuditLine]
     limits: list[ApprovalLimit]
+    # What changed on the order without an action (refunds made outside the console), newest first.
+    order_events: list[OrderEvent] = field(default_factory=list)
 
 
 # --- building blocks ------------------------------------------------------------------------
@@ -224,6 +226,7 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
         approvals=approvals,
         audit_trail=trail,
         limits=limits,
+        order_events=list(OrderEvent.objects.filter(order_id=order.pk).order_by("-created_at", "-pk")) if order else [],
     )
 
 

@@ -388,6 +388,11 @@ PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS: int = env_int("PROVIDER_LOOKUP_VISIBIL
 # Read the charge before each refund to compare currencies in the console too (one more call per
 # refund). Off: the refund request carries the order's currency and the receiver refuses a mismatch.
 PROVIDER_VERIFY_CHARGE_CURRENCY: bool = env_bool("PROVIDER_VERIFY_CHARGE_CURRENCY", False)
+# Webhooks (POST /webhooks/stripe): the endpoint's signing secret, as the provider shows it
+# (whsec_...). The sandbox signs with the same default; production sets its own. Events older
+# than the tolerance are refused, so a captured request cannot be replayed later.
+PROVIDER_WEBHOOK_SECRET: str = env_str("PROVIDER_WEBHOOK_SECRET", "whsec_sandbox")
+PROVIDER_WEBHOOK_TOLERANCE_SECONDS: int = env_int("PROVIDER_WEBHOOK_TOLERANCE_SECONDS", 300)
 # import_charges: the charge's metadata key that names the shop's order number.
 CHARGE_ORDER_NUMBER_METADATA_KEY: str = env_str("CHARGE_ORDER_NUMBER_METADATA_KEY", "order_number")
 

@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from actions import views as actions_views
+from actions import webhook_views
 from console import account, metrics, views
 
 urlpatterns = [
@@ -32,4 +33,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("actions.api.urls")),
     path("metrics", metrics.metrics, name="metrics"),
+    path("webhooks/stripe", webhook_views.stripe_webhook, name="stripe-webhook"),
 ]

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
+from actions.engine.faults import fault_point
 from actions.engine.leases import lease_take
 from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
@@ -132,5 +133,8 @@ def _invalidate(*, action_pk: int, failures: list[dict[str, str]], actor: Actor,
             evidence={"failed_bindings": failures},
             now=now,
         )
+        # A worker killed here rolls back the STALE with it: the action stays AUTHORIZED and the
+        # next claim (a redelivery, the AUTHORIZED sweep) invalidates and re-decides again.
+        fault_point("during_invalidation")
         approval_redecide_by_policy(action=action, now=now)
     return Claim(outcome=ClaimOutcome.STALE, action=action, failures=failures)

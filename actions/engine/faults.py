@@ -14,6 +14,7 @@ FAULT_POINTS = (
     "after_provider_answer",
     "during_reconciliation",
     "after_record",
+    "during_invalidation",
 )
 
 

@@ -10,17 +10,22 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from actions.engine.ledger import repeat_allowances
 from actions.kinds import all_kinds
 from actions.kinds.base import Effect, Outcome, Receiver
 from actions.models import Action, ActionStatus
+from actions.permissions import DECIDE
+from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
 
 S = ActionStatus
+DECIDE_CODENAME = DECIDE.split(".", 1)[1]
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class EffectsReport:
     duplicates: int = 0
     repeats_by_decision: int = 0  # extra effects a person chose to send ("send again")
     lost: int = 0
+    explained: int = 0  # effects without an action that a kind booked otherwise (outside refunds)
+    decisions_due: int = 0  # PROPOSED or manager-STALE actions waiting for a person who may decide
     states: dict[str, int] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
 
@@ -82,7 +89,17 @@ def check_effects(
     actions = {
         a["action_id"]: a
         for a in Action.objects.values(
-            "action_id", "kind", "status", "provider_reference", "status_changed_at", "owner_id"
+            "pk",
+            "action_id",
+            "kind",
+            "status",
+            "provider_reference",
+            "status_changed_at",
+            "owner_id",
+            "amount",
+            "currency",
+            "lease_expires_at",
+            "next_reconcile_at",
         )
     }
     report.actions = len(actions)
@@ -91,11 +108,20 @@ def check_effects(
         report.states[row["status"]] = report.states.get(row["status"], 0) + 1
 
     decisions = repeat_allowances(effects_by_action.keys())
+    # Effects that no action made but that a kind booked by other means (an outside refund
+    # learnt from the receiver's webhook) are explained: counted, not reported.
+    explained: dict[str, str] = {}
+    for kind in all_kinds():
+        explained.update(kind.explained_effects())
+
     # Invariant 1: at most one effect per action (plus one per recorded "send again" decision,
     # invariant 16); an effect must belong to an action.
     for action_id, effects in effects_by_action.items():
         if action_id not in actions:
             for effect in effects:
+                if effect.reference in explained:
+                    report.explained += 1
+                    continue
                 report.violations.append(
                     Violation(
                         1,
@@ -166,7 +192,80 @@ def check_effects(
         elif row["status"] == S.NEEDS_REVIEW and row["owner_id"] is None:
             report.lost += 1
             report.violations.append(Violation(8, action_id, "NEEDS_REVIEW with no named owner"))
+    _check_liveness(report, actions)
     return report
+
+
+def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -> None:
+    """Invariant 8, liveness: no action sits in a non-final state without an owner, a due time or
+    a scheduled next step. What counts as each, per state:
+
+    - AUTHORIZED: the next step is scheduled by the AUTHORIZED sweep, which claims every such row
+      at each sweep interval (a lost dispatch message is covered by it).
+    - SUBMITTING: the lease's expiry is the due time; the lease sweep moves an expired one on.
+    - UNKNOWN and SETTLING: ``next_reconcile_at`` is the due time; the reconciliation sweep only
+      picks rows that have one, so one without it would wait for ever.
+    - NEEDS_REVIEW: a named owner (checked above).
+    - PROPOSED, and STALE after a manager's approval: a person's decision is due. It is *named*
+      when at least one active user may make it: one who holds the permission to decide and an
+      approval limit in the action's currency that covers its amount. Nobody able to decide
+      means nobody ever will.
+    - STALE after the policy's approval must not exist: the policy decides again in the
+      invalidation's own transaction (actions.engine.claim), so nobody is asked to decide.
+    """
+    live = {
+        action_id: row
+        for action_id, row in actions.items()
+        if row["status"] in (S.PROPOSED, S.STALE, S.SUBMITTING, S.UNKNOWN, S.SETTLING)
+    }
+    if not live:
+        return
+    stale_pks = [row["pk"] for row in live.values() if row["status"] == S.STALE]
+    policy_by_action: dict[int, str] = {}
+    for action_pk, policy in (
+        Approval.objects.filter(action_id__in=stale_pks, decision=Decision.APPROVE)
+        .order_by("action_id", "pk")
+        .values_list("action_id", "policy")
+    ):
+        policy_by_action[action_pk] = policy  # ordered by pk: the last one is the one in force
+    limits = decider_limits()
+    for action_id, row in live.items():
+        status = row["status"]
+        problem = ""
+        if status == S.SUBMITTING and row["lease_expires_at"] is None:
+            problem = "SUBMITTING without a lease expiry: the lease sweep would never move it on"
+        elif status in (S.UNKNOWN, S.SETTLING) and row["next_reconcile_at"] is None:
+            problem = f"{status} with no reconciliation due: the reconciliation sweep would never pick it"
+        elif status == S.STALE and policy_by_action.get(row["pk"]) == ApprovalPolicy.AUTO:
+            problem = "STALE after the policy's approval, with no new decision by the policy and none due"
+        elif status in (S.PROPOSED, S.STALE):
+            report.decisions_due += 1
+            limit = limits.get(row["currency"])
+            if limit is None or row["amount"] > limit:
+                problem = (
+                    f"{status} waiting for a decision, but no active user may decide {row['amount']} "
+                    f"{row['currency']} (no approval limit covers it)"
+                )
+        if problem:
+            report.lost += 1
+            report.violations.append(Violation(8, action_id, problem))
+
+
+def decider_limits() -> dict[str, Decimal]:
+    """Per currency, the highest approval limit of an active user allowed to decide."""
+    may_decide = (
+        Q(user__is_superuser=True)
+        | Q(user__groups__permissions__codename=DECIDE_CODENAME)
+        | Q(user__user_permissions__codename=DECIDE_CODENAME)
+    )
+    rows = (
+        ApprovalLimit.objects.filter(user__is_active=True)
+        .filter(may_decide)
+        .values("currency")
+        .annotate(top=Max("max_amount"))
+        .order_by()
+    )
+    return {row["currency"]: row["top"] for row in rows}
 
 
 def _age(delta: timedelta) -> str:

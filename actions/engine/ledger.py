@@ -86,10 +86,15 @@ def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, gr
         )
     }
     decisions = repeat_allowances(known.keys())
+    explained = kind.explained_effects()
     for action_id, effects in effects_by_action.items():
         action = known.get(action_id)
         if action is None:
             for effect in effects:
+                if effect.reference in explained:
+                    # Booked on its target by other means (an outside refund from a webhook):
+                    # finance already sees it there, so it is not a discrepancy.
+                    continue
                 result.findings.append(
                     Finding(
                         DiscrepancyKind.EFFECT_WITHOUT_ACTION,

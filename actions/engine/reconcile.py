@@ -27,6 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from actions.engine.dispatch import (
@@ -87,6 +88,23 @@ def reconcile_claim(
             started_at=now,
         )
     return action, attempt, token
+
+
+def reconcile_request_now(*, action_pk: int, now: datetime) -> bool:
+    """The receiver said something changed for this action (a webhook): make it due now.
+
+    Only an UNKNOWN or SETTLING action whose reconciler lease is free moves; the receiver's
+    word is not recorded as the outcome here. The reconciliation asks the receiver as always
+    and applies its answer through the normal path, so a forged or stale notice can at most
+    cause one more lookup. Returns whether it moved; the caller publishes the task.
+    """
+    moved = (
+        Action.objects.filter(pk=action_pk, status__in=[S.UNKNOWN, S.SETTLING])
+        .filter(Q(lease_token__isnull=True) | Q(lease_expires_at__lte=now))
+        .filter(Q(next_reconcile_at__isnull=True) | Q(next_reconcile_at__gt=now))
+        .update(next_reconcile_at=now)
+    )
+    return bool(moved)
 
 
 # --- lookup (outside any transaction) ------------------------------------------------------

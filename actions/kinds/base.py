@@ -321,6 +321,12 @@ class EffectKind:
         """Finance recorded a final failure by hand: open the chosen follow-up (same transaction)."""
         return None
 
+    def explained_effects(self) -> dict[str, str]:
+        """Effects at this kind's receiver that no action made but that the console has booked
+        by other means (e.g. an outside refund learnt from a webhook), as reference -> how.
+        The audits count them as explained, not as effects without an action."""
+        return {}
+
     def money_violations(self) -> tuple[int, list[tuple[str, str]]]:
         """Invariant 5 for this kind's targets: how many were checked, and (subject, message) for
         each one whose money does not add up."""

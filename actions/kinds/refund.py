@@ -31,7 +31,17 @@ from actions.kinds.base import (
     StepClass,
     lookup_from_effects,
 )
-from actions.models import Action, ActionKind, ActionStatus, Order, Remedy, RemedyKind
+from actions.models import (
+    Action,
+    ActionKind,
+    ActionStatus,
+    Order,
+    OrderEvent,
+    OrderEventKind,
+    OutsideRefund,
+    Remedy,
+    RemedyKind,
+)
 from actions.models.actions import RESERVING_STATUSES
 from actions.owners import owner_pick
 from actions.providers.base import (
@@ -277,7 +287,10 @@ class RefundKind(EffectKind):
         reserved = Order.objects.filter(
             pk=_order_pk(action),
             version=approved_version,
-            captured_amount__gte=F("refunded_amount") + F("reserved_amount") + action.amount,
+            captured_amount__gte=F("refunded_amount")
+            + F("reserved_amount")
+            + F("outside_refunded_amount")
+            + action.amount,
         ).update(reserved_amount=F("reserved_amount") + action.amount, version=F("version") + 1)
         if reserved:
             return []
@@ -287,7 +300,7 @@ class RefundKind(EffectKind):
                 BindingFailure(
                     "order_version",
                     f"The order changed since the approval (approved at version {approved_version}, "
-                    f"now {order.version}).",
+                    f"now {order.version}).{_outside_refunds_since(order, approved_version)}",
                 )
             ]
         return [
@@ -317,8 +330,17 @@ class RefundKind(EffectKind):
             action=action, kind=choice, amount=amount, currency=action.currency, owner=owner, note=note
         )
 
+    def explained_effects(self) -> dict[str, str]:
+        """Refunds at the provider that no action made but that are booked on their order as
+        outside refunds: they are explained, not an effect without an action."""
+        return {
+            reference: f"an outside refund booked on order {number}"
+            for reference, number in OutsideRefund.objects.filter(booked=True).values_list("reference", "order__number")
+        }
+
     def money_violations(self) -> tuple[int, list[tuple[str, str]]]:
-        """Per order: refunded = sum of SUCCEEDED refunds; reserved = sum over live ones (invariant 5)."""
+        """Per order: refunded = sum of SUCCEEDED refunds; reserved = sum over live ones (invariant 5);
+        outside refunded = sum of the booked outside refunds; and all three within captured."""
         refunds = Action.objects.filter(kind=self.name)
         succeeded = dict(
             refunds.filter(status=S.SUCCEEDED).values_list("order_id").annotate(total=Sum("amount")).order_by()
@@ -329,8 +351,16 @@ class RefundKind(EffectKind):
             .annotate(total=Sum("amount"))
             .order_by()
         )
+        outside = dict(
+            OutsideRefund.objects.filter(booked=True).values_list("order_id").annotate(total=Sum("amount")).order_by()
+        )
         orders = Order.objects.filter(
-            Q(pk__in=succeeded.keys()) | Q(pk__in=reserved.keys()) | ~Q(refunded_amount=0) | ~Q(reserved_amount=0)
+            Q(pk__in=succeeded.keys())
+            | Q(pk__in=reserved.keys())
+            | Q(pk__in=outside.keys())
+            | ~Q(refunded_amount=0)
+            | ~Q(reserved_amount=0)
+            | ~Q(outside_refunded_amount=0)
         )
         problems: list[tuple[str, str]] = []
         count = 0
@@ -345,14 +375,37 @@ class RefundKind(EffectKind):
                 )
             if order.reserved_amount != want_reserved:
                 problems.append((subject, f"reserved {order.reserved_amount} but live actions sum to {want_reserved}"))
-            if order.refunded_amount + order.reserved_amount > order.captured_amount:
-                problems.append((subject, "refunded + reserved exceeds captured"))
+            want_outside = outside.get(order.pk) or Decimal("0")
+            if order.outside_refunded_amount != want_outside:
+                problems.append(
+                    (
+                        subject,
+                        f"outside refunded {order.outside_refunded_amount} but booked outside refunds "
+                        f"sum to {want_outside}",
+                    )
+                )
+            if order.refunded_amount + order.reserved_amount + order.outside_refunded_amount > order.captured_amount:
+                problems.append((subject, "refunded + reserved + refunded outside exceeds captured"))
         return count, problems
 
 
 def _order_pk(action: Action) -> int:
     assert action.order_id is not None, "a refund always targets an order"
     return action.order_id
+
+
+def _outside_refunds_since(order: Order, version: int) -> str:
+    """Plain words for the outside refunds booked on ``order`` after ``version``, if any."""
+    events = OrderEvent.objects.filter(
+        order=order, kind=OrderEventKind.OUTSIDE_REFUND, version_after__gt=version
+    ).order_by("created_at", "pk")
+    if not events:
+        return ""
+    made = "; ".join(f"{event.amount} {event.currency} ({event.reference})" for event in events)
+    return (
+        f" A refund was made outside the console, at the payment provider: {made}. "
+        f"The order now has {order.refundable_amount} {order.currency} left to refund."
+    )
 
 
 def remedy_open(action: Action) -> Remedy:

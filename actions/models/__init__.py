@@ -19,9 +19,10 @@ from actions.models.followups import (
     Remedy,
     RemedyKind,
 )
-from actions.models.orders import Order, RefundRequest, RequestSource
+from actions.models.orders import Order, OrderEvent, OrderEventKind, OutsideRefund, RefundRequest, RequestSource
 from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 from actions.models.suppliers import Supplier, SupplierContact
+from actions.models.webhooks import WebhookEvent, WebhookEventOutcome
 
 __all__ = [
     "Action",
@@ -39,6 +40,9 @@ __all__ = [
     "FollowUpStatus",
     "LedgerAuditRun",
     "Order",
+    "OrderEvent",
+    "OrderEventKind",
+    "OutsideRefund",
     "OwnerGroup",
     "RateCounter",
     "ReasonCode",
@@ -50,4 +54,6 @@ __all__ = [
     "SecurityEventKind",
     "Supplier",
     "SupplierContact",
+    "WebhookEvent",
+    "WebhookEventOutcome",
 ]

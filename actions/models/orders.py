@@ -12,6 +12,11 @@ class Order(models.Model):
 
     ``version`` is bumped by every change to the order's money, so an approval bound to a
     version is invalidated by any reservation, refund or correction made since.
+
+    ``outside_refunded_amount`` is money refunded at the payment provider without the console
+    (another system, a person in the provider's dashboard), learnt from its webhooks. It is
+    not any action's money, so invariant 5 keeps it apart from ``refunded_amount``, but it
+    is gone from the customer's charge all the same: the refundable balance leaves it out.
     """
 
     number = models.CharField(max_length=32, unique=True)
@@ -21,6 +26,12 @@ class Order(models.Model):
     captured_amount = models.DecimalField(max_digits=14, decimal_places=2)
     refunded_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
     reserved_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+    outside_refunded_amount = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        default=Decimal("0"),
+        help_text="Refunded at the payment provider without the console (learnt from its webhooks).",
+    )
     version = models.PositiveIntegerField(default=1)
     charge_reference = models.CharField(max_length=255, blank=True, help_text="The provider's charge id.")
     paid_at = models.DateTimeField()
@@ -38,7 +49,8 @@ class Order(models.Model):
             models.CheckConstraint(
                 condition=Q(refunded_amount__gte=0)
                 & Q(reserved_amount__gte=0)
-                & Q(captured_amount__gte=F("refunded_amount") + F("reserved_amount")),
+                & Q(outside_refunded_amount__gte=0)
+                & Q(captured_amount__gte=F("refunded_amount") + F("reserved_amount") + F("outside_refunded_amount")),
                 name="order_money_adds_up",
             ),
             # One charge is one order: a second order on a charge would make its money
@@ -53,7 +65,61 @@ class Order(models.Model):
 
     @property
     def refundable_amount(self) -> Decimal:
-        return self.captured_amount - self.refunded_amount - self.reserved_amount
+        return self.captured_amount - self.refunded_amount - self.reserved_amount - self.outside_refunded_amount
+
+
+class OrderEventKind(models.TextChoices):
+    OUTSIDE_REFUND = "outside_refund", "Refund made outside the console"
+    OUTSIDE_REFUND_REVERSED = "outside_refund_reversed", "Outside refund failed or was cancelled"
+
+
+class OrderEvent(models.Model):
+    """A line in an order's history for a change no action made (an outside refund).
+
+    Changes made by actions are in their own audit trail (ActionEvent); this trail holds what
+    the console learnt from elsewhere, in the same transaction as the change to the order.
+    """
+
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="events")
+    kind = models.CharField(max_length=32, choices=OrderEventKind.choices)
+    message = models.TextField(help_text="What happened, in words for the people who read the order.")
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    reference = models.CharField(max_length=255, blank=True, help_text="The provider's refund id.")
+    version_after = models.PositiveIntegerField()
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.order}: {self.kind} {self.amount} {self.currency}"
+
+
+class OutsideRefund(models.Model):
+    """A refund at the payment provider that no action made, booked on its order.
+
+    One row per provider refund id: a replayed or reordered event finds it and changes
+    nothing. ``booked`` says whether its amount is in the order's ``outside_refunded_amount``
+    (a pending or succeeded refund is; a failed or cancelled one is not).
+    """
+
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="outside_refunds")
+    reference = models.CharField(max_length=255, unique=True)
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    status = models.CharField(max_length=32)
+    booked = models.BooleanField(default=True)
+    event_id = models.CharField(max_length=255, help_text="The webhook event that last changed it.")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.reference} on {self.order}: {self.amount} {self.currency} ({self.status})"
 
 
 class RequestSource(models.TextChoices):

@@ -183,7 +183,11 @@ def test_only_a_receiver_with_neither_lookup_nor_keys_sends_a_lost_answer_straig
     action, attempt, token = claimed(agent_actor)
 
     result, _ = record(
-        action, attempt, token, timed_out(), contract=refund_contract(guarantees(keys=keys, lookup=lookup, authoritative=lookup))
+        action,
+        attempt,
+        token,
+        timed_out(),
+        contract=refund_contract(guarantees(keys=keys, lookup=lookup, authoritative=lookup)),
     )
 
     assert result == expected
@@ -210,7 +214,11 @@ def test_a_conclusive_answer_from_a_receiver_without_lookup_or_keys_is_recorded_
     given = answer(action)
 
     result, _ = record(
-        action, attempt, token, given, contract=refund_contract(guarantees(keys=False, lookup=False, authoritative=False))
+        action,
+        attempt,
+        token,
+        given,
+        contract=refund_contract(guarantees(keys=False, lookup=False, authoritative=False)),
     )
 
     assert result == {Outcome.SUCCEEDED: S.SUCCEEDED, Outcome.FAILED_FINAL: S.FAILED_FINAL}[given.outcome]

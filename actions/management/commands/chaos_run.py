@@ -51,6 +51,19 @@ class Command(BaseCommand):
             default=defaults.mail_fault_probability,
             help="probability of each mail sandbox fault (defer, reject, drop after DATA) per message",
         )
+        parser.add_argument(
+            "--outage",
+            type=float,
+            default=defaults.outage_seconds,
+            help="seconds the receiver refuses every create and lookup (0: none)",
+        )
+        parser.add_argument(
+            "--outside-refunds",
+            type=float,
+            default=defaults.outside_refund_share,
+            help="share of the orders that get a refund made outside the console, told by webhook",
+        )
+        parser.add_argument("--no-finance", action="store_true", help="leave NEEDS_REVIEW actions unresolved")
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = ChaosConfig(
@@ -66,6 +79,9 @@ class Command(BaseCommand):
             seed=options["seed"],
             emails=options["emails"],
             mail_fault_probability=options["mail_faults"],
+            outage_seconds=options["outage"],
+            outside_refund_share=options["outside_refunds"],
+            finance_resolves=not options["no_finance"],
         )
         report = ChaosRun(config).run()
         for line in report.lines():

@@ -16,6 +16,7 @@ from types import FrameType
 
 from actions.providers.sandbox.app import SandboxConfig
 from actions.providers.sandbox.server import make_server
+from actions.providers.sandbox.webhooks import WebhookEndpoint
 
 
 def _env_float(name: str, default: float) -> float:
@@ -78,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="how pending refunds settle (env SANDBOX_PENDING_OUTCOME)",
     )
     parser.add_argument(
+        "--webhook-url",
+        default=os.environ.get("SANDBOX_WEBHOOK_URL", ""),
+        help="where to send signed webhook events, e.g. http://127.0.0.1:8000/webhooks/stripe "
+        "(env SANDBOX_WEBHOOK_URL; none by default)",
+    )
+    parser.add_argument(
+        "--webhook-secret",
+        default=os.environ.get("SANDBOX_WEBHOOK_SECRET", "whsec_sandbox"),
+        help="the endpoint's signing secret (env SANDBOX_WEBHOOK_SECRET; the console's default)",
+    )
+    parser.add_argument(
         "--fault-seed",
         type=int,
         default=_env_int("SANDBOX_FAULT_SEED", None),
@@ -122,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config,
         fault_seed=args.fault_seed,
         verbose=args.verbose,
+        webhook=WebhookEndpoint(url=args.webhook_url, secret=args.webhook_secret),
     )
     signal.signal(signal.SIGTERM, _stop)
     if args.port_file:

@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 from urllib.parse import parse_qsl
 
+from actions.providers.sandbox import webhooks
 from actions.providers.sandbox.faults import Fault, FaultError, FaultPlan
+from actions.providers.sandbox.webhooks import WebhookEndpoint, WebhookSender
 
 __all__ = ["Request", "Response", "Sandbox", "SandboxConfig"]
 
@@ -226,6 +228,7 @@ class Sandbox:
         config: SandboxConfig | None = None,
         *,
         fault_seed: int | None = None,
+        webhook: WebhookEndpoint | None = None,
     ) -> None:
         self.db_path = db_path
         self._defaults = config or SandboxConfig()
@@ -246,9 +249,14 @@ class Sandbox:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        self._db.executescript(webhooks.SCHEMA)
         self._recover_in_flight_keys()
+        self._webhook_default = webhook or WebhookEndpoint()
+        self.webhook = WebhookEndpoint(**vars(self._webhook_default))
+        self._webhook_sender = WebhookSender(connect=lambda: self._db, endpoint=self.webhook, lock=self._lock)
 
     def close(self) -> None:
+        self._webhook_sender.stop()
         with self._lock:
             self._db.close()
 
@@ -280,6 +288,15 @@ class Sandbox:
     def _settle_due(self, db: sqlite3.Connection, now: float) -> None:
         # Settling lazily at the start of every transaction means nobody can observe a refund
         # that should have settled already, without a background thread.
+        due = []
+        if self.webhook.url:
+            due = [
+                row["id"]
+                for row in db.execute(
+                    "SELECT id FROM refunds WHERE status = 'pending' AND settle_at IS NOT NULL AND settle_at <= ?",
+                    (now,),
+                ).fetchall()
+            ]
         db.execute(
             """
             UPDATE refunds
@@ -290,6 +307,41 @@ class Sandbox:
             """,
             (now,),
         )
+        for refund_id in due:
+            self._emit_settled(db, refund_id, now)
+
+    # -- webhook events (stored with the change, delivered by the sender thread) -------------
+
+    def _emit(self, db: sqlite3.Connection, event_type: str, refund_id: str, now: float) -> None:
+        row = self._refund_row(db, refund_id)
+        if row is None or not self.webhook.url:
+            return
+        if event_type == "charge.refunded":
+            charge = self._charge_row(db, row["charge"])
+            assert charge is not None
+            obj = self._charge_json(db, charge)
+            refunds = db.execute("SELECT * FROM refunds WHERE charge = ? ORDER BY seq", (row["charge"],)).fetchall()
+            obj["refunds"] = {"object": "list", "data": [self._refund_json(r) for r in refunds], "has_more": False}
+        else:
+            obj = self._refund_json(row)
+        webhooks.record(db, self.webhook, event_type, obj, now)
+
+    def _emit_created(self, db: sqlite3.Connection, refund_id: str, status: str, now: float) -> None:
+        self._emit(db, "refund.created", refund_id, now)
+        if status == "succeeded":
+            self._emit(db, "charge.refunded", refund_id, now)
+        elif status == "failed":
+            self._emit(db, "refund.failed", refund_id, now)
+
+    def _emit_settled(self, db: sqlite3.Connection, refund_id: str, now: float) -> None:
+        row = self._refund_row(db, refund_id)
+        if row is None:
+            return
+        self._emit(db, "refund.updated", refund_id, now)
+        if row["status"] == "succeeded":
+            self._emit(db, "charge.refunded", refund_id, now)
+        elif row["status"] == "failed":
+            self._emit(db, "refund.failed", refund_id, now)
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -583,6 +635,7 @@ class Sandbox:
             idempotency_key=key,
             planted=False,
         )
+        self._emit_created(db, refund_id, status, now)
         row = self._refund_row(db, refund_id)
         assert row is not None  # inserted just above, in this transaction
         return Response(200, self._refund_json(row))
@@ -844,6 +897,9 @@ class Sandbox:
             ("POST", "config"): lambda: self.set_config(_json_body(request)),
             ("GET", "clock"): lambda: self.get_clock(),
             ("POST", "clock"): lambda: self.advance_clock(_json_body(request)),
+            ("GET", "webhooks"): lambda: self.get_webhooks(),
+            ("POST", "webhooks"): lambda: self.set_webhooks(_json_body(request)),
+            ("POST", "outside_refunds"): lambda: self.outside_refund(_json_body(request)),
         }
         route = routes.get((method, name))
         if route is None:
@@ -861,6 +917,8 @@ class Sandbox:
             db.execute("DELETE FROM idempotency_keys")
             db.execute("DELETE FROM refunds")
             db.execute("DELETE FROM charges")
+            db.execute("DELETE FROM events")
+            self.webhook.__dict__.update(vars(WebhookEndpoint(**vars(self._webhook_default))))
             self._generation += 1
             self.faults.clear()
             self.faults.reseed(self._fault_seed)
@@ -975,6 +1033,70 @@ class Sandbox:
             ]
         return Response(200, {"object": "list", "data": refunds, "charges": charges})
 
+    def get_webhooks(self) -> Response:
+        with self._lock:
+            return Response(200, {**self.webhook.to_json(), **webhooks.status(self._db)})
+
+    def set_webhooks(self, body: dict[str, Any]) -> Response:
+        """Configure the endpoint events go to (``url``, ``secret``, ``enabled_events``...)."""
+        with self._lock:
+            try:
+                self.webhook.update(body)
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from exc
+        self._webhook_sender.wake()
+        return self.get_webhooks()
+
+    def outside_refund(self, body: dict[str, Any]) -> Response:
+        """A refund made outside the console (another system, a person in the dashboard).
+
+        It follows the provider's rules (the charge must exist and cover it) but carries no
+        idempotency key and no action id, and its events go to the webhook endpoint like any
+        other. ``status`` "pending" makes it settle later as configured.
+        """
+        charge_id = body.get("charge")
+        amount = body.get("amount")
+        status = body.get("status", "succeeded")
+        reason = body.get("reason", "requested_by_customer")
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+            raise ApiError(400, "amount must be a positive integer (minor units)", param="amount")
+        if status not in ("succeeded", "pending"):
+            raise ApiError(400, "status must be 'succeeded' or 'pending'", param="status")
+        with self._tx() as db:
+            now = self.now()
+            self._settle_due(db, now)
+            charge = self._charge_row(db, str(charge_id))
+            if charge is None:
+                raise ApiError(404, f"No such charge: '{charge_id}'", code="resource_missing", param="charge")
+            remaining = charge["amount"] - self._counted_total(db, charge["id"])
+            if amount > remaining:
+                raise ApiError(
+                    400,
+                    f"Refund amount ({amount}) is greater than unrefunded amount on charge ({remaining}).",
+                    code="amount_too_large",
+                    param="amount",
+                )
+            pending = status == "pending"
+            refund_id = self._insert_refund(
+                db,
+                charge=charge,
+                amount=amount,
+                status=status,
+                reason=reason if reason in REFUND_REASONS else None,
+                metadata={},
+                now=now,
+                visible_at=now + self.config.lookup_visibility_delay_seconds,
+                settle_at=now + self.config.pending_settle_after_seconds if pending else None,
+                settle_outcome=self.config.pending_outcome if pending else None,
+                idempotency_key=None,
+                planted=False,
+            )
+            self._emit_created(db, refund_id, status, now)
+            row = self._refund_row(db, refund_id)
+            assert row is not None
+        self._webhook_sender.wake()
+        return Response(200, self._refund_json(row))
+
     def get_faults(self) -> Response:
         with self._lock:
             return Response(200, self.faults.to_json())
@@ -1014,6 +1136,7 @@ class Sandbox:
                     (final, "declined" if final == "failed" else None, row["id"]),
                 )
                 settled.append({"id": row["id"], "status": final})
+                self._emit_settled(db, row["id"], self.now())
         return Response(200, {"settled": settled})
 
     def get_config(self) -> Response:

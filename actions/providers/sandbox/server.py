@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from actions.providers.sandbox.app import Request, Response, Sandbox, SandboxConfig
+from actions.providers.sandbox.webhooks import WebhookEndpoint
 
 __all__ = ["SandboxHTTPServer", "make_server", "start_in_thread"]
 
@@ -114,9 +115,10 @@ def make_server(
     *,
     fault_seed: int | None = None,
     verbose: bool = False,
+    webhook: WebhookEndpoint | None = None,
 ) -> SandboxHTTPServer:
     """Create (but do not start) a sandbox server; ``port=0`` picks a free port."""
-    sandbox = Sandbox(db_path, config, fault_seed=fault_seed)
+    sandbox = Sandbox(db_path, config, fault_seed=fault_seed, webhook=webhook)
     try:
         return SandboxHTTPServer((host, port), sandbox, verbose=verbose)
     except BaseException:
