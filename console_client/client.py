@@ -96,12 +96,20 @@ class ConsoleClient:
 
     # --- the calls --------------------------------------------------------------------------
 
-    def open_refund_request(self, *, order_number: str, external_reference: str, note: str = "") -> RefundRequest:
-        """Open a refund request for a ticket; the same reference again returns the same request."""
+    def open_refund_request(
+        self, *, order_number: str, external_reference: str, reason_code: str, note: str = ""
+    ) -> RefundRequest:
+        """Open a refund request for a ticket, with the customer's reason code; the same reference
+        again returns the same request."""
         response = self._send(
             "POST",
             "/refund-requests",
-            json={"order_number": order_number, "external_reference": external_reference, "note": note},
+            json={
+                "order_number": order_number,
+                "external_reference": external_reference,
+                "reason_code": reason_code,
+                "note": note,
+            },
         )
         data = response.json()
         return RefundRequest(

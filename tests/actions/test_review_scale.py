@@ -10,6 +10,7 @@ query is served by an index (the partial index over the live statuses), not a sc
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -39,6 +40,13 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_broker(dispatched: list[int]) -> list[int]:
     return dispatched
+
+
+@pytest.fixture(autouse=True)
+def caps_out_of_the_way(settings: Any) -> None:
+    """The builders auto-approve every refund for one agent: raise the per-agent cap on
+    autonomy (issue 15, tested in tests/security) so that scale, not the cap, is measured."""
+    settings.AUTO_APPROVAL_AGENT_DAILY_AMOUNTS = {"EUR": Decimal("1000000")}
 
 
 def queries_for(client: Client, url: str) -> tuple[int, str]:

@@ -179,8 +179,10 @@ def test_unknown_ids_and_bad_tokens_are_typed(
 
 
 def test_a_refund_request_opened_twice_is_the_same_request(console: ConsoleClient, order: Any) -> None:
-    first = console.open_refund_request(order_number=order.number, external_reference="ZD-2", note="Second parcel.")
-    again = console.open_refund_request(order_number=order.number, external_reference="ZD-2")
+    first = console.open_refund_request(
+        order_number=order.number, external_reference="ZD-2", reason_code="damaged", note="Second parcel."
+    )
+    again = console.open_refund_request(order_number=order.number, external_reference="ZD-2", reason_code="damaged")
     assert (first.created, again.created) == (True, False)
     assert first.request_number == again.request_number == 2
     assert RefundRequest.objects.filter(order=order).count() == 2  # request 1 came with the fixture

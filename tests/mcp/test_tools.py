@@ -129,7 +129,12 @@ def test_another_agents_token_gets_not_found_identical_to_an_unknown_id(
 
 def test_opening_a_refund_request_twice_returns_the_same_request(mcp_url: str, token: str) -> None:
     order = make_order()
-    arguments = {"order_number": order.number, "external_reference": "ZD-48213", "note": "Lid broken."}
+    arguments = {
+        "order_number": order.number,
+        "external_reference": "ZD-48213",
+        "reason_code": "damaged",
+        "note": "Lid broken.",
+    }
     first = mcp_call(mcp_url, token, "open_refund_request", arguments)
     again = mcp_call(mcp_url, token, "open_refund_request", arguments)
     assert first.structured_content is not None and again.structured_content is not None
