@@ -89,10 +89,12 @@ def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | N
 
     Runs inside the proposal's transaction, so intent and authorization are one commit.
     """
-    threshold = settings.AUTO_APPROVAL_THRESHOLDS.get(action.currency)
+    kind = kind_for(action.kind)
+    # The threshold is the kind's: an invoice adjustment has its own, a refund the global one.
+    threshold = kind.auto_approval_threshold(action.currency)
     if not settings.AUTO_APPROVAL_ENABLED or threshold is None or action.amount > threshold:
         return None
-    if kind_for(action.kind).auto_approval_refusal(action) is not None:
+    if kind.auto_approval_refusal(action) is not None:
         return None  # a manager must look
     label = f"policy:auto-approval (<= {threshold} {action.currency})"
     return approval_record(

@@ -5,6 +5,7 @@
 - manager: approves, rejects, cancels and reopens proposals.
 - finance: resolves actions that need review; works remedies and discrepancies.
 - admin: corrects through the admin site.
+- accounts payable: resolves invoice adjustments (and credit-note voids) that need review.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from django.contrib.auth.models import Group, Permission
 from actions import permissions as perms
 
 AGENT, MANAGER, FINANCE, ADMIN = "agent", "manager", "finance", "admin"
-ROLES = (AGENT, MANAGER, FINANCE, ADMIN)
+# Accounts payable owns invoice adjustments that need a person: supplier bills and credit notes.
+ACCOUNTS_PAYABLE = "accounts payable"
+ROLES = (AGENT, MANAGER, FINANCE, ADMIN, ACCOUNTS_PAYABLE)
 
 _VIEW = [
     "actions.view_order",
@@ -36,6 +39,16 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         perms.RESOLVE,
         "actions.view_remedy",
         "actions.change_remedy",
+        "actions.view_discrepancy",
+        "actions.change_discrepancy",
+    ],
+    # Resolves invoice adjustments and credit-note voids that need review, like finance does
+    # for refunds; it sees the bills they draw on.
+    ACCOUNTS_PAYABLE: [
+        *_VIEW,
+        perms.RESOLVE,
+        "actions.view_bill",
+        "actions.view_adjustmentrequest",
         "actions.view_discrepancy",
         "actions.change_discrepancy",
     ],

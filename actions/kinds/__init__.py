@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from actions.kinds.base import EffectKind, ReceiverContract, StepClass
 from actions.kinds.compensation import CompensationKind
+from actions.kinds.invoice_adjustment import CreditNoteVoidKind, InvoiceAdjustmentKind
 from actions.kinds.refund import RefundKind
 from actions.kinds.registry import all_kinds, kind_for, register, unregister
 
 register(RefundKind())
 register(CompensationKind())
+register(InvoiceAdjustmentKind())
+register(CreditNoteVoidKind())
 
 __all__ = ["EffectKind", "ReceiverContract", "StepClass", "all_kinds", "kind_for", "register", "unregister"]
