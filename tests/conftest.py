@@ -39,6 +39,13 @@ def fast_password_hashing(settings: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def no_accounting_system(settings: Any) -> None:
+    """Tests run without an accounting system unless they ask for one (``live_accounting``): the
+    audits then read only the ledgers that exist, as in a deployment without one."""
+    settings.ACCOUNTING_API_BASE = ""
+
+
+@pytest.fixture(autouse=True)
 def process_local_cache(settings: Any) -> None:
     """Production shares the API's rate counters through the database cache; tests use a
     process-local cache, so that tests without database access can reset the counters."""

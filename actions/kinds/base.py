@@ -250,6 +250,11 @@ class EffectKind:
 
     # --- the receiver -----------------------------------------------------------------
 
+    def ledger_enabled(self) -> bool:
+        """Whether the audits read this kind's ledger now: it has one, and its receiver is
+        configured in this deployment (a shop without an accounting system has no ledger to read)."""
+        return self.has_ledger
+
     def receiver(self) -> Receiver:
         raise NotImplementedError
 

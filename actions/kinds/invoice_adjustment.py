@@ -218,6 +218,10 @@ class InvoiceAdjustmentKind(EffectKind):
     example_action_id = "invoice-adjustment:bill-INV-2291:adjustment-1"
     binds = "the bill's version, amount, currency, payload hash and expiry"
 
+    def ledger_enabled(self) -> bool:
+        # ACCOUNTING_API_BASE="" means this deployment has no accounting system.
+        return bool(settings.ACCOUNTING_API_BASE)
+
     def receiver(self) -> AdjustmentReceiver:
         return AdjustmentReceiver(accounting_from_settings())
 
