@@ -23,6 +23,9 @@ from actions.models import (
     AdjustmentReason,
     AdjustmentRequest,
     Bill,
+    Discrepancy,
+    DiscrepancyKind,
+    DiscrepancyStatus,
 )
 from actions.providers.base import validate_idempotency_key
 from actions.requests import _check_external_reference, _check_note
@@ -341,3 +344,53 @@ def action_propose_credit_note_void(
             auto_policy=False,
             reason=f"Correction: void the duplicate credit note {credit_note_id} of {adjustment.action_id}.",
         )
+
+
+# --- the correction, from the ledger audit's finding ---------------------------------------------
+
+
+def discrepancy_void_duplicate(*, discrepancy_pk: int, user: Any, note: str, now: datetime | None = None) -> Action:
+    """Propose voiding the duplicate credit note that the audit (or reconciliation) found for an
+    invoice adjustment. A second call returns the same action.
+
+    The void waits, PROPOSED, for a manager (four eyes; never auto-approved); the engine then sends
+    it like any action. The discrepancy moves to IN_PROGRESS and names the void.
+    """
+    note = note.strip()
+    if not note:
+        raise ProposalInvalid([FieldProblem("note", "required", "Say why the credit note is voided.")])
+    with transaction.atomic(durable=True):
+        discrepancy = Discrepancy.objects.select_for_update().get(pk=discrepancy_pk)
+        linked = discrepancy.details.get("compensating_action")
+        if linked:
+            return Action.objects.get(action_id=linked)
+        if discrepancy.kind != DiscrepancyKind.DUPLICATE_EFFECT or discrepancy.action_id is None:
+            raise ProposalInvalid([FieldProblem("discrepancy", "not_a_duplicate", "Only a duplicate is voided.")])
+        original = Action.objects.get(pk=discrepancy.action_id)
+        found = sorted(str(reference) for reference in discrepancy.details.get("effects", []))
+        duplicates = [reference for reference in found if reference != original.provider_reference]
+        if not original.provider_reference or original.provider_reference not in found or not duplicates:
+            raise ProposalInvalid(
+                [
+                    FieldProblem(
+                        "discrepancy",
+                        "original_unresolved",
+                        "Which credit note is the adjustment is not recorded: resolve the adjustment first.",
+                    )
+                ]
+            )
+    void = action_propose_credit_note_void(
+        adjustment=original,
+        credit_note_id=duplicates[0],
+        amount=original.payload.get("amount", str(original.amount)),
+        proposer=Actor.for_user(user),
+        note=note,
+        now=now,
+    ).action
+    with transaction.atomic(durable=True):
+        discrepancy = Discrepancy.objects.select_for_update().get(pk=discrepancy_pk)
+        discrepancy.status = DiscrepancyStatus.IN_PROGRESS
+        discrepancy.details = {**discrepancy.details, "compensating_action": void.action_id}
+        discrepancy.note = f"{discrepancy.note.rstrip()}\nvoid {void.action_id} proposed: {note}".strip()
+        discrepancy.save(update_fields=["status", "details", "note", "updated_at"])
+    return void
