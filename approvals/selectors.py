@@ -18,7 +18,8 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
 
-from actions.models import Action, ActionEvent, ActionStatus, Order
+from actions.kinds import all_kinds
+from actions.models import Action, ActionEvent, ActionStatus, Bill, Order
 from actions.models.actions import TERMINAL_STATUSES
 from approvals.models import Approval, ApprovalLimit, Decision
 from approvals.services import approval_refusal_reason
@@ -55,6 +56,9 @@ class Inbox:
     stale: list[ProposalRow]
     limits: list[ApprovalLimit]
     auto_approval: dict[str, Decimal]
+    # The kind filter: every kind a manager may decide, as (name, label), and the chosen one.
+    kinds: list[tuple[str, str]] = field(default_factory=list)
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,13 +79,20 @@ class ApprovalLine:
 @dataclass(frozen=True)
 class ProposalDetail:
     row: ProposalRow
-    order: Order
+    # The action's target: an order (refunds) or a bill (invoice adjustments).
+    order: Order | None
     previous_refunds: list[Action]
     live_actions: list[Action]
     closed_actions: list[Action]
     approvals: list[ApprovalLine]
     audit_trail: list[AuditLine]
     limits: list[ApprovalLimit]
+    bill: Bill | None = None
+
+    @property
+    def target_version(self) -> int | None:
+        target = self.order or self.bill
+        return target.version if target is not None else None
 
 
 # --- building blocks ------------------------------------------------------------------------
@@ -107,7 +118,13 @@ def _invalidations() -> Prefetch[Any]:
 
 def _actions_for_rows() -> QuerySet[Action]:
     return Action.objects.select_related(
-        "order", "refund_request", "proposed_by_agent", "proposed_by_agent__owner", "proposed_by_user"
+        "order",
+        "refund_request",
+        "bill",
+        "adjustment_request",
+        "proposed_by_agent",
+        "proposed_by_agent__owner",
+        "proposed_by_user",
     ).prefetch_related(_invalidations())
 
 
@@ -128,18 +145,22 @@ def _row(action: Action, *, user: Any, limits: dict[str, Decimal]) -> ProposalRo
 # --- the inbox ------------------------------------------------------------------------------
 
 
-def proposal_inbox_get(*, user: Any) -> Inbox:
-    """Proposals waiting for a decision (oldest first), then stale actions needing a new one."""
+def proposal_inbox_get(*, user: Any, kind: str = "") -> Inbox:
+    """Proposals waiting for a decision (oldest first), then stale actions needing a new one;
+    only those of ``kind`` when one is given (an unknown kind lists nothing)."""
     limits = approval_limit_list(user=user)
     by_currency = _limit_map(limits)
     actions = _actions_for_rows().filter(status__in=[S.PROPOSED, S.STALE]).order_by("created_at", "pk")
+    if kind:
+        actions = actions.filter(kind=kind)
     waiting: list[ProposalRow] = []
     stale: list[ProposalRow] = []
     for action in actions:
         row = _row(action, user=user, limits=by_currency)
         (waiting if row.is_waiting else stale).append(row)
     auto = dict(settings.AUTO_APPROVAL_THRESHOLDS) if settings.AUTO_APPROVAL_ENABLED else {}
-    return Inbox(waiting=waiting, stale=stale, limits=limits, auto_approval=auto)
+    kinds = [(k.name, k.label) for k in all_kinds()]
+    return Inbox(waiting=waiting, stale=stale, limits=limits, auto_approval=auto, kinds=kinds, kind=kind)
 
 
 def proposal_row_get(*, action_pk: int, user: Any) -> ProposalRow:
@@ -158,11 +179,11 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
     limits = approval_limit_list(user=user)
     action = _actions_for_rows().get(pk=action_pk)
     row = _row(action, user=user, limits=_limit_map(limits))
-    order = action.order
-    assert order is not None, "refund actions always belong to an order"
+    order, bill = action.order, action.bill
+    target = {"order_id": order.pk} if order is not None else {"bill_id": bill.pk if bill is not None else -1}
 
     others = list(
-        Action.objects.filter(order_id=order.pk)
+        Action.objects.filter(**target)
         .exclude(pk=action.pk)
         .select_related("refund_request")
         .order_by("created_at", "pk")
@@ -171,10 +192,11 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
     live = [a for a in others if a.status not in TERMINAL_STATUSES]
     closed = [a for a in others if a.status in TERMINAL_STATUSES and a.status != S.SUCCEEDED]
 
+    current_version = order.version if order is not None else bill.version if bill is not None else None
     approvals = [
         ApprovalLine(
             approval=approval,
-            version_changed=approval.order_version != order.version,
+            version_changed=approval.order_version != current_version,
             expired=approval.decision == Decision.APPROVE
             and approval.expires_at is not None
             and approval.expires_at <= now,
@@ -194,6 +216,7 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
         approvals=approvals,
         audit_trail=trail,
         limits=limits,
+        bill=bill,
     )
 
 
