@@ -548,7 +548,7 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
     """
     now = now or timezone.now()
     action = Action.objects.select_related(
-        "order", "refund_request", "owner", "proposed_by_agent", "proposed_by_user"
+        "order", "refund_request", "bill", "adjustment_request", "owner", "proposed_by_agent", "proposed_by_user"
     ).get(pk=action_pk)
     events = list(
         ActionEvent.objects.filter(action_id=action.pk).select_related("actor_user").order_by("created_at", "id")
