@@ -121,6 +121,7 @@ def test_a_manager_approves_an_adjustment_and_accounts_payable_resolves_one_that
     assert to_approve.status == S.AUTHORIZED
     review.refresh_from_db()
     assert (review.status, review.provider_reference) == (S.SUCCEEDED, note["CreditNoteID"])
+    assert review.bill_id is not None
     bill = Bill.objects.get(pk=review.bill_id)
     assert (bill.adjusted_amount, bill.reserved_amount) == (Decimal("30.00"), Decimal("0"))
     event = ActionEvent.objects.filter(action=review).latest("pk")

@@ -94,6 +94,7 @@ def authorized(live_accounting: AccountingSandboxClient, agent_actor: Actor) -> 
 
 
 def bill_of(action: Action) -> Bill:
+    assert action.bill_id is not None
     return Bill.objects.get(pk=action.bill_id)
 
 
