@@ -1,17 +1,19 @@
 """The chaos run: real processes, real crashes, real faults, then an independent audit.
 
-It starts the sandbox provider, a web server, several Celery workers and beat against the
-configured PostgreSQL database and Redis broker. It proposes N refunds through the agent API
-(small ones approved by the auto-approval policy, larger ones by a scripted manager), and
-while they flow it:
+It starts the sandbox provider, the accounting sandbox, a web server, several Celery workers
+and beat against the configured PostgreSQL database and Redis broker. It proposes N actions
+through the agent API, refunds and invoice adjustments mixed (``adjustment_share`` of them
+adjustments; small ones approved by the auto-approval policy, larger ones by a scripted
+manager), and while they flow it:
 
 - SIGKILLs a random worker every few seconds and starts a replacement;
 - lets the workers kill themselves at the named fault points with a small probability;
-- has the sandbox inject every fault mode it knows at configurable probabilities;
+- has both sandboxes inject every fault mode they know at configurable probabilities;
 - restarts PostgreSQL once and flushes the Redis broker once.
 
 Then it drains (faults off, no more kills) until every action is terminal or in NEEDS_REVIEW,
-with a deadline, and checks invariants 1, 2, 5 and 8 against the sandbox's own ledger.
+with a deadline, and checks invariants 1, 2, 5 and 8 against both sandboxes' own ledgers,
+reporting duplicates and lost actions per kind.
 
 Used by ``manage.py chaos_run`` (large runs) and by tests/chaos (a small run in CI).
 """
@@ -45,12 +47,15 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import InterfaceError, OperationalError, connection
+from django.db.models import Count, Q
 
 from actions.agents import agent_create, agent_token_issue
 from actions.engine.invariants import EffectsReport, check_effects
+from actions.kinds.invoice_adjustment import AdjustmentReceiver
 from actions.kinds.refund import RefundReceiver
-from actions.models import Action, ActionStatus, Order, RefundRequest
+from actions.models import Action, ActionStatus, AdjustmentRequest, Bill, Order, RefundRequest
 from actions.models.actions import TERMINAL_STATUSES
+from actions.providers.accounting.client import AccountingClient
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider
 from approvals.models import ApprovalLimit, Decision
@@ -69,6 +74,9 @@ CREATE_FAULT_MODES = (
     "pending",
 )
 LOOKUP_FAULT_MODES = ("fail_before_commit", "commit_then_drop", "rate_limit", "commit_then_timeout")
+# Credit notes do not settle later: the accounting sandbox has no "pending" mode.
+ACCOUNTING_CREATE_FAULT_MODES = tuple(mode for mode in CREATE_FAULT_MODES if mode != "pending")
+REFUND, ADJUSTMENT = "refund", "invoice-adjustment"
 WORKER_FAULT_POINTS = ("before_provider_call", "after_provider_answer", "during_reconciliation", "after_record")
 
 
@@ -86,6 +94,7 @@ class ChaosConfig:
     flush_redis: bool = True
     drain_deadline_seconds: float = 600.0
     manager_share: float = 0.2  # proposals above the auto-approval threshold
+    adjustment_share: float = 0.4  # invoice adjustments among the actions; the rest are refunds
     proposers: int = 4  # concurrent API clients
     seed: int = 1
     # Timings shrunk so that leases, sweeps and reconciliation all happen within the run.
@@ -95,6 +104,8 @@ class ChaosConfig:
     key_retention_seconds: int = 30
     visibility_delay_seconds: int = 1
     reconcile_max_failures: int = 4
+    # Shorter than the provider's, as the accounting system's keys are.
+    accounting_key_retention_seconds: int = 20
 
 
 @dataclass
@@ -111,6 +122,8 @@ class ChaosReport:
     drained: bool = False
     seconds: float = 0.0
     audit: EffectsReport | None = None
+    # Per kind: actions, succeeded, duplicates, lost (from the audit's violations).
+    per_kind: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -136,6 +149,11 @@ class ChaosReport:
             f"  time             {self.seconds:.1f} s, {throughput:.1f} actions/s end to end",
             f"  invariants       {'all hold' if audit and audit.ok else 'VIOLATED'}",
         ]
+        for kind, numbers in sorted(self.per_kind.items()):
+            out.append(
+                f"  {kind:<17}{numbers.get('actions', 0)} actions, {numbers.get('succeeded', 0)} succeeded, "
+                f"{numbers.get('duplicates', 0)} duplicates, {numbers.get('lost', 0)} lost"
+            )
         for violation in (audit.violations if audit else [])[:50]:
             out.append(f"    [{violation.invariant}] {violation.subject}: {violation.message}")
         return out
@@ -228,6 +246,7 @@ class ChaosRun:
         self.worker_numbers = itertools.count(1)
         self.others: list[Process] = []
         self.sandbox_url = ""
+        self.accounting_url = ""
         self.web_url = ""
         self.token = ""
         self.lock = threading.Lock()
@@ -251,6 +270,10 @@ class ChaosRun:
             "PROVIDER_TIMEOUT_SECONDS": str(c.provider_timeout_seconds),
             "PROVIDER_KEY_RETENTION_SECONDS": str(c.key_retention_seconds),
             "PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS": str(c.visibility_delay_seconds),
+            "ACCOUNTING_API_BASE": self.accounting_url,
+            "ACCOUNTING_TIMEOUT_SECONDS": str(c.provider_timeout_seconds),
+            "ACCOUNTING_KEY_RETENTION_SECONDS": str(c.accounting_key_retention_seconds),
+            "ACCOUNTING_LOOKUP_VISIBILITY_DELAY_SECONDS": str(c.visibility_delay_seconds),
             "KEY_RETENTION_MARGIN_SECONDS": "5",
             "LEASE_SECONDS": str(c.lease_seconds),
             "SWEEP_INTERVAL_SECONDS": str(c.sweep_interval_seconds),
@@ -299,6 +322,34 @@ class ChaosRun:
                 "lookup_visibility_delay_seconds": self.config.visibility_delay_seconds,
             },
         )
+
+    def start_accounting(self) -> None:
+        port = _free_port()
+        self.accounting_url = f"http://127.0.0.1:{port}"
+        process = Process(
+            "accounting",
+            [
+                sys.executable,
+                "-m",
+                "actions.providers.accounting",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--db",
+                str(self.workdir / "accounting.sqlite3"),
+                "--fault-seed",
+                str(self.config.seed),
+                "--key-retention-seconds",
+                str(self.config.accounting_key_retention_seconds),
+                "--lookup-visibility-delay-seconds",
+                str(self.config.visibility_delay_seconds),
+            ],
+            self.environment(),
+            self.workdir / "accounting.log",
+        )
+        self.others.append(process)
+        _wait_for(lambda: self._healthy(f"{self.accounting_url}/_sandbox/health"), 30, "the accounting sandbox")
 
     def start_web(self) -> None:
         port = _free_port()
@@ -372,8 +423,9 @@ class ChaosRun:
             )
         )
 
-    def seed(self) -> list[tuple[str, int, str, str]]:
-        """Orders, charges, refund requests, an agent with a token and a scripted manager."""
+    def seed(self) -> list[tuple[str, str, int, str, str]]:
+        """Orders and charges, bills (in both systems), requests on them, an agent with a token
+        and a scripted manager. Each proposal is (kind, order or bill, request number, amount, reason)."""
         ensure_roles()
         user_model = get_user_model()
         owner, _ = user_model.objects.get_or_create(username="chaos.owner")
@@ -383,13 +435,19 @@ class ChaosRun:
         finance, _ = user_model.objects.get_or_create(username="chaos.finance")
         finance.groups.add(Group.objects.get(name="finance"))
         self.manager = manager
-        agent = agent_create(name=f"chaos-bot-{self.config.seed}-{int(time.time())}", owner=owner, scopes=["refund"])
+        agent = agent_create(
+            name=f"chaos-bot-{self.config.seed}-{int(time.time())}",
+            owner=owner,
+            scopes=["refund", "invoice_adjustment"],
+        )
         self.token = agent_token_issue(agent=agent).plain
 
-        proposals: list[tuple[str, int, str, str]] = []
+        proposals: list[tuple[str, str, int, str, str]] = []
         stamp = f"{int(time.time()) % 100000:05d}"
         per_order = 2
-        orders = (self.config.actions + per_order - 1) // per_order
+        adjustments = round(self.config.actions * self.config.adjustment_share)
+        refunds = self.config.actions - adjustments
+        orders = (refunds + per_order - 1) // per_order
         for index in range(orders):
             number = f"C{stamp}-{index:05d}"
             order = Order.objects.create(
@@ -410,62 +468,96 @@ class ChaosRun:
                 },
             )
             for request_number in range(1, per_order + 1):
-                if len(proposals) >= self.config.actions:
+                if len(proposals) >= refunds:
                     break
                 RefundRequest.objects.create(order=order, number=request_number)
-                large = self.rng.random() < self.config.manager_share
-                if large:
-                    amount = f"{self.rng.randint(40, 90)}.00"
-                else:
-                    amount = f"{self.rng.randint(1, 24)}.{self.rng.randint(0, 99):02d}"
-                proposals.append((number, request_number, amount, "damaged"))
+                proposals.append((REFUND, number, request_number, self._amount(), "damaged"))
+        for index in range((adjustments + per_order - 1) // per_order):
+            number = f"CB{stamp}-{index:05d}"
+            bill = Bill.objects.create(
+                number=number,
+                supplier_name=f"Chaos supplier {index}",
+                currency="EUR",
+                amount=Decimal("200.00"),
+                amount_due=Decimal("200.00"),
+                accounting_reference=f"chaos-{stamp}-{index}",
+                purchase_order=f"PO-{number}",
+                po_mismatch={"summary": "chaos run"},
+                issued_at=_now() - timedelta(days=1),
+            )
+            _http(
+                "POST",
+                f"{self.accounting_url}/_sandbox/invoices",
+                {
+                    "InvoiceID": bill.accounting_reference,
+                    "InvoiceNumber": number,
+                    "Contact": bill.supplier_name,
+                    "CurrencyCode": "EUR",
+                    "Total": "200.00",
+                },
+            )
+            for request_number in range(1, per_order + 1):
+                if len(proposals) >= self.config.actions:
+                    break
+                AdjustmentRequest.objects.create(bill=bill, number=request_number)
+                proposals.append((ADJUSTMENT, number, request_number, self._amount(), "price_mismatch"))
+        # Interleaved, so that both kinds flow through the workers at the same time.
+        self.rng.shuffle(proposals)
         return proposals
+
+    def _amount(self) -> str:
+        if self.rng.random() < self.config.manager_share:
+            return f"{self.rng.randint(60, 90)}.00"
+        return f"{self.rng.randint(1, 24)}.{self.rng.randint(0, 99):02d}"
 
     # --- chaos -------------------------------------------------------------------------------
 
     def configure_faults(self, on: bool) -> None:
-        _http("DELETE", f"{self.sandbox_url}/_sandbox/faults")
-        if not on:
-            return
-        c = self.config
-        _http(
-            "POST",
-            f"{self.sandbox_url}/_sandbox/faults",
-            {
-                "seed": c.seed,
-                "applies_to": "create",
-                "sleep_seconds": c.provider_timeout_seconds + 0.5,
-                "settle_after_seconds": 3,
-                "probabilities": dict.fromkeys(CREATE_FAULT_MODES, c.create_fault_probability),
-            },
-        )
-        _http(
-            "POST",
-            f"{self.sandbox_url}/_sandbox/faults",
-            {
-                "applies_to": "lookup",
-                "sleep_seconds": c.provider_timeout_seconds + 0.5,
-                "probabilities": dict.fromkeys(LOOKUP_FAULT_MODES, c.lookup_fault_probability),
-            },
-        )
+        for url, create_modes in (
+            (self.sandbox_url, CREATE_FAULT_MODES),
+            (self.accounting_url, ACCOUNTING_CREATE_FAULT_MODES),
+        ):
+            _http("DELETE", f"{url}/_sandbox/faults")
+            if not on:
+                continue
+            c = self.config
+            _http(
+                "POST",
+                f"{url}/_sandbox/faults",
+                {
+                    "seed": c.seed,
+                    "applies_to": "create",
+                    "sleep_seconds": c.provider_timeout_seconds + 0.5,
+                    "settle_after_seconds": 3,
+                    "probabilities": dict.fromkeys(create_modes, c.create_fault_probability),
+                },
+            )
+            _http(
+                "POST",
+                f"{url}/_sandbox/faults",
+                {
+                    "applies_to": "lookup",
+                    "sleep_seconds": c.provider_timeout_seconds + 0.5,
+                    "probabilities": dict.fromkeys(LOOKUP_FAULT_MODES, c.lookup_fault_probability),
+                },
+            )
 
-    def propose_all(self, proposals: list[tuple[str, int, str, str]]) -> None:
+    def propose_all(self, proposals: list[tuple[str, str, int, str, str]]) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
 
-        def propose(item: tuple[str, int, str, str]) -> None:
-            order_number, request_number, amount, reason = item
-            body = {
-                "order_number": order_number,
-                "request_number": request_number,
-                "amount": amount,
-                "currency": "EUR",
-                "reason_code": reason,
-                "evidence": "chaos run",
-            }
+        def propose(item: tuple[str, str, int, str, str]) -> None:
+            kind, target, request_number, amount, reason = item
+            body: dict[str, Any] = {"amount": amount, "currency": "EUR", "reason_code": reason, "evidence": "chaos run"}
+            if kind == ADJUSTMENT:
+                body.update(bill_number=target, adjustment_number=request_number)
+                path = "invoice-adjustments"
+            else:
+                body.update(order_number=target, request_number=request_number)
+                path = "refunds"
             # An agent's retry is always safe: the same proposal returns the same action.
             for _attempt in range(20):
                 try:
-                    _http("POST", f"{self.web_url}/api/v1/refunds", body, headers)
+                    _http("POST", f"{self.web_url}/api/v1/{path}", body, headers)
                     with self.lock:
                         self.report.proposed += 1
                     return
@@ -522,9 +614,8 @@ class ChaosRun:
 
     def counts(self) -> tuple[int, int]:
         def query() -> tuple[int, int]:
-            total = Action.objects.filter(order__number__startswith="C").count()
-            final = Action.objects.filter(order__number__startswith="C", status__in=FINAL_STATUSES).count()
-            return total, final
+            ours = Action.objects.filter(Q(order__number__startswith="C") | Q(bill__number__startswith="CB"))
+            return ours.count(), ours.filter(status__in=FINAL_STATUSES).count()
 
         return _db_retry(query)
 
@@ -552,6 +643,7 @@ class ChaosRun:
 
             redis.Redis.from_url(self.broker_url).flushdb()
             self.start_sandbox()
+            self.start_accounting()
             proposals = self.seed()
             self.start_web()
             self.configure_faults(on=True)
@@ -589,6 +681,8 @@ class ChaosRun:
             # Drain: no more injected faults or kills; replace fault-point workers with clean ones.
             fired = _http("GET", f"{self.sandbox_url}/_sandbox/faults").get("fired", {})
             self.report.faults_fired = {str(k): int(v) for k, v in fired.items()}
+            fired = _http("GET", f"{self.accounting_url}/_sandbox/faults").get("fired", {})
+            self.report.faults_fired.update({f"accounting {k}": int(v) for k, v in fired.items()})
             self.configure_faults(on=False)
             for worker in self.workers:
                 worker.kill()
@@ -623,6 +717,13 @@ class ChaosRun:
             # change is older than that delay, so the audit sees every effect.
             self._wait_until_ledger_settles()
             ledger = list(RefundReceiver(provider).ledger())
+            accounting = AccountingClient(
+                api_base=self.accounting_url,
+                access_token="chaos",  # noqa: S106 - the sandbox takes any token
+                tenant_id="chaos",
+                timeout_seconds=30,
+            )
+            ledger += list(AdjustmentReceiver(accounting).ledger())
             # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
             with _override(
                 LEASE_SECONDS=self.config.lease_seconds,
@@ -630,8 +731,10 @@ class ChaosRun:
                 RECONCILE_BASE_BACKOFF_SECONDS=1,
                 RECONCILE_MAX_FAILURES=self.config.reconcile_max_failures,
                 PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS=self.config.visibility_delay_seconds,
+                ACCOUNTING_API_BASE=self.accounting_url,
             ):
                 self.report.audit = _db_retry(lambda: check_effects(ledger=ledger))
+            self.report.per_kind = _db_retry(lambda: per_kind_numbers(self.report.audit))
             return self.report
         finally:
             for process in [*self.workers, *self.others]:
@@ -653,6 +756,26 @@ class ChaosRun:
                 self.workers.remove(worker)
                 self.report.worker_exits += 1
                 self.start_worker(with_faults=with_faults)
+
+
+def per_kind_numbers(audit: EffectsReport | None) -> dict[str, dict[str, int]]:
+    """Actions, successes, duplicates and lost actions per kind: the audit's violations name the
+    action, whose id starts with its kind."""
+    numbers: dict[str, dict[str, int]] = {}
+    rows = Action.objects.values_list("kind", "status").annotate(n=Count("pk")).order_by()
+    for kind, status, count in rows:
+        entry = numbers.setdefault(kind, {"actions": 0, "succeeded": 0, "duplicates": 0, "lost": 0})
+        entry["actions"] += count
+        if status == ActionStatus.SUCCEEDED:
+            entry["succeeded"] += count
+    for violation in audit.violations if audit is not None else []:
+        kind = violation.subject.split(":", 1)[0]
+        entry = numbers.setdefault(kind, {"actions": 0, "succeeded": 0, "duplicates": 0, "lost": 0})
+        if violation.invariant == 1:
+            entry["duplicates"] += 1
+        elif violation.invariant == 8:
+            entry["lost"] += 1
+    return numbers
 
 
 class _override:

@@ -44,6 +44,12 @@ class Command(BaseCommand):
         parser.add_argument("--no-redis-flush", action="store_true")
         parser.add_argument("--drain-deadline", type=float, default=defaults.drain_deadline_seconds, help="seconds")
         parser.add_argument("--seed", type=int, default=defaults.seed)
+        parser.add_argument(
+            "--adjustment-share",
+            type=float,
+            default=defaults.adjustment_share,
+            help="share of the actions that are invoice adjustments (the rest are refunds)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = ChaosConfig(
@@ -57,6 +63,7 @@ class Command(BaseCommand):
             flush_redis=not options["no_redis_flush"],
             drain_deadline_seconds=options["drain_deadline"],
             seed=options["seed"],
+            adjustment_share=options["adjustment_share"],
         )
         report = ChaosRun(config).run()
         for line in report.lines():
