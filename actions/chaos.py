@@ -151,7 +151,7 @@ class ChaosReport:
         ]
         for kind, numbers in sorted(self.per_kind.items()):
             out.append(
-                f"  {kind:<17}{numbers.get('actions', 0)} actions, {numbers.get('succeeded', 0)} succeeded, "
+                f"  {kind:<19}{numbers.get('actions', 0)} actions, {numbers.get('succeeded', 0)} succeeded, "
                 f"{numbers.get('duplicates', 0)} duplicates, {numbers.get('lost', 0)} lost"
             )
         for violation in (audit.violations if audit else [])[:50]:
