@@ -29,6 +29,8 @@ _VIEW = [
     "actions.view_attempt",
     "approvals.view_approval",
     "actions.view_ledgerauditrun",
+    "actions.view_bill",
+    "actions.view_adjustmentrequest",
 ]
 
 ROLE_PERMISSIONS: dict[str, list[str]] = {
