@@ -270,7 +270,9 @@ class InvoiceAdjustmentKind(EffectKind):
         return Bill.objects.values_list("version", flat=True).get(pk=_bill_pk(action))
 
     def approval_refusal(self, action: Action) -> tuple[str, str] | None:
-        bill = Bill.objects.get(pk=_bill_pk(action))
+        # The inbox selects the bill with the action: no query per row.
+        bill = action.bill
+        assert bill is not None, "an invoice adjustment always targets a bill"
         if bill.voided:
             return ("bill_voided", f"Bill {bill.number} is voided: it cannot be adjusted.")
         if action.amount > bill.adjustable_amount:
