@@ -60,9 +60,11 @@ from actions.models import (
     Action,
     ActionEvent,
     ActionKind,
+    AdjustmentRequest,
     Agent,
     AgentToken,
     Attempt,
+    Bill,
     Discrepancy,
     DiscrepancyKind,
     DiscrepancyStatus,
@@ -992,3 +994,31 @@ class SupplierAdmin(admin.ModelAdmin):
         super().save_related(request, form, formsets, change)
         if change and any(formset.has_changed() for formset in formsets):
             Supplier.objects.filter(pk=form.instance.pk).update(version=F("version") + 1)
+
+
+@admin.register(Bill)
+class BillAdmin(ReadOnlyAdmin):
+    """Supplier bills that invoice adjustments draw on. Read-only here: their money changes only
+    through the reservation and outcome services, like an order's."""
+
+    list_display = (
+        "number",
+        "supplier_name",
+        "currency",
+        "amount",
+        "amount_due",
+        "adjusted_amount",
+        "reserved_amount",
+        "version",
+        "voided",
+    )
+    list_filter = (CurrencyFilter, "voided")
+    search_fields = ("number__exact", "accounting_reference__exact", "purchase_order__exact")
+    search_help_text = "An exact bill number, accounting reference or purchase order."
+
+
+@admin.register(AdjustmentRequest)
+class AdjustmentRequestAdmin(ReadOnlyAdmin):
+    list_display = ("__str__", "bill", "number", "external_reference", "created_at")
+    list_select_related = ("bill",)
+    search_fields = ("external_reference__exact",)

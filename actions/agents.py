@@ -86,7 +86,9 @@ def token_hash(plain: str) -> str:
 # never by agents), or, with ORDERS_SCOPE, feed the shop's orders in (a commerce system's
 # integration, which proposes nothing).
 ORDERS_SCOPE = "orders"
-AGENT_SCOPES = (ActionKind.REFUND.value, ORDERS_SCOPE, ActionKind.SUPPLIER_EMAIL.value)
+# Proposes invoice adjustments (credit notes against supplier bills).
+INVOICE_ADJUSTMENT_SCOPE = "invoice_adjustment"
+AGENT_SCOPES = (ActionKind.REFUND.value, ORDERS_SCOPE, ActionKind.SUPPLIER_EMAIL.value, INVOICE_ADJUSTMENT_SCOPE)
 
 
 def _clean_scopes(scopes: Sequence[str]) -> list[str]:

@@ -121,9 +121,29 @@ def _money_minor(amount: object, currency: object) -> str:
     return f"{amount} {currency}"
 
 
+def _effect_fields(record: dict[str, Any]) -> dict[str, str]:
+    """A receiver's record of an effect, as the pages name it: a Stripe-shaped refund, or a
+    Xero-shaped credit note (an invoice adjustment's effect)."""
+    if "CreditNoteID" in record:
+        return {
+            "noun": "credit note",
+            "id": str(record.get("CreditNoteID", "?")),
+            "status": str(record.get("Status", "?")),
+            "amount": f"{record.get('Total')} {record.get('CurrencyCode', '')}".strip(),
+            "created": str(record.get("UpdatedDateUTC", "")),
+        }
+    return {
+        "noun": "refund",
+        "id": str(record.get("id", "?")),
+        "status": str(record.get("status", "?")),
+        "amount": _money_minor(record.get("amount"), record.get("currency")),
+        "created": str(record.get("created", "")),
+    }
+
+
 def _refund_phrase(refund: dict[str, Any]) -> str:
-    money = _money_minor(refund.get("amount"), refund.get("currency"))
-    return f"refund {refund.get('id', '?')} {refund.get('status', '?')} ({money})"
+    fields = _effect_fields(refund)
+    return f"{fields['noun']} {fields['id']} {fields['status']} ({fields['amount']})"
 
 
 def attempt_summary(attempt: Attempt | None) -> str:
@@ -464,17 +484,13 @@ class LookupView:
     def found_reference(self) -> str:
         """The provider's reference when exactly one refund was found: the likely evidence."""
         if len(self.refunds) == 1:
-            return str(self.refunds[0].get("id", ""))
+            found = _effect_fields(self.refunds[0])["id"]
+            return "" if found == "?" else found
         return ""
 
     def refund_lines(self) -> list[dict[str, str]]:
         return [
-            {
-                "id": str(refund.get("id", "")),
-                "status": str(refund.get("status", "")),
-                "amount": _money_minor(refund.get("amount"), refund.get("currency")),
-                "created": str(refund.get("created", "")),
-            }
+            {name: value for name, value in _effect_fields(refund).items() if name != "noun"}
             for refund in self.refunds
         ]
 
@@ -577,7 +593,7 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
     """
     now = now or timezone.now()
     action = Action.objects.select_related(
-        "order", "refund_request", "owner", "proposed_by_agent", "proposed_by_user"
+        "order", "refund_request", "bill", "adjustment_request", "owner", "proposed_by_agent", "proposed_by_user"
     ).get(pk=action_pk)
     events = list(
         ActionEvent.objects.filter(action_id=action.pk).select_related("actor_user").order_by("created_at", "id")

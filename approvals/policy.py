@@ -90,12 +90,14 @@ def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | N
 
     Runs inside the proposal's transaction, so intent and authorization are one commit.
     """
-    if not kind_for(action.kind).moves_money:
+    kind = kind_for(action.kind)
+    if not kind.moves_money:
         return None  # the threshold is about money; a kind without it is always a person's call
-    threshold = settings.AUTO_APPROVAL_THRESHOLDS.get(action.currency)
+    # The threshold is the kind's: an invoice adjustment has its own, a refund the global one.
+    threshold = kind.auto_approval_threshold(action.currency)
     if not settings.AUTO_APPROVAL_ENABLED or threshold is None or action.amount > threshold:
         return None
-    if kind_for(action.kind).auto_approval_refusal(action) is not None:
+    if kind.auto_approval_refusal(action) is not None:
         return None  # a manager must look
     # Caps on autonomy: past any cap (per target, per agent) a manager decides, and the card
     # says why. The lock serialises concurrent auto-approvals on one target or by one agent.

@@ -18,8 +18,8 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
 
-from actions.kinds import kind_for
-from actions.models import Action, ActionEvent, ActionStatus, Order, OrderEvent
+from actions.kinds import all_kinds, kind_for
+from actions.models import Action, ActionEvent, ActionStatus, Bill, Order, OrderEvent
 from actions.models.actions import TERMINAL_STATUSES
 from approvals.caps import AUTO_APPROVAL_HELD
 from approvals.models import Approval, ApprovalLimit, Decision
@@ -64,6 +64,9 @@ class Inbox:
     stale: list[ProposalRow]
     limits: list[ApprovalLimit]
     auto_approval: dict[str, Decimal]
+    # The kind filter: every kind a manager may decide, as (name, label), and the chosen one.
+    kinds: list[tuple[str, str]] = field(default_factory=list)
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class ApprovalLine:
 @dataclass(frozen=True)
 class ProposalDetail:
     row: ProposalRow
+    # The action's target: an order (refunds) or a bill (invoice adjustments).
     order: Order | None
     previous_refunds: list[Action]
     live_actions: list[Action]
@@ -93,6 +97,12 @@ class ProposalDetail:
     limits: list[ApprovalLimit]
     # What changed on the order without an action (refunds made outside the console), newest first.
     order_events: list[OrderEvent] = field(default_factory=list)
+    bill: Bill | None = None
+
+    @property
+    def target_version(self) -> int | None:
+        target = self.order or self.bill
+        return target.version if target is not None else None
 
 
 # --- building blocks ------------------------------------------------------------------------
@@ -122,7 +132,13 @@ def _invalidations() -> Prefetch[Any]:
 
 def _actions_for_rows() -> QuerySet[Action]:
     return Action.objects.select_related(
-        "order", "refund_request", "proposed_by_agent", "proposed_by_agent__owner", "proposed_by_user"
+        "order",
+        "refund_request",
+        "bill",
+        "adjustment_request",
+        "proposed_by_agent",
+        "proposed_by_agent__owner",
+        "proposed_by_user",
     ).prefetch_related(_invalidations())
 
 
@@ -156,18 +172,22 @@ def _row(action: Action, *, user: Any, limits: dict[str, Decimal]) -> ProposalRo
 # --- the inbox ------------------------------------------------------------------------------
 
 
-def proposal_inbox_get(*, user: Any) -> Inbox:
-    """Proposals waiting for a decision (oldest first), then stale actions needing a new one."""
+def proposal_inbox_get(*, user: Any, kind: str = "") -> Inbox:
+    """Proposals waiting for a decision (oldest first), then stale actions needing a new one;
+    only those of ``kind`` when one is given (an unknown kind lists nothing)."""
     limits = approval_limit_list(user=user)
     by_currency = _limit_map(limits)
     actions = _actions_for_rows().filter(status__in=[S.PROPOSED, S.STALE]).order_by("created_at", "pk")
+    if kind:
+        actions = actions.filter(kind=kind)
     waiting: list[ProposalRow] = []
     stale: list[ProposalRow] = []
     for action in actions:
         row = _row(action, user=user, limits=by_currency)
         (waiting if row.is_waiting else stale).append(row)
     auto = dict(settings.AUTO_APPROVAL_THRESHOLDS) if settings.AUTO_APPROVAL_ENABLED else {}
-    return Inbox(waiting=waiting, stale=stale, limits=limits, auto_approval=auto)
+    kinds = [(k.name, k.label) for k in all_kinds()]
+    return Inbox(waiting=waiting, stale=stale, limits=limits, auto_approval=auto, kinds=kinds, kind=kind)
 
 
 def proposal_row_get(*, action_pk: int, user: Any) -> ProposalRow:
@@ -186,16 +206,18 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
     limits = approval_limit_list(user=user)
     action = _actions_for_rows().get(pk=action_pk)
     row = _row(action, user=user, limits=_limit_map(limits))
-    order = action.order
-    # Actions with no order (a supplier email) have no money and no siblings on an order to show.
+    order, bill = action.order, action.bill
+    # The siblings on the action's target (an order, a bill); a kind with no target (a supplier
+    # email) has none to show.
+    target = {"order_id": order.pk} if order is not None else {"bill_id": bill.pk} if bill is not None else None
     others = (
         list(
-            Action.objects.filter(order_id=order.pk)
+            Action.objects.filter(**target)
             .exclude(pk=action.pk)
             .select_related("refund_request")
             .order_by("created_at", "pk")
         )
-        if order is not None
+        if target is not None
         else []
     )
     previous_refunds = [a for a in others if a.status == S.SUCCEEDED]
@@ -227,6 +249,7 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
         audit_trail=trail,
         limits=limits,
         order_events=list(OrderEvent.objects.filter(order_id=order.pk).order_by("-created_at", "-pk")) if order else [],
+        bill=bill,
     )
 
 

@@ -49,7 +49,7 @@ def _context(**extra: Any) -> dict[str, Any]:
 @login_required
 @permission_required(DECIDE_PERMISSION, raise_exception=True)
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
-    context = _context(inbox=proposal_inbox_get(user=request.user))
+    context = _context(inbox=proposal_inbox_get(user=request.user, kind=request.GET.get("kind", "")[:32]))
     template = "approvals/_inbox_lists.html" if request.htmx else "approvals/inbox.html"
     response = render(request, template, context)
     # The same address answers with the whole page or only its lists: a cache must tell them apart.
@@ -171,5 +171,5 @@ def _refused(request: HtmxHttpRequest, pk: int, message: str, *, status: int) ->
     # Without JavaScript the inbox is shown again at once, with the refusal on top and its
     # status code on the response; redirecting would hide the code behind a 302.
     messages.error(request, f"{message} Nothing was changed.")
-    context = _context(inbox=proposal_inbox_get(user=request.user))
+    context = _context(inbox=proposal_inbox_get(user=request.user, kind=request.GET.get("kind", "")[:32]))
     return render(request, "approvals/inbox.html", context, status=status)

@@ -13,6 +13,7 @@ def roles(request: HttpRequest) -> dict[str, Any]:
     return {
         "roles": names,
         "is_manager": "manager" in names,
-        "is_finance": "finance" in names,
+        # Accounts payable works the same review queue, for invoice adjustments.
+        "is_finance": "finance" in names or "accounts payable" in names,
         "is_console_admin": "admin" in names or getattr(request.user, "is_superuser", False),
     }

@@ -7,6 +7,7 @@
 - admin: corrects through the admin site. Separation of duties: admins do not approve,
   resolve, issue agent tokens (only an agent's owner does, on the account page), own agents,
   or advance remedies and discrepancies (they read and reassign them).
+- accounts payable: resolves invoice adjustments (and credit-note voids) that need review.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from django.contrib.auth.models import Group, Permission
 from actions import permissions as perms
 
 AGENT, MANAGER, FINANCE, ADMIN = "agent", "manager", "finance", "admin"
-ROLES = (AGENT, MANAGER, FINANCE, ADMIN)
+# Accounts payable owns invoice adjustments that need a person: supplier bills and credit notes.
+ACCOUNTS_PAYABLE = "accounts payable"
+ROLES = (AGENT, MANAGER, FINANCE, ADMIN, ACCOUNTS_PAYABLE)
 
 _VIEW = [
     "actions.view_order",
@@ -28,6 +31,8 @@ _VIEW = [
     "actions.view_attempt",
     "approvals.view_approval",
     "actions.view_ledgerauditrun",
+    "actions.view_bill",
+    "actions.view_adjustmentrequest",
 ]
 
 ROLE_PERMISSIONS: dict[str, list[str]] = {
@@ -38,6 +43,16 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         perms.RESOLVE,
         "actions.view_remedy",
         "actions.change_remedy",
+        "actions.view_discrepancy",
+        "actions.change_discrepancy",
+    ],
+    # Resolves invoice adjustments and credit-note voids that need review, like finance does
+    # for refunds; it sees the bills they draw on.
+    ACCOUNTS_PAYABLE: [
+        *_VIEW,
+        perms.RESOLVE,
+        "actions.view_bill",
+        "actions.view_adjustmentrequest",
         "actions.view_discrepancy",
         "actions.change_discrepancy",
     ],

@@ -393,6 +393,24 @@ PROVIDER_VERIFY_CHARGE_CURRENCY: bool = env_bool("PROVIDER_VERIFY_CHARGE_CURRENC
 # than the tolerance are refused, so a captured request cannot be replayed later.
 PROVIDER_WEBHOOK_SECRET: str = env_str("PROVIDER_WEBHOOK_SECRET", "whsec_sandbox")
 PROVIDER_WEBHOOK_TOLERANCE_SECONDS: int = env_int("PROVIDER_WEBHOOK_TOLERANCE_SECONDS", 300)
+# --- Accounting system (invoice adjustments) ------------------------------------------------
+# A thin client speaks Xero's Accounting API to the accounting sandbox (development, demos,
+# tests) or to the real service. Its keys are kept for less time than the payment provider's,
+# so reconciliation leans on its lookup by Reference sooner.
+ACCOUNTING_API_BASE: str = env_str("ACCOUNTING_API_BASE", "http://127.0.0.1:12112")
+ACCOUNTING_ACCESS_TOKEN: str = env_str("ACCOUNTING_ACCESS_TOKEN", "sandbox-access-token")
+ACCOUNTING_TENANT_ID: str = env_str("ACCOUNTING_TENANT_ID", "sandbox-tenant")
+ACCOUNTING_TIMEOUT_SECONDS: int = env_int("ACCOUNTING_TIMEOUT_SECONDS", 10)
+ACCOUNTING_KEY_RETENTION_SECONDS: int = env_int("ACCOUNTING_KEY_RETENTION_SECONDS", 6 * 3600)
+ACCOUNTING_LOOKUP_VISIBILITY_DELAY_SECONDS: int = env_int("ACCOUNTING_LOOKUP_VISIBILITY_DELAY_SECONDS", 2)
+# Invoice adjustments at or below the currency's threshold are approved by policy (the refund
+# thresholds do not apply to them), and no more than the per-bill cap in total on one bill.
+INVOICE_ADJUSTMENT_AUTO_APPROVAL_THRESHOLDS: dict[str, Decimal] = env_decimal_map(
+    "INVOICE_ADJUSTMENT_AUTO_APPROVAL_THRESHOLDS", "EUR:50,USD:50,GBP:40,JPY:6000"
+)
+INVOICE_ADJUSTMENT_AUTO_APPROVAL_PER_BILL_CAP: dict[str, Decimal] = env_decimal_map(
+    "INVOICE_ADJUSTMENT_AUTO_APPROVAL_PER_BILL_CAP", "EUR:100,USD:100,GBP:80,JPY:12000"
+)
 # import_charges: the charge's metadata key that names the shop's order number.
 CHARGE_ORDER_NUMBER_METADATA_KEY: str = env_str("CHARGE_ORDER_NUMBER_METADATA_KEY", "order_number")
 

@@ -47,6 +47,13 @@ def login_lockout_off(settings: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def no_accounting_system(settings: Any) -> None:
+    """Tests run without an accounting system unless they ask for one (``live_accounting``): the
+    audits then read only the ledgers that exist, as in a deployment without one."""
+    settings.ACCOUNTING_API_BASE = ""
+
+
+@pytest.fixture(autouse=True)
 def process_local_cache(settings: Any) -> None:
     """Production uses the database cache; tests use a process-local one, which tests without
     database access can clear. (The API's rate counters are a table of their own, rolled back

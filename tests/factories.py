@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
-from actions.models import Agent, Order, RefundRequest
+from actions.models import AdjustmentRequest, Agent, Bill, Order, RefundRequest
 from approvals.models import ApprovalLimit
 from console.roles import ensure_roles
 
@@ -61,3 +61,36 @@ def make_request(order: Order, number: int | None = None, **extra: Any) -> Refun
     if number is None:
         number = RefundRequest.objects.filter(order=order).count() + 1
     return RefundRequest.objects.create(order=order, number=number, **extra)
+
+
+def make_bill(
+    *,
+    number: str | None = None,
+    currency: str = "EUR",
+    amount: str = "200.00",
+    amount_due: str | None = None,
+    supplier_name: str = "Acme Supplies",
+    accounting_reference: str | None = None,
+) -> Bill:
+    """A supplier bill that failed its purchase-order match (ordered 10 at 18.00, invoiced at 20.00)."""
+    number = number or f"INV-{next(_numbers)}"
+    return Bill.objects.create(
+        number=number,
+        supplier_name=supplier_name,
+        currency=currency,
+        amount=Decimal(amount),
+        amount_due=Decimal(amount_due or amount),
+        accounting_reference=accounting_reference if accounting_reference is not None else f"inv-{number.lower()}",
+        purchase_order=f"PO-{number}",
+        po_mismatch={
+            "summary": "Unit price 20.00 on the bill, 18.00 on the purchase order.",
+            "lines": [{"item": "Widget", "ordered_qty": 10, "ordered_price": "18.00", "invoiced_price": "20.00"}],
+        },
+        issued_at=timezone.now() - timedelta(days=3),
+    )
+
+
+def make_adjustment_request(bill: Bill, number: int | None = None, **extra: Any) -> AdjustmentRequest:
+    if number is None:
+        number = AdjustmentRequest.objects.filter(bill=bill).count() + 1
+    return AdjustmentRequest.objects.create(bill=bill, number=number, **extra)

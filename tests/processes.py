@@ -31,6 +31,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
+from tests.providers.accounting_client import AccountingSandboxClient
 from tests.providers.sandbox_client import SandboxClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +51,9 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float = 30.0, interval:
 
 
 class SandboxProcess:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, module: str = "actions.providers.sandbox") -> None:
         self.workdir = workdir
+        self.module = module
         self.port_file = workdir / "port"
         self.log_path = workdir / "sandbox.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -63,7 +65,7 @@ class SandboxProcess:
                 [
                     sys.executable,
                     "-m",
-                    "actions.providers.sandbox",
+                    self.module,
                     "--host",
                     "127.0.0.1",
                     "--port",
@@ -126,6 +128,33 @@ def live_sandbox(sandbox_process: SandboxProcess, settings: Any) -> Iterator[San
     provider_from_settings.cache_clear()
 
 
+@pytest.fixture(scope="session")
+def accounting_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
+    """One accounting sandbox (``actions.providers.accounting``) on a free port."""
+    process = SandboxProcess(tmp_path_factory.mktemp("accounting-process"), module="actions.providers.accounting")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def live_accounting(accounting_process: SandboxProcess, settings: Any) -> Iterator[AccountingSandboxClient]:
+    """A reset accounting sandbox, with this process's accounting settings pointed at it. Its
+    lookup lag and the console's visibility delay are both 0 unless a test sets them."""
+    from actions.kinds.invoice_adjustment import accounting_from_settings
+
+    settings.ACCOUNTING_API_BASE = accounting_process.url
+    settings.ACCOUNTING_TIMEOUT_SECONDS = 2
+    settings.ACCOUNTING_LOOKUP_VISIBILITY_DELAY_SECONDS = 0
+    accounting_from_settings.cache_clear()
+    with requests.Session() as session:
+        client = AccountingSandboxClient(accounting_process.url, session)
+        client.reset()
+        client.configure(lookup_visibility_delay_seconds=0)
+        yield client
+    accounting_from_settings.cache_clear()
+
+
 class Worker:
     def __init__(self, name: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
         self.name = name
@@ -182,6 +211,10 @@ class WorkerPool:
             "RECONCILE_BASE_BACKOFF_SECONDS": str(settings.RECONCILE_BASE_BACKOFF_SECONDS),
             "PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS": str(settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS),
             "PROVIDER_KEY_RETENTION_SECONDS": str(settings.PROVIDER_KEY_RETENTION_SECONDS),
+            "ACCOUNTING_API_BASE": settings.ACCOUNTING_API_BASE,
+            "ACCOUNTING_TIMEOUT_SECONDS": str(settings.ACCOUNTING_TIMEOUT_SECONDS),
+            "ACCOUNTING_KEY_RETENTION_SECONDS": str(settings.ACCOUNTING_KEY_RETENTION_SECONDS),
+            "ACCOUNTING_LOOKUP_VISIBILITY_DELAY_SECONDS": str(settings.ACCOUNTING_LOOKUP_VISIBILITY_DELAY_SECONDS),
             "CONSOLE_FAULT_POINTS": fault_points,
             **self.extra_env,
             **overrides,

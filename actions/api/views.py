@@ -65,7 +65,10 @@ document (`application/problem+json`) with a machine-readable `code` and, for ba
 entry per field in `errors`.
 
 A shop's commerce system sends its orders to `POST /api/v1/orders` (scope `orders`), the whole
-order each time it changes; agents with the scope `refund` propose refunds on them.
+order each time it changes; agents with the scope `refund` propose refunds on them. Agents with
+the scope `invoice_adjustment` open adjustment requests on supplier bills that failed their
+purchase-order match (`POST /api/v1/adjustment-requests`) and propose credit notes against them
+(`POST /api/v1/invoice-adjustments`), with the same semantics.
 
 Sending the same proposal again is always safe: it returns the existing action (200). A 409
 means the business reference already names a different proposal: read it, never invent a new

@@ -183,7 +183,7 @@ def ledger_audit_run(*, receivers: dict[str, Receiver] | None = None, now: datet
     comparisons: list[LedgerComparison] = []
     try:
         for kind in all_kinds():
-            if not kind.has_ledger:
+            if not kind.ledger_enabled():
                 continue
             receiver = (receivers or {}).get(kind.name) or kind.receiver()
             # The whole ledger is read before any transaction opens: it is network I/O.

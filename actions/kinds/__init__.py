@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from actions.kinds.base import EffectKind, ReceiverContract, StepClass
 from actions.kinds.compensation import CompensationKind
+from actions.kinds.invoice_adjustment import CreditNoteVoidKind, InvoiceAdjustmentKind
 from actions.kinds.refund import RefundKind
 from actions.kinds.registry import all_kinds, kind_for, register, unregister
 from actions.kinds.supplier_email import SupplierEmailKind
@@ -15,5 +16,7 @@ from actions.kinds.supplier_email import SupplierEmailKind
 register(RefundKind())
 register(CompensationKind())
 register(SupplierEmailKind())
+register(InvoiceAdjustmentKind())
+register(CreditNoteVoidKind())
 
 __all__ = ["EffectKind", "ReceiverContract", "StepClass", "all_kinds", "kind_for", "register", "unregister"]

@@ -16,6 +16,8 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from django.conf import settings
+
 if TYPE_CHECKING:
     from actions.models import Action
 
@@ -269,6 +271,11 @@ class EffectKind:
 
     # --- the receiver -----------------------------------------------------------------
 
+    def ledger_enabled(self) -> bool:
+        """Whether the audits read this kind's ledger now: it has one, and its receiver is
+        configured in this deployment (a shop without an accounting system has no ledger to read)."""
+        return self.has_ledger
+
     def receiver(self) -> Receiver:
         raise NotImplementedError
 
@@ -296,6 +303,11 @@ class EffectKind:
     def approval_refusal(self, action: Action) -> tuple[str, str] | None:
         """Why no approval could hold now (the target cannot cover it), as (code, message)."""
         return None
+
+    def auto_approval_threshold(self, currency: str) -> Decimal | None:
+        """The most the auto-approval policy may approve for one action of this kind in
+        ``currency``; None leaves every action of the kind to a manager."""
+        return settings.AUTO_APPROVAL_THRESHOLDS.get(currency)
 
     def auto_approval_refusal(self, action: Action) -> str | None:
         """Why the auto-approval policy must leave this action to a manager, if it must."""

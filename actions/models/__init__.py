@@ -9,6 +9,7 @@ from __future__ import annotations
 from actions.models.actions import Action, ActionEvent, ActionKind, ActionStatus, ActorKind, ReasonCode
 from actions.models.agents import Agent, AgentToken
 from actions.models.attempts import Attempt, AttemptKind
+from actions.models.bills import AdjustmentReason, AdjustmentRequest, Bill
 from actions.models.followups import (
     Discrepancy,
     DiscrepancyKind,
@@ -30,10 +31,13 @@ __all__ = [
     "ActionKind",
     "ActionStatus",
     "ActorKind",
+    "AdjustmentReason",
+    "AdjustmentRequest",
     "Agent",
     "AgentToken",
     "Attempt",
     "AttemptKind",
+    "Bill",
     "Discrepancy",
     "DiscrepancyKind",
     "DiscrepancyStatus",

@@ -18,6 +18,7 @@ from django.db.models import Q
 from django_fsm import RETURN_VALUE, ConcurrentTransition, ConcurrentTransitionMixin, FSMField, transition
 
 from actions import permissions as perms
+from actions.models.bills import AdjustmentReason
 
 
 class ActionKind(models.TextChoices):
@@ -27,6 +28,10 @@ class ActionKind(models.TextChoices):
     COMPENSATION = "compensation", "Compensation"
     # Tells a supplier about a change, by email: a receiver with no keys and no lookup.
     SUPPLIER_EMAIL = "supplier_email", "Supplier email"
+    # A credit note against a supplier bill in the accounting system (actions.kinds.invoice_adjustment).
+    INVOICE_ADJUSTMENT = "invoice-adjustment", "Invoice adjustment"
+    # The correction of a duplicate credit note: void it, through the same engine.
+    CREDIT_NOTE_VOID = "credit-note-void", "Credit note void"
 
 
 class ActionStatus(models.TextChoices):
@@ -87,6 +92,8 @@ class Action(ConcurrentTransitionMixin, models.Model):
         "payload_hash",
         "order_id",
         "refund_request_id",
+        "bill_id",
+        "adjustment_request_id",
         "amount",
         "currency",
         "reason_code",
@@ -101,9 +108,17 @@ class Action(ConcurrentTransitionMixin, models.Model):
     refund_request = models.ForeignKey(
         "actions.RefundRequest", on_delete=models.PROTECT, null=True, blank=True, related_name="actions"
     )
+    # An invoice adjustment's target. A nullable foreign key per kind of target (like ``order``)
+    # rather than a generic relation: the reservation's conditional UPDATE, the PROTECT on delete
+    # and the inbox's joins all need a real column.
+    bill = models.ForeignKey("actions.Bill", on_delete=models.PROTECT, null=True, blank=True, related_name="actions")
+    adjustment_request = models.ForeignKey(
+        "actions.AdjustmentRequest", on_delete=models.PROTECT, null=True, blank=True, related_name="actions"
+    )
     amount = models.DecimalField(max_digits=14, decimal_places=2)
     currency = models.CharField(max_length=3)
-    reason_code = models.CharField(max_length=64, choices=ReasonCode.choices)
+    # Refunds give a ReasonCode, invoice adjustments and their corrections an AdjustmentReason.
+    reason_code = models.CharField(max_length=64, choices=[*ReasonCode.choices, *AdjustmentReason.choices])
     evidence = models.TextField(blank=True, help_text="The proposer's explanation for the manager.")
 
     proposed_by_agent = models.ForeignKey(

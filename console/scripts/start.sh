@@ -15,6 +15,8 @@ PORT="${PORT:-8000}"
 MCP_PORT="${MCP_PORT:-8001}"
 SANDBOX_PORT="${SANDBOX_PORT:-12111}"
 export PROVIDER_API_BASE="${PROVIDER_API_BASE:-http://127.0.0.1:$SANDBOX_PORT}"
+ACCOUNTING_SANDBOX_PORT="${ACCOUNTING_SANDBOX_PORT:-12112}"
+export ACCOUNTING_API_BASE="${ACCOUNTING_API_BASE:-http://127.0.0.1:$ACCOUNTING_SANDBOX_PORT}"
 mkdir -p "$CONSOLE_DATA_DIR/logs"
 
 pids=()
@@ -49,6 +51,15 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 
+echo "==> accounting sandbox on $ACCOUNTING_API_BASE (log: $CONSOLE_DATA_DIR/logs/accounting-sandbox.log)"
+"$PY" -m actions.providers.accounting --host 127.0.0.1 --port "$ACCOUNTING_SANDBOX_PORT" \
+    --db "$CONSOLE_DATA_DIR/accounting-sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/accounting-sandbox.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+    curl -fsS "$ACCOUNTING_API_BASE/_sandbox/health" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+
 echo "==> database"
 "$PY" manage.py migrate --noinput >/dev/null
 "$PY" manage.py createcachetable
@@ -66,7 +77,7 @@ echo "==> MCP server for agents on http://127.0.0.1:$MCP_PORT/mcp (log: $CONSOLE
 "$PY" manage.py mcp_serve --port "$MCP_PORT" >"$CONSOLE_DATA_DIR/logs/mcp.log" 2>&1 &
 pids+=($!)
 
-echo "==> console on http://127.0.0.1:$PORT/  (maria / fiona / adam, password demo-password)"
+echo "==> console on http://127.0.0.1:$PORT/  (maria / fiona / alex / adam, password demo-password)"
 "$PY" manage.py runserver "127.0.0.1:$PORT" &
 pids+=($!)
 wait -n "${pids[@]}"

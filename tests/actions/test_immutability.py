@@ -15,7 +15,7 @@ from django.db.models import ProtectedError
 from actions.models import Action, ActionEvent
 from actions.models.actions import AuditTrailIsAppendOnly, MaterialFieldChanged
 from actions.services import Actor, ProposalResult, action_cancel
-from tests.factories import make_order, make_request
+from tests.factories import make_adjustment_request, make_bill, make_order, make_request
 
 Propose = Callable[..., ProposalResult]
 
@@ -27,6 +27,10 @@ def other_value(name: str, action: Action) -> Any:
     if name == "refund_request":
         assert action.order is not None
         return make_request(action.order, 2)
+    if name == "bill":
+        return make_bill()
+    if name == "adjustment_request":
+        return make_adjustment_request(make_bill())
     return {
         "action_id": "refund:order-4821:request-2",
         "kind": "adjustment",
@@ -47,13 +51,20 @@ MATERIAL = [
     "payload_hash",
     "order",
     "refund_request",
+    "bill",
+    "adjustment_request",
     "amount",
     "currency",
     "reason_code",
 ]
 
 
-ATTNAMES = {"order": "order_id", "refund_request": "refund_request_id"}
+ATTNAMES = {
+    "order": "order_id",
+    "refund_request": "refund_request_id",
+    "bill": "bill_id",
+    "adjustment_request": "adjustment_request_id",
+}
 
 
 def test_the_test_covers_every_material_field() -> None:

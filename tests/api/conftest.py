@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from actions.agents import agent_token_issue
-from actions.models import Action, ActionEvent, Agent, Order, RefundRequest
+from actions.models import Action, ActionEvent, AdjustmentRequest, Agent, Bill, Order, RefundRequest
 from tests.factories import make_order, make_request
 
 PROBLEM = "application/problem+json"
@@ -100,6 +100,8 @@ def row_counts(db: Any) -> Callable[[], dict[str, int]]:
             "orders": Order.objects.count(),
             # A rejected change to an order must not raise its version either.
             "order_versions": sum(Order.objects.values_list("version", flat=True)),
+            "adjustment_requests": AdjustmentRequest.objects.count(),
+            "bill_versions": sum(Bill.objects.values_list("version", flat=True)),
         }
 
     return _counts

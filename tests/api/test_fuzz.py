@@ -29,8 +29,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from actions.agents import agent_token_issue
-from actions.models import Agent, Order, Supplier, SupplierContact
-from tests.factories import make_order, make_request
+from actions.models import Agent, Bill, Order, Supplier, SupplierContact
+from tests.factories import make_adjustment_request, make_bill, make_order, make_request
 
 CHECKS = [
     not_a_server_error,
@@ -61,7 +61,7 @@ def fuzz_token(agent: Agent, settings: Any) -> str:
     # Hundreds of requests with one token: the limit is tested on its own elsewhere.
     settings.API_RATE_LIMIT_PER_MINUTE = 0
     # Every scope, so that every operation, the orders one included, gets past the scope check.
-    agent.scopes = ["orders", "refund", "supplier_email"]
+    agent.scopes = ["invoice_adjustment", "orders", "refund", "supplier_email"]
     agent.save(update_fields=["scopes"])
     return agent_token_issue(agent=agent, label="fuzz").plain
 
@@ -76,6 +76,14 @@ def fuzz_order(db: Any) -> Order:
     acme = Supplier.objects.create(code="ACME", name="Acme Widgets")
     SupplierContact.objects.create(supplier=acme, email="ap@acme.example")
     return order
+
+
+@pytest.fixture
+def fuzz_bill(db: Any) -> Bill:
+    """The bill the invoice-adjustment examples name (INV-2291, adjustment 1, MATCH-7731)."""
+    bill = make_bill(number="INV-2291", amount="500.00")
+    make_adjustment_request(bill, 1, external_reference="MATCH-7731")
+    return bill
 
 
 # Loaded when the module is collected, from the document the application serves (through its
@@ -104,6 +112,7 @@ def test_no_generated_request_breaks_the_contract_or_writes_when_rejected(
     keep_test_connection: None,
     fuzz_token: str,
     fuzz_order: Order,
+    fuzz_bill: Bill,
     row_counts: Callable[[], dict[str, int]],
 ) -> None:
     """Invariant 11: bad input gets a clear error (a problem document naming the field) and

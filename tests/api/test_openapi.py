@@ -61,6 +61,8 @@ def test_every_api_url_in_the_urlconf_is_in_the_document(document: dict[str, Any
         "/api/v1/refunds",
         "/api/v1/refund-requests",
         "/api/v1/supplier-emails",
+        "/api/v1/adjustment-requests",
+        "/api/v1/invoice-adjustments",
         "/api/v1/orders",
         "/api/v1/actions",
         "/api/v1/actions/{action_id}",

@@ -86,3 +86,21 @@ def test_the_action_detail_links_to_its_kinds_card(client: Client, finance: Any,
     client.force_login(make_user("felix.finance", "finance"))
     page = client.get(f"/review/actions/{action.pk}/").content.decode()
     assert 'href="/kinds/#kind-refund"' in page
+
+
+def test_the_invoice_adjustment_card_answers_the_five_checks_from_the_accounting_contract(
+    client: Client, finance: Any, settings: Any
+) -> None:
+    settings.ACCOUNTING_KEY_RETENTION_SECONDS = 6 * 3600
+    LedgerAuditRun.objects.create(started_at=timezone.now(), finished_at=timezone.now())
+    client.force_login(finance)
+
+    page = client.get("/kinds/").content.decode()
+
+    assert checks_of(page, "invoice-adjustment") == {"1": "yes", "2": "yes", "3": "yes", "4": "yes", "5": "yes"}
+    card = page.split('id="kind-invoice-adjustment"', 1)[1].split("</section>", 1)[0]
+    assert "invoice-adjustment:bill-INV-2291:adjustment-1" in card
+    assert "accounting system" in card and "6 h" in card and "accounts payable" in card
+    assert "void the credit note" in card.lower() or "voided" in card
+    # The correction's own card: a set step, read back by the credit note's id.
+    assert checks_of(page, "credit-note-void")["3"] == "yes"

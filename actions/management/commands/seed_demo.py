@@ -52,6 +52,7 @@ from actions.engine.resolutions import ReviewRefused
 from actions.finance import action_assign
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, answer_from_refund, refund_action_id
+from actions.management.demo_bills import seed_demo_bills
 from actions.models import (
     Action,
     ActionStatus,
@@ -86,6 +87,7 @@ USERS: list[dict[str, Any]] = [
     {"username": "felix", "name": ("Felix", "Finance"), "roles": ["finance"]},
     {"username": "adam", "name": ("Adam", "Admin"), "roles": ["admin"], "staff": True},
     {"username": "otto", "name": ("Otto", "Owner"), "roles": ["agent"]},
+    {"username": "alex", "name": ("Alex", "Payable"), "roles": ["accounts payable"]},
 ]
 
 # number, customer, currency, captured, days since payment
@@ -192,6 +194,8 @@ class Command(BaseCommand):
             proposer=actor,
         )
 
+        if settings.ACCOUNTING_API_BASE:
+            self.stdout.write(seed_demo_bills(accounting=settings.ACCOUNTING_API_BASE, owner=users["otto"]))
         token_note = self._demo_token(agent)
         if reachable:
             Scenario(self, sandbox=sandbox, users=users, proposer=actor).seed()

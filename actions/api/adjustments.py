@@ -1,0 +1,209 @@
+"""The agent API for invoice adjustments: adjustment requests on bills, and proposals.
+
+Registered on the same API as refunds (``actions.api.views.api``) when ``actions.api.urls``
+imports this module; same semantics: 201 created, 200 the same proposal again, 409 naming the
+differing fields, 422 naming each invalid field. Scope ``invoice_adjustment``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from django.http import HttpRequest
+from django.urls import reverse
+from ninja import Schema, Status
+from pydantic import ConfigDict, Field, Strict
+
+from actions.adjustments import (
+    AdjustmentRequestConflict,
+    action_propose_invoice_adjustment,
+    adjustment_request_open,
+)
+from actions.agents import INVOICE_ADJUSTMENT_SCOPE
+from actions.api.logs import bind, log_event
+from actions.api.problems import ApiProblem
+from actions.api.schemas import ORDER_NUMBER_PATTERN, ActionOut, ExternalReference, Problem
+from actions.api.views import _agent, _invalid, _proposed_elsewhere, _refuse_unknown_query, action_out, api
+from actions.models import AdjustmentReason, AdjustmentRequest, Agent
+from actions.requests import MAX_NOTE_LENGTH
+from actions.services import MAX_EVIDENCE_LENGTH, Actor, ProposalConflict, ProposalInvalid
+
+BillNumber = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=32,
+        pattern=ORDER_NUMBER_PATTERN,
+        description="The supplier bill's number, as the accounting system shows it.",
+        examples=["INV-2291"],
+    ),
+]
+
+
+class AdjustmentRequestOpen(Schema):
+    """Open an adjustment request on a bill. Idempotent by ``external_reference``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"bill_number": "INV-2291", "external_reference": "MATCH-7731", "note": "Unit price above the PO."}
+            ]
+        },
+    )
+
+    bill_number: BillNumber
+    external_reference: ExternalReference
+    note: str = Field("", max_length=MAX_NOTE_LENGTH, description="What failed the purchase-order match.")
+
+
+class AdjustmentRequestOut(Schema):
+    bill_number: str
+    adjustment_number: int
+    external_reference: str | None
+    created_at: datetime
+    links: dict[str, str]
+
+
+class InvoiceAdjustmentProposal(Schema):
+    """Propose a credit note against a supplier bill, for one of its adjustment requests.
+
+    Sending the same proposal again is always safe: it returns the existing action.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "bill_number": "INV-2291",
+                    "adjustment_number": 1,
+                    "amount": "20.00",
+                    "currency": "EUR",
+                    "reason_code": "price_mismatch",
+                    "evidence": "PO-8812 says 18.00 a unit; the bill charges 20.00 for 10 units.",
+                }
+            ]
+        },
+    )
+
+    bill_number: BillNumber
+    adjustment_number: Annotated[int, Strict()] = Field(
+        ge=1, le=1_000_000, description="The adjustment request's number on the bill (1, 2, ...)."
+    )
+    amount: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=r"^[0-9]+(\.[0-9]+)?$",
+        description='The credit note\'s amount as a decimal string, e.g. "20.00". Never a JSON number.',
+        examples=["20.00"],
+    )
+    currency: str = Field(
+        min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"]
+    )
+    reason_code: AdjustmentReason = Field(description="Why the bill failed its purchase-order match.")
+    evidence: str = Field("", max_length=MAX_EVIDENCE_LENGTH, description="Free text for the manager who decides.")
+
+
+# Payload keys (the material payload) as the API's field names.
+_PAYLOAD_FIELDS = {"bill": "bill_number", "adjustment": "adjustment_number"}
+
+
+def _require_adjustment_scope(agent: Agent) -> None:
+    if not (agent.is_active and INVOICE_ADJUSTMENT_SCOPE in (agent.scopes or [])):
+        raise ApiProblem(
+            "forbidden",
+            code="scope_missing",
+            detail=f"The agent {agent.name!r} may not propose invoice adjustments: its scopes are "
+            f"{', '.join(agent.scopes or []) or 'empty'}. Ask its owner for the scope {INVOICE_ADJUSTMENT_SCOPE!r}.",
+        )
+
+
+def adjustment_request_out(request: AdjustmentRequest) -> AdjustmentRequestOut:
+    return AdjustmentRequestOut(
+        bill_number=request.bill.number,
+        adjustment_number=request.number,
+        external_reference=request.external_reference,
+        created_at=request.created_at,
+        links={"propose_invoice_adjustment": reverse("api-v1:invoice_adjustments")},
+    )
+
+
+@api.post(
+    "/adjustment-requests",
+    response={200: AdjustmentRequestOut, 201: AdjustmentRequestOut, 409: Problem, 422: Problem},
+    url_name="adjustment_requests",
+    summary="Open an adjustment request on a supplier bill",
+    tags=["invoice adjustments"],
+)
+def open_adjustment_request(request: HttpRequest, payload: AdjustmentRequestOpen) -> Status[AdjustmentRequestOut]:
+    """Open the next adjustment request on a bill. Idempotent by external reference: 201 with the
+    new request, 200 with the one this reference opened before, 409 when the reference already
+    belongs to a request on another bill."""
+    _refuse_unknown_query(request)
+    _require_adjustment_scope(_agent(request))
+    try:
+        result = adjustment_request_open(
+            bill_number=payload.bill_number, external_reference=payload.external_reference, note=payload.note
+        )
+    except ProposalInvalid as invalid:
+        log_event("adjustment_request.invalid", errors=[p.as_dict() for p in invalid.problems])
+        raise _invalid(invalid) from None
+    except AdjustmentRequestConflict as conflict:
+        raise ApiProblem(
+            "conflict", code="reference_conflict", detail=str(conflict), differing=conflict.differing
+        ) from None
+    log_event(
+        "adjustment_request.opened" if result.created else "adjustment_request.replayed",
+        bill_number=result.request.bill.number,
+        adjustment_number=result.request.number,
+    )
+    return Status(201 if result.created else 200, adjustment_request_out(result.request))
+
+
+@api.post(
+    "/invoice-adjustments",
+    response={200: ActionOut, 201: ActionOut, 409: Problem, 422: Problem},
+    url_name="invoice_adjustments",
+    summary="Propose an invoice adjustment (a credit note against a supplier bill)",
+    tags=["invoice adjustments"],
+)
+def propose_invoice_adjustment(request: HttpRequest, payload: InvoiceAdjustmentProposal) -> Status[ActionOut]:
+    """Propose an invoice adjustment. 201 with the new action; 200 with the existing one when the
+    same proposal was made before; 409 when the adjustment request already has a different
+    proposal (the differing fields are listed); 422 naming each invalid field."""
+    _refuse_unknown_query(request)
+    agent = _agent(request)
+    _require_adjustment_scope(agent)
+    try:
+        result = action_propose_invoice_adjustment(
+            bill_number=payload.bill_number,
+            adjustment_number=payload.adjustment_number,
+            amount=payload.amount,
+            currency=payload.currency,
+            reason_code=payload.reason_code.value,
+            evidence=payload.evidence,
+            proposer=Actor.for_agent(agent),
+        )
+    except ProposalInvalid as invalid:
+        log_event("invoice_adjustment.invalid", errors=[p.as_dict() for p in invalid.problems])
+        raise _invalid(invalid) from None
+    except ProposalConflict as conflict:
+        bind(action_id=conflict.action.action_id)
+        if conflict.action.proposed_by_agent_id != agent.pk:
+            raise _proposed_elsewhere() from None
+        raise ApiProblem(
+            "conflict",
+            code="payload_conflict",
+            detail=str(conflict).replace("refund request", "adjustment request"),
+            action_id=conflict.action.action_id,
+            differing={_PAYLOAD_FIELDS.get(name, name): values for name, values in conflict.differing.items()},
+            links={"existing": reverse("api-v1:action", kwargs={"action_id": conflict.action.action_id})},
+        ) from None
+    action = result.action
+    bind(action_id=action.action_id)
+    if action.proposed_by_agent_id != agent.pk:
+        raise _proposed_elsewhere()
+    log_event("invoice_adjustment.proposed" if result.created else "invoice_adjustment.replayed", status=action.status)
+    return Status(201 if result.created else 200, action_out(action))
