@@ -595,7 +595,7 @@ class ChaosRun:
         before anything is stored too (a provider outage); otherwise creates see the run's usual
         faults (the provider's lookups still down: the tail of the outage)."""
         self.collect_fired()
-        self.configure_faults(on=not creates)
+        self.configure_faults(on=not creates, mail=False)
         targets = ("create", "lookup") if creates else ("lookup",)
         for target in targets:
             _http(
@@ -631,9 +631,12 @@ class ChaosRun:
             _http("POST", f"{self.sandbox_url}/_sandbox/outside_refunds", body)
             self.report.outside_refunds += 1
 
-    def configure_faults(self, on: bool) -> None:
+    def configure_faults(self, on: bool, *, mail: bool = True) -> None:
+        """Switch the sandboxes' faults on or off. ``mail=False`` leaves the mail sandbox's faults
+        as they are: the payment provider's outage is no reason to stop the mail faults."""
         _http("DELETE", f"{self.sandbox_url}/_sandbox/faults")
-        _http("DELETE", f"{self.mail_url}/faults")
+        if mail:
+            _http("DELETE", f"{self.mail_url}/faults")
         if not on:
             return
         c = self.config
@@ -648,7 +651,7 @@ class ChaosRun:
                 "probabilities": dict.fromkeys(CREATE_FAULT_MODES, c.create_fault_probability),
             },
         )
-        for mode in MAIL_FAULT_MODES:
+        for mode in MAIL_FAULT_MODES if mail else ():
             _http("POST", f"{self.mail_url}/faults", {"mode": mode, "probability": c.mail_fault_probability})
         _http(
             "POST",
@@ -846,7 +849,7 @@ class ChaosRun:
                     creates_down = False
                 elif outage_started is not None and not outage_over and self._outage_may_end(outage_started):
                     self.collect_fired()
-                    self.configure_faults(on=True)
+                    self.configure_faults(on=True, mail=False)
                     self.report.outage_seconds = time.monotonic() - outage_started
                     outage_over = True
                 self.approve_waiting()
@@ -875,6 +878,7 @@ class ChaosRun:
             if outage_started is not None and not outage_over:
                 self.report.outage_seconds = time.monotonic() - outage_started
             self.collect_fired()
+            # The mail sandbox counts for the whole run (clearing its faults keeps the counts).
             mail_fired = _http("GET", f"{self.mail_url}/faults").get("fired", {})
             self.report.mail_faults_fired = {str(k): int(v) for k, v in mail_fired.items()}
             self.configure_faults(on=False)
