@@ -21,6 +21,7 @@ from actions.models.followups import (
     RemedyKind,
 )
 from actions.models.orders import Order, OrderEvent, OrderEventKind, OutsideRefund, RefundRequest, RequestSource
+from actions.models.people import UserSettings
 from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 from actions.models.suppliers import Supplier, SupplierContact
 from actions.models.webhooks import WebhookEvent, WebhookEventOutcome
@@ -58,6 +59,7 @@ __all__ = [
     "SecurityEventKind",
     "Supplier",
     "SupplierContact",
+    "UserSettings",
     "WebhookEvent",
     "WebhookEventOutcome",
 ]
