@@ -51,6 +51,8 @@ from actions.corrections import (
     CORRECT_PERMISSION,
     CorrectionRefused,
     action_owner_assign,
+    adjustment_duplicates,
+    adjustment_void_duplicate,
     discrepancy_compensate,
     followup_owner_assign,
     owner_candidates,
@@ -60,6 +62,7 @@ from actions.models import (
     Action,
     ActionEvent,
     ActionKind,
+    ActionStatus,
     AdjustmentRequest,
     Agent,
     AgentToken,
@@ -453,6 +456,7 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
             "show_save_and_add_another": False,
             "show_delete": False,
             "can_assign_owner": obj is not None and may_correct(request) and obj.status in UNRESOLVED_STATUSES,
+            "can_void_credit_note": obj is not None and self._may_void_credit_note(request, obj),
         }
         return super().change_view(request, object_id, form_url=form_url, extra_context=context)
 
@@ -462,6 +466,11 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
                 "<path:object_id>/assign-owner/",
                 self.admin_site.admin_view(self.assign_owner_view),
                 name="actions_action_assign_owner",
+            ),
+            path(
+                "<path:object_id>/void-credit-note/",
+                self.admin_site.admin_view(self.void_credit_note_view),
+                name="actions_action_void_credit_note",
             ),
             *super().get_urls(),
         ]
@@ -598,6 +607,63 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
             "title": f"Assign an owner to {obj.action_id}",
         }
         return TemplateResponse(request, "admin/actions/action/assign_owner.html", context)
+
+    # -- voiding a duplicate credit note (invoice adjustments) --------------------------------
+
+    @staticmethod
+    def _may_void_credit_note(request: HttpRequest, obj: Action) -> bool:
+        succeeded_adjustment = obj.kind == ActionKind.INVOICE_ADJUSTMENT and obj.status == ActionStatus.SUCCEEDED
+        return succeeded_adjustment and may_correct(request)
+
+    def void_credit_note_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """A SUCCEEDED invoice adjustment's correction: propose voiding the second credit note the
+        ledger audit found. The page shows which credit note is the adjustment (kept) and which
+        are duplicates (the first is voided); the service refuses when there is none."""
+        obj = self._action(request, object_id)
+        if obj is None:
+            raise Http404("No such action.")
+        if not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        form = CompensationForm(request.POST or None)
+        form.fields["note"].help_text = "Why the credit note is voided: goes into the audit trail and to the manager."
+        if request.method == "POST" and form.is_valid():
+            try:
+                void = adjustment_void_duplicate(action_pk=obj.pk, user=request.user, note=form.cleaned_data["note"])
+            except CorrectionRefused as refusal:
+                self.message_user(request, refusal.message, messages.ERROR)
+            else:
+                self.message_user(
+                    request,
+                    format_html(
+                        'Void <a href="{}">{}</a> is proposed and waits for a manager\'s approval; the engine '
+                        "then voids the duplicate credit note. {} and its trail are unchanged.",
+                        reverse("admin:actions_action_change", args=[void.pk]),
+                        void.action_id,
+                        obj.action_id,
+                    ),
+                    messages.SUCCESS,
+                )
+                return redirect("admin:actions_action_change", object_id=obj.pk)
+        findings = adjustment_duplicates(obj) if obj.kind == ActionKind.INVOICE_ADJUSTMENT else []
+        duplicates = sorted(
+            {
+                str(reference)
+                for finding in findings
+                for reference in finding.details.get("effects", [])
+                if str(reference) != obj.provider_reference
+            }
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": obj,
+            "form": form,
+            "findings": findings,
+            "duplicates": duplicates,
+            "voids": [f.details.get("compensating_action") for f in findings if f.details.get("compensating_action")],
+            "title": f"Void a duplicate credit note of {obj.action_id}",
+        }
+        return TemplateResponse(request, "admin/actions/action/void_credit_note.html", context)
 
 
 @admin.register(ActionEvent)
@@ -754,14 +820,20 @@ class DiscrepancyAdmin(FollowUpAdmin):
                 except CorrectionRefused as refusal:
                     self.message_user(request, f"Discrepancy #{discrepancy.pk}: {refusal.message}", messages.ERROR)
                 else:
+                    followup = (
+                        "The engine then voids the duplicate credit note."
+                        if action.kind == ActionKind.CREDIT_NOTE_VOID
+                        else "Recovering the money is a manual step for finance."
+                    )
                     self.message_user(
                         request,
                         format_html(
                             'Discrepancy #{}: compensating action <a href="{}">{}</a> is proposed and waits for '
-                            "a manager's approval. Recovering the money is a manual step for finance.",
+                            "a manager's approval. {}",
                             discrepancy.pk,
                             reverse("admin:actions_action_change", args=[action.pk]),
                             action.action_id,
+                            followup,
                         ),
                         messages.SUCCESS,
                     )

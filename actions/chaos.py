@@ -207,6 +207,9 @@ class ChaosReport:
     credit_notes: int = 0  # in the accounting sandbox's own ledger, voided ones included
     bills_checked: int = 0
     accounting_problems: list[str] = field(default_factory=list)  # the accounting ledger's own audit
+    # Actions already in the database when the run began: the audit covers every action, and an
+    # earlier run's receivers are gone, so their effects read as missing. Use a fresh database.
+    actions_before: int = 0
 
     def per_kind(self) -> list[tuple[str, str, int, int]]:
         """(label, kind, duplicates, lost) for each kind the run proposes."""
@@ -284,6 +287,11 @@ class ChaosReport:
             + ", ".join(f"{k} {v}" for k, v in sorted(self.accounting_faults_fired.items())),
             f"  invariants       {'all hold' if audit and audit.ok and not self.accounting_problems else 'VIOLATED'}",
         ]
+        if self.actions_before:
+            out.append(
+                f"  WARNING          the database held {self.actions_before} action(s) before this run; the audit "
+                "reads only this run's receivers, so theirs show as violations: use a fresh database"
+            )
         for violation in (audit.violations if audit else [])[:50]:
             out.append(f"    [{violation.invariant}] {violation.subject}: {violation.message}")
         for mismatch in self.money_mismatches[:20]:
@@ -636,6 +644,7 @@ class ChaosRun:
 
     def seed(self) -> list[tuple[str, int, str, str]]:
         """Orders, charges, refund requests, an agent with a token and a scripted manager."""
+        self.report.actions_before = Action.objects.count()
         ensure_roles()
         user_model = get_user_model()
         owner, _ = user_model.objects.get_or_create(username="chaos.owner")
@@ -987,7 +996,9 @@ class ChaosRun:
         )
 
     def _run_actions(self) -> Any:
-        return Action.objects.filter(order__number__startswith="C") | self._emails() | self._adjustments()
+        # This run's own orders only: a database that held an earlier run keeps its actions.
+        refunds = Action.objects.filter(order__number__startswith=f"C{self.stamp}-")
+        return refunds | self._emails() | self._adjustments()
 
     def _proposed(self) -> int:
         return self.report.proposed + self.report.adjustments_proposed + self.report.emails_proposed

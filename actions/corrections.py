@@ -25,6 +25,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from actions import permissions as perms
+from actions.adjustments import discrepancy_void_duplicate
 from actions.models import (
     Action,
     ActionKind,
@@ -39,7 +40,7 @@ from actions.models import (
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.providers.base import validate_idempotency_key
 from actions.refusals import Refused
-from actions.services import ProposalConflict, payload_hash, proposal_record
+from actions.services import ProposalConflict, ProposalInvalid, payload_hash, proposal_record
 from actions.trail import Actor, event_record
 
 S = ActionStatus
@@ -216,6 +217,11 @@ def discrepancy_compensate(*, discrepancy_pk: int, user: Any, note: str, now: da
     _require_admin(user)
     note = _require_reason(note)
     now = now or timezone.now()
+    # An invoice adjustment's duplicate is a second credit note: it is voided at the accounting
+    # system, not recovered from a customer. Never start a refund compensation for one.
+    kind = Discrepancy.objects.filter(pk=discrepancy_pk).values_list("action__kind", flat=True).first()
+    if kind == ActionKind.INVOICE_ADJUSTMENT:
+        return _void_duplicate_credit_note(discrepancy_pk=discrepancy_pk, user=user, note=note, now=now)
     with transaction.atomic(durable=True):
         # Locked, so two admins starting the same compensation at once get one action.
         discrepancy = Discrepancy.objects.select_for_update().get(pk=discrepancy_pk)
@@ -312,3 +318,59 @@ def discrepancy_compensate(*, discrepancy_pk: int, user: Any, note: str, now: da
         discrepancy.note = f"{discrepancy.note.rstrip()}\n{line}".strip()
         discrepancy.save(update_fields=["status", "details", "note", "updated_at"])
     return action
+
+
+# --- voiding a duplicate credit note (invoice adjustments) -------------------------------------
+
+
+def _void_duplicate_credit_note(*, discrepancy_pk: int, user: Any, note: str, now: datetime) -> Action:
+    try:
+        return discrepancy_void_duplicate(discrepancy_pk=discrepancy_pk, user=user, note=note, now=now)
+    except ProposalInvalid as invalid:
+        raise CorrectionRefused(
+            " ".join(problem.message for problem in invalid.problems), code=invalid.problems[0].code
+        ) from invalid
+
+
+def adjustment_duplicates(action: Action) -> list[Discrepancy]:
+    """The ledger audit's open findings of a second credit note for this adjustment."""
+    return list(
+        Discrepancy.objects.filter(
+            action=action,
+            kind=DiscrepancyKind.DUPLICATE_EFFECT,
+            status__in=[DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS],
+        ).order_by("pk")
+    )
+
+
+def adjustment_void_duplicate(*, action_pk: int, user: Any, note: str, now: datetime | None = None) -> Action:
+    """The admin's correction for a SUCCEEDED invoice adjustment the accounting system holds twice:
+    propose voiding the duplicate credit note that the ledger audit found.
+
+    The credit note the console recorded is the adjustment and is never voided here. The void is a
+    new action (``credit-note-void:<credit note id>``), PROPOSED for a manager's approval (four
+    eyes, never the policy), then sent by the engine like any action; the adjustment and its trail
+    stay as they are. A second call returns the same void.
+    """
+    _require_admin(user)
+    note = _require_reason(note)
+    now = now or timezone.now()
+    action = Action.objects.get(pk=action_pk)
+    if action.kind != ActionKind.INVOICE_ADJUSTMENT:
+        raise CorrectionRefused(
+            f"{action.action_id} is not an invoice adjustment: only a credit note is voided.", code="wrong_kind"
+        )
+    if action.status != S.SUCCEEDED:
+        raise CorrectionRefused(
+            f"{action.action_id} is {action.get_status_display().lower()}: only a SUCCEEDED adjustment has a "
+            "credit note on record to tell the duplicate from.",
+            code="not_succeeded",
+        )
+    found = adjustment_duplicates(action)
+    if not found:
+        raise CorrectionRefused(
+            f"The ledger audit found no second credit note for {action.action_id}: there is nothing to void. "
+            f"{action.provider_reference or 'Its credit note'} is the adjustment itself.",
+            code="no_duplicate",
+        )
+    return _void_duplicate_credit_note(discrepancy_pk=found[0].pk, user=user, note=note, now=now)

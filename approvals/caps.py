@@ -3,8 +3,8 @@
 The threshold alone let an agent empty an order in small pieces (13 auto-approved refunds of
 25.00 EUR or less in 25 seconds). Past any of these caps a proposal waits for a manager:
 
-- per target (the order): the total amount, and the number of actions, auto-approved within
-  the cap's window;
+- per target (the order of a refund, the supplier bill of an invoice adjustment): the total
+  amount, and the number of actions, auto-approved within the cap's window;
 - per agent: the total amount auto-approved for the agent's proposals within a day (the cap's
   window), per currency.
 
@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
-from actions.models import Action, ActionEvent, ActorKind, Agent, Order
+from actions.models import Action, ActionEvent, ActorKind, Agent, Bill, Order
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision
 
 # The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card
@@ -72,27 +72,38 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
     amount = action.amount
 
     target = cap_for(scope=CapScope.TARGET, currency=currency)
+    # The target is the order of a refund or the bill of an invoice adjustment: many small
+    # credit notes on one bill add up just as many small refunds on one order do.
     if action.order_id is not None:
+        noun, plural = "order", "refunds"
+        number: object = action.order.number if action.order is not None else action.order_id
+        same_target = {"order_id": action.order_id}
+    elif action.bill_id is not None:
+        noun, plural = "bill", "adjustments"
+        number = action.bill.number if action.bill is not None else action.bill_id
+        same_target = {"bill_id": action.bill_id}
+    else:
+        same_target = {}
+    if same_target:
         if target.max_amount is None:
-            return f"No auto-approval cap is configured for {currency} per order, so a manager decides."
+            return f"No auto-approval cap is configured for {currency} per {noun}, so a manager decides."
         totals = (
             _auto_approved(since=now - target.window, until=now, exclude=action)
-            .filter(order_id=action.order_id)
+            .filter(**same_target)
             .aggregate(total=Sum("amount"), count=Count("pk"))
         )
         total = totals["total"] or Decimal("0")
         count = totals["count"] or 0
         hours = int(target.window.total_seconds() // 3600)
-        number = action.order.number if action.order is not None else action.order_id
         if target.max_count is not None and count + 1 > target.max_count:
             return (
-                f"Auto-approval cap for order {number} reached: {count} refunds were auto-approved on it in the last "
-                f"{hours} h (at most {target.max_count}). A manager decides this one."
+                f"Auto-approval cap for {noun} {number} reached: {count} {plural} were auto-approved on it in the "
+                f"last {hours} h (at most {target.max_count}). A manager decides this one."
             )
         if total + amount > target.max_amount:
             return (
-                f"Auto-approval cap for order {number} reached: {total} {currency} was auto-approved on it in the last "
-                f"{hours} h, and {amount} {currency} more would pass the cap of {target.max_amount} {currency}. "
+                f"Auto-approval cap for {noun} {number} reached: {total} {currency} was auto-approved on it in the "
+                f"last {hours} h, and {amount} {currency} more would pass the cap of {target.max_amount} {currency}. "
                 "A manager decides this one."
             )
 
@@ -114,12 +125,14 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
 
 
 def auto_approval_cap_lock(*, action: Action) -> None:
-    """Lock the order and the proposing agent (in that order), so that two auto-approvals on
-    the same order or by the same agent are decided one after the other and cannot both fit
-    under a cap that only one of them fits. Call inside the policy's transaction, before
-    ``auto_approval_cap_refusal``."""
+    """Lock the target (order or bill) and the proposing agent (in that order), so that two
+    auto-approvals on the same target or by the same agent are decided one after the other and
+    cannot both fit under a cap that only one of them fits. Call inside the policy's
+    transaction, before ``auto_approval_cap_refusal``."""
     if action.order_id is not None:
         list(Order.objects.select_for_update().filter(pk=action.order_id).values_list("pk", flat=True))
+    if action.bill_id is not None:
+        list(Bill.objects.select_for_update().filter(pk=action.bill_id).values_list("pk", flat=True))
     if action.proposed_by_agent_id is not None:
         list(Agent.objects.select_for_update().filter(pk=action.proposed_by_agent_id).values_list("pk", flat=True))
 
