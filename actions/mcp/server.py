@@ -34,11 +34,19 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from ninja import Schema
 from pydantic import ConfigDict
 
+from actions.api.adjustments import AdjustmentRequestOpen, InvoiceAdjustmentProposal
 from actions.api.auth import authenticate_request
 from actions.api.problems import PROBLEM_CONTENT_TYPE, ApiProblem, problem_body
 from actions.api.schemas import ActionOut, RefundProposal, RefundRequestOpen
 from actions.mcp import tools
-from actions.mcp.tools import ActionExplanationOut, ActionListOut, ActionListQuery, ActionRef, RefundRequestToolOut
+from actions.mcp.tools import (
+    ActionExplanationOut,
+    ActionListOut,
+    ActionListQuery,
+    ActionRef,
+    AdjustmentRequestToolOut,
+    RefundRequestToolOut,
+)
 from actions.models import AgentToken
 
 logger = logging.getLogger("actions.mcp")
@@ -52,8 +60,11 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any]
 INSTRUCTIONS = """\
 The effect console records and executes refunds that agents propose. Open a refund request for
 the customer's ticket (open_refund_request), propose a refund for it (propose_refund), then read
-what became of it (get_action, explain_action). Every write tool is keyed by business references
-(order number, refund request), never by an id you make up: calling it again with the same
+what became of it (get_action, explain_action). For a supplier bill that failed its purchase-order
+match, open an adjustment request (open_adjustment_request) and propose a credit note against the
+bill (propose_invoice_adjustment); read it the same way. Every write tool is keyed by business
+references (order number and refund request, bill number and adjustment request), never by an id
+you make up: calling it again with the same
 arguments returns the same result and never executes twice, so after a timeout or a dropped
 connection send the same call again. Errors say what to do: bad_input (fix the named fields),
 needs_person (a person must decide: stop and report), retryable (send the same call again later).
@@ -113,6 +124,44 @@ TOOLS: tuple[ToolSpec, ...] = (
             read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
         ),
         run=tools.propose_refund,
+    ),
+    ToolSpec(
+        name="open_adjustment_request",
+        title="Open an adjustment request on a supplier bill",
+        description="Open an adjustment request on a supplier bill that failed its purchase-order match "
+        "(external_reference: the matcher's exception id) and get its adjustment number. Calling this again with the "
+        "same reference returns the same request (created: false); it never opens a second one. A reference that "
+        "already belongs to another bill is bad_input (reference_conflict). Then propose the credit note with "
+        "propose_invoice_adjustment. Needs the invoice_adjustment scope.",
+        input_model=AdjustmentRequestOpen,
+        output_model=AdjustmentRequestToolOut,
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+        ),
+        run=tools.open_adjustment_request,
+    ),
+    ToolSpec(
+        name="propose_invoice_adjustment",
+        title="Propose an invoice adjustment",
+        description="Propose an invoice adjustment: a credit note against a supplier bill in the accounting system, "
+        "for one of the bill's adjustment requests. Give the bill number, the adjustment_number, the amount as a "
+        'decimal string such as "20.00" (at most what is left to adjust on the bill), the bill\'s currency, a '
+        "reason code and evidence for the manager who decides. Calling this again with the same arguments returns "
+        "the same action; it never creates a second credit note. After a timeout or a dropped connection, send the "
+        "same call again. Different arguments for an adjustment request that already has a proposal are refused as "
+        "needs_person (payload_conflict, with the differing fields): do not change the adjustment number or open "
+        "another request to get it through. The credit note is posted only after approval (a manager, or the policy "
+        "for small amounts within the per-bill cap); follow the action with get_action or explain_action. Needs the "
+        "invoice_adjustment scope.",
+        input_model=InvoiceAdjustmentProposal,
+        output_model=ActionOut,
+        # Destructive: an authorised credit note changes what the business owes its supplier;
+        # undoing it is a correction (a void) a person decides. Idempotent: the same arguments
+        # name the same action.
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
+        ),
+        run=tools.propose_invoice_adjustment,
     ),
     ToolSpec(
         name="get_action",

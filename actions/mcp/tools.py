@@ -31,6 +31,18 @@ from django.utils import timezone
 from ninja import Schema
 from pydantic import ConfigDict, Field, ValidationError
 
+from actions.adjustments import (
+    AdjustmentRequestConflict,
+    action_propose_invoice_adjustment,
+    adjustment_request_open,
+)
+from actions.agents import INVOICE_ADJUSTMENT_SCOPE
+from actions.api.adjustments import (
+    AdjustmentRequestOpen,
+    AdjustmentRequestOut,
+    InvoiceAdjustmentProposal,
+    adjustment_request_out,
+)
 from actions.api.ratelimit import ratelimit_hit
 from actions.api.schemas import (
     ActionOut,
@@ -114,6 +126,10 @@ class RefundRequestToolOut(RefundRequestOut):
     created: bool = Field(description="True when this call opened the request; false when it existed (a retry).")
 
 
+class AdjustmentRequestToolOut(AdjustmentRequestOut):
+    created: bool = Field(description="True when this call opened the request; false when it existed (a retry).")
+
+
 class ActionListOut(Schema):
     items: list[ActionOut]
     next_cursor: str | None = Field(description="Pass as cursor to read the next page; null on the last page.")
@@ -177,7 +193,9 @@ def _count_call(token: AgentToken) -> None:
 
 
 def _require_scope(agent: Agent, kind: str) -> None:
-    if not agent.may_propose(kind):
+    # The scopes are named after the kinds, except the adjustments' (``invoice_adjustment``).
+    scope = INVOICE_ADJUSTMENT_SCOPE if kind == ActionKind.INVOICE_ADJUSTMENT else kind
+    if not agent.may_propose(scope):
         raise ToolFailure(
             "needs_person",
             code="scope_missing",
@@ -186,13 +204,13 @@ def _require_scope(agent: Agent, kind: str) -> None:
         )
 
 
-def _proposed_elsewhere() -> ToolFailure:
+def _proposed_elsewhere(noun: str = "refund request") -> ToolFailure:
     # As in the API: the other proposal's id and contents stay hidden from this agent.
     return ToolFailure(
         "needs_person",
         code="proposed_elsewhere",
-        detail="This refund request already has a proposal by another proposer. Nothing was written. Do not open a "
-        "new refund request to get around it: ask a person.",
+        detail=f"This {noun} already has a proposal by another proposer. Nothing was written. Do not open a "
+        f"new {noun} to get around it: ask a person.",
     )
 
 
@@ -203,6 +221,7 @@ def _not_found() -> ToolFailure:
 
 # Payload keys (the material payload) as the API's field names; the API's 409 does the same.
 _PAYLOAD_FIELDS = {"order": "order_number", "request": "request_number"}
+_ADJUSTMENT_PAYLOAD_FIELDS = {"bill": "bill_number", "adjustment": "adjustment_number"}
 
 
 def _json(model: Schema) -> dict[str, Any]:
@@ -296,6 +315,77 @@ def propose_refund(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[s
         raise _proposed_elsewhere()
     logger.info(
         "mcp.refund.%s agent=%s action=%s status=%s",
+        "proposed" if result.created else "replayed",
+        agent.name,
+        action.action_id,
+        action.status,
+    )
+    return _json(action_out(action))
+
+
+def open_adjustment_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    _count_call(token)
+    payload = _validated(AdjustmentRequestOpen, arguments)
+    _require_scope(token.agent, ActionKind.INVOICE_ADJUSTMENT)
+    try:
+        result = adjustment_request_open(
+            bill_number=payload.bill_number, external_reference=payload.external_reference, note=payload.note
+        )
+    except ProposalInvalid as invalid:
+        raise _invalid(invalid) from None
+    except AdjustmentRequestConflict as conflict:
+        # The agent named the wrong bill for this mismatch: its input, not a person's decision.
+        raise ToolFailure(
+            "bad_input", code="reference_conflict", detail=str(conflict), differing=conflict.differing
+        ) from None
+    logger.info(
+        "mcp.adjustment_request.%s agent=%s bill=%s adjustment=%s",
+        "opened" if result.created else "replayed",
+        token.agent.name,
+        result.request.bill.number,
+        result.request.number,
+    )
+    out = adjustment_request_out(result.request)
+    return _json(AdjustmentRequestToolOut(created=result.created, **out.model_dump()))
+
+
+def propose_invoice_adjustment(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    _count_call(token)
+    payload = _validated(InvoiceAdjustmentProposal, arguments)
+    agent = token.agent
+    _require_scope(agent, ActionKind.INVOICE_ADJUSTMENT)
+    try:
+        result = action_propose_invoice_adjustment(
+            bill_number=payload.bill_number,
+            adjustment_number=payload.adjustment_number,
+            amount=payload.amount,
+            currency=payload.currency,
+            reason_code=payload.reason_code.value,
+            evidence=payload.evidence,
+            proposer=Actor.for_agent(agent),
+        )
+    except ProposalInvalid as invalid:
+        raise _invalid(invalid) from None
+    except ProposalConflict as conflict:
+        if conflict.action.proposed_by_agent_id != agent.pk:
+            raise _proposed_elsewhere("adjustment request") from None
+        logger.info("mcp.invoice_adjustment.conflict agent=%s action=%s", agent.name, conflict.action.action_id)
+        raise ToolFailure(
+            "needs_person",
+            code="payload_conflict",
+            detail=f"{str(conflict).replace('refund request', 'adjustment request')} Do not change the adjustment "
+            "number or open another adjustment request to get this through: read the existing action and ask a "
+            "person.",
+            action_id=conflict.action.action_id,
+            differing={
+                _ADJUSTMENT_PAYLOAD_FIELDS.get(name, name): values for name, values in conflict.differing.items()
+            },
+        ) from None
+    action = result.action
+    if action.proposed_by_agent_id != agent.pk:
+        raise _proposed_elsewhere("adjustment request")
+    logger.info(
+        "mcp.invoice_adjustment.%s agent=%s action=%s status=%s",
         "proposed" if result.created else "replayed",
         agent.name,
         action.action_id,

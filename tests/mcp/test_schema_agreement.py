@@ -89,7 +89,12 @@ def _parameters(document: dict[str, Any], method: str, path: str) -> dict[str, A
 
 @pytest.mark.parametrize(
     ("tool", "method", "path"),
-    [("propose_refund", "post", "/api/v1/refunds"), ("open_refund_request", "post", "/api/v1/refund-requests")],
+    [
+        ("propose_refund", "post", "/api/v1/refunds"),
+        ("open_refund_request", "post", "/api/v1/refund-requests"),
+        ("propose_invoice_adjustment", "post", "/api/v1/invoice-adjustments"),
+        ("open_adjustment_request", "post", "/api/v1/adjustment-requests"),
+    ],
 )
 def test_write_tools_take_the_fields_of_their_operation_body(
     tool: str, method: str, path: str, document: dict[str, Any], tools: dict[str, Any]
@@ -119,6 +124,8 @@ def test_read_tools_take_the_parameters_of_their_operation(
     [
         ("propose_refund", "post", "/api/v1/refunds", "201"),
         ("propose_refund", "post", "/api/v1/refunds", "200"),
+        ("propose_invoice_adjustment", "post", "/api/v1/invoice-adjustments", "201"),
+        ("propose_invoice_adjustment", "post", "/api/v1/invoice-adjustments", "200"),
         ("get_action", "get", "/api/v1/actions/{action_id}", "200"),
     ],
 )
@@ -140,6 +147,12 @@ def test_the_listing_and_the_refund_request_answers_add_only_what_http_says_with
 
     opened = tools["open_refund_request"].output_schema
     request = _fields(_answer(document, "post", "/api/v1/refund-requests", "201"), document)
+    mcp = _fields(opened, opened)
+    assert {name: mcp["properties"][name] for name in request["properties"]} == request["properties"]
+    assert set(mcp["properties"]) - set(request["properties"]) == {"created"}
+
+    opened = tools["open_adjustment_request"].output_schema
+    request = _fields(_answer(document, "post", "/api/v1/adjustment-requests", "201"), document)
     mcp = _fields(opened, opened)
     assert {name: mcp["properties"][name] for name in request["properties"]} == request["properties"]
     assert set(mcp["properties"]) - set(request["properties"]) == {"created"}

@@ -30,7 +30,15 @@ def _proposal(order: Any, **changes: Any) -> dict[str, Any]:
 
 def test_the_write_tools_say_what_a_repeat_does_and_carry_the_hints(mcp_url: str, token: str) -> None:
     tools = {tool.name: tool for tool in mcp_tools(mcp_url, token)}
-    assert set(tools) == {"open_refund_request", "propose_refund", "get_action", "list_actions", "explain_action"}
+    assert set(tools) == {
+        "open_refund_request",
+        "propose_refund",
+        "open_adjustment_request",
+        "propose_invoice_adjustment",
+        "get_action",
+        "list_actions",
+        "explain_action",
+    }
 
     propose = tools["propose_refund"]
     assert propose.annotations is not None
