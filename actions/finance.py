@@ -36,6 +36,7 @@ from actions.models import (
 )
 from actions.separation import follow_up_admin_refusal
 from actions.trail import Actor, event_record
+from console.roles import FINANCE
 
 S = ActionStatus
 
@@ -58,12 +59,15 @@ def _remedy_kind(raw: object, *, allow_undecided: bool = False) -> str:
 
 
 def _new_owner(owner_pk: object, *, permission: str) -> Any:
-    """The finance member an item is (re)assigned to, checked: active and allowed to work it."""
+    """The finance member an item is (re)assigned to, checked: the same people the Reassign list
+    offers (active members of the finance group, ``finance_members``), and allowed to work it.
+    Holding the permission alone is not enough: a superuser holds every permission, and a
+    forged form must not hand an item to someone the list would never show."""
     try:
         pk = int(str(owner_pk))
     except (TypeError, ValueError):
         raise ReviewRefused("owner: choose a member of finance.", code="invalid", status=400, field="owner") from None
-    owner = get_user_model().objects.filter(pk=pk, is_active=True).first()
+    owner = get_user_model().objects.filter(pk=pk, is_active=True, groups__name=FINANCE).distinct().first()
     if owner is None or not owner.has_perm(permission):
         raise ReviewRefused(
             "owner: that person is not an active member of finance.", code="invalid", status=400, field="owner"
