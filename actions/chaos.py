@@ -447,6 +447,10 @@ class ChaosRun:
             raise RuntimeError("the chaos run needs PostgreSQL: set DATABASE_URL=postgres://...")
         if not self.broker_url.startswith("redis://"):
             raise RuntimeError("the chaos run needs a Redis broker: set CELERY_BROKER_URL=redis://...")
+        if self.config.restart_postgres:
+            # Before anything starts: a cluster name that does not exist would fail a third of
+            # the way into the run.
+            postgres_restart_command()
 
     def start_sandbox(self) -> None:
         port = _free_port()
@@ -966,12 +970,8 @@ class ChaosRun:
             _db_retry(functools.partial(approve, pk))
 
     def restart_postgres(self) -> None:
-        version = sorted(os.listdir("/etc/postgresql"))[0]
-        # CHAOS_POSTGRES_CLUSTER names the cluster the run's database lives in, so a long run can
-        # restart a cluster of its own without disturbing other clients of the machine.
-        cluster = os.environ.get("CHAOS_POSTGRES_CLUSTER", "").strip() or "main"
         subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"],
+            postgres_restart_command(),
             check=True,
             capture_output=True,
             timeout=120,
@@ -1365,6 +1365,27 @@ class ChaosRun:
                 self.workers.remove(worker)
                 self.report.worker_exits += 1
                 self.start_worker(with_faults=with_faults)
+
+
+POSTGRES_CONFIG_ROOT = Path("/etc/postgresql")
+
+
+def postgres_restart_command() -> list[str]:
+    """The command that restarts the run's PostgreSQL cluster.
+
+    CHAOS_POSTGRES_CLUSTER (default "main") names the cluster the run's database lives in, so a
+    long run can restart a cluster of its own without cutting other clients of the machine. The
+    version is the one that has such a cluster. A name no version has is refused, naming it.
+    """
+    cluster = os.environ.get("CHAOS_POSTGRES_CLUSTER", "").strip() or "main"
+    versions = sorted(p.name for p in POSTGRES_CONFIG_ROOT.iterdir()) if POSTGRES_CONFIG_ROOT.is_dir() else []
+    having = [version for version in versions if (POSTGRES_CONFIG_ROOT / version / cluster).is_dir()]
+    if not having:
+        raise RuntimeError(
+            f"CHAOS_POSTGRES_CLUSTER={cluster!r}: no PostgreSQL cluster of that name under {POSTGRES_CONFIG_ROOT} "
+            f"(versions: {', '.join(versions) or 'none'}). Name an existing cluster, or pass --no-postgres-restart."
+        )
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", having[0], cluster, "restart"]
 
 
 class _override:

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from actions.chaos import ChaosConfig, ChaosRun
+from actions.chaos import ChaosConfig, ChaosRun, postgres_restart_command
 
 
 class Command(BaseCommand):
@@ -102,6 +102,11 @@ class Command(BaseCommand):
             outside_refund_share=options["outside_refunds"],
             finance_resolves=not options["no_finance"],
         )
+        if config.restart_postgres:
+            try:
+                postgres_restart_command()  # names a cluster that exists, before anything starts
+            except RuntimeError as error:
+                raise CommandError(str(error)) from None
         report = ChaosRun(config).run()
         for line in report.lines():
             self.stdout.write(line)

@@ -1,0 +1,101 @@
+"""The chaos run's configuration and report, without running it (issue 12): the mix of kinds,
+the PostgreSQL cluster the restart acts on, per-kind counts and the accounting ledger's audit.
+The run itself is tests/chaos (CI) and ``manage.py chaos_run``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from actions import chaos
+from actions.chaos import ChaosConfig, ChaosReport, postgres_restart_command
+from actions.engine.invariants import EffectsReport, check_effects
+from actions.kinds.invoice_adjustment import effect_from_credit_note
+from actions.services import Actor
+from tests.actions.test_admin_credit_note_void import credit_note, succeeded_adjustment
+
+
+def test_by_default_at_least_a_third_of_the_actions_are_adjustments() -> None:
+    config = ChaosConfig(actions=10_000)
+    assert config.adjustments * 3 >= config.actions
+    assert config.refunds + config.adjustments == config.actions
+    assert ChaosConfig(actions=300, adjustment_share=0).adjustments == 0
+
+
+@pytest.fixture
+def clusters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    for version, cluster in (("15", "main"), ("16", "main"), ("16", "chaos")):
+        (tmp_path / version / cluster).mkdir(parents=True)
+    monkeypatch.setattr(chaos, "POSTGRES_CONFIG_ROOT", tmp_path)
+    yield tmp_path
+
+
+def test_the_restart_acts_on_the_cluster_named_by_chaos_postgres_cluster(
+    clusters: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CHAOS_POSTGRES_CLUSTER", raising=False)
+    assert postgres_restart_command() == ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
+    monkeypatch.setenv("CHAOS_POSTGRES_CLUSTER", "chaos")
+    assert postgres_restart_command() == ["pg_ctlcluster", "--skip-systemctl-redirect", "16", "chaos", "restart"]
+
+
+def test_an_unknown_cluster_is_refused_by_name_before_the_run_starts(
+    clusters: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAOS_POSTGRES_CLUSTER", "nope")
+
+    def must_not_run(self: Any) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(chaos.ChaosRun, "run", must_not_run)
+    with pytest.raises(RuntimeError, match="CHAOS_POSTGRES_CLUSTER='nope'"):
+        postgres_restart_command()
+    with pytest.raises(CommandError, match="'nope'"):
+        call_command("chaos_run", "--actions", "3")
+    with pytest.raises(CommandError, match="--adjustment-share"):
+        call_command("chaos_run", "--actions", "3", "--adjustment-share", "1.5")
+
+
+def test_the_report_fails_on_an_accounting_ledger_problem_and_gives_each_kind_its_line() -> None:
+    audit = EffectsReport(
+        checked_at="now",
+        actions_by_kind={"refund": 6, "invoice-adjustment": 4, "supplier_email": 2},
+        duplicates_by_kind={"refund": 0, "invoice-adjustment": 1, "supplier_email": 0},
+        lost_by_kind={"refund": 2, "invoice-adjustment": 0, "supplier_email": 0},
+    )
+    report = ChaosReport(config=vars(ChaosConfig()).copy(), drained=True, audit=audit)
+    assert report.ok
+    assert report.per_kind() == [
+        ("refunds", "refund", 0, 2),
+        ("adjustments", "invoice-adjustment", 1, 0),
+        ("supplier emails", "supplier_email", 0, 0),
+    ]
+    lines = "\n".join(report.lines())
+    assert "adjustments         4 actions; duplicates 1, lost 0" in lines
+
+    report.accounting_problems.append("invoice-adjustment:bill-X:adjustment-1: 2 live credit notes (a, b)")
+    assert not report.ok
+    assert "[accounting ledger] invoice-adjustment:bill-X:adjustment-1" in "\n".join(report.lines())
+
+
+@pytest.mark.django_db
+def test_the_audit_counts_duplicates_per_kind(
+    agent_actor: Actor, manager: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.ACCOUNTING_API_BASE = "http://accounting.invalid"
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    action = succeeded_adjustment(agent_actor, manager)
+    twice = [effect_from_credit_note(credit_note(action, ref)) for ref in (action.provider_reference, "cn-again")]
+
+    report = check_effects(ledger=twice)
+
+    assert report.duplicates == 1
+    assert report.duplicates_by_kind["invoice-adjustment"] == 1
+    assert report.duplicates_by_kind["refund"] == 0
+    assert report.actions_by_kind == {"invoice-adjustment": 1}
+    assert action.amount == Decimal("20.00")
