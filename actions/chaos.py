@@ -935,17 +935,14 @@ class ChaosRun:
             with self.lock:
                 self.report.proposal_errors += 1
 
-        # Refunds and adjustments interleaved, so both kinds are in flight through every kill,
-        # fault, restart and outage of the run.
+        # Refunds, adjustments and emails interleaved, so every kind is in flight through every
+        # kill, fault, restart and outage of the run (emails queued after everything else were
+        # sent during the drain, with the mail faults already off).
         mixed: list[Callable[[], None]] = [functools.partial(propose, item) for item in proposals]
-        adjustments = [functools.partial(propose_adjustment, item) for item in self.adjustment_proposals]
-        if adjustments:
-            step = max(len(mixed) + len(adjustments), 1) / len(adjustments)
-            for position, job in enumerate(adjustments):
-                mixed.insert(min(int(position * step), len(mixed)), job)
+        mixed = _interleave(mixed, [functools.partial(propose_adjustment, item) for item in self.adjustment_proposals])
+        mixed = _interleave(mixed, [functools.partial(propose_email, number) for number in range(self.config.emails)])
         with ThreadPoolExecutor(max_workers=self.config.proposers) as pool:
             futures = [pool.submit(job) for job in mixed]
-            futures += [pool.submit(propose_email, number) for number in range(self.config.emails)]
             for future in futures:
                 future.result()
 
@@ -1365,6 +1362,16 @@ class ChaosRun:
                 self.workers.remove(worker)
                 self.report.worker_exits += 1
                 self.start_worker(with_faults=with_faults)
+
+
+def _interleave(base: list[Any], extra: list[Any]) -> list[Any]:
+    """``extra`` spread evenly through ``base``, both in their own order."""
+    mixed = list(base)
+    if extra:
+        step = (len(base) + len(extra)) / len(extra)
+        for position, item in enumerate(extra):
+            mixed.insert(min(int(position * step), len(mixed)), item)
+    return mixed
 
 
 POSTGRES_CONFIG_ROOT = Path("/etc/postgresql")

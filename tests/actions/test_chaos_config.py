@@ -99,3 +99,13 @@ def test_the_audit_counts_duplicates_per_kind(
     assert report.duplicates_by_kind["refund"] == 0
     assert report.actions_by_kind == {"invoice-adjustment": 1}
     assert action.amount == Decimal("20.00")
+
+
+def test_the_proposals_of_every_kind_are_spread_over_the_whole_run() -> None:
+    """Not queued one kind after another: each kind must meet the kills, faults and outage."""
+    mixed = chaos._interleave(["refund"] * 180, ["adjustment"] * 120)
+    mixed = chaos._interleave(mixed, ["email"] * 40)
+    assert sorted(mixed) == sorted(["refund"] * 180 + ["adjustment"] * 120 + ["email"] * 40)
+    for third in (mixed[:113], mixed[113:226], mixed[226:]):
+        assert {"refund", "adjustment", "email"} <= set(third)
+        assert third.count("adjustment") >= 35
