@@ -443,7 +443,7 @@ def review_queue_get(
     filters: QueueFilters | None = None,
     now: datetime | None = None,
     after: str = "",
-    page_size: int = QUEUE_PAGE_SIZE,
+    page_size: int | None = None,
 ) -> Queue:
     """Every item that needs finance, most urgent first: overdue ones, then by state, oldest first;
     one page of them, starting after the cursor ``after``. Raises BadCursor.
@@ -451,6 +451,7 @@ def review_queue_get(
     The sort key is worked out for every open item (a few columns each, no attempt bodies);
     only the page's rows get their latest attempt read."""
     after_key = cursor_decode(after) if after else None
+    page_size = page_size or QUEUE_PAGE_SIZE
     now = now or timezone.now()
     filters = filters or QueueFilters()
     owner_q = _owner_filter(filters, user)
