@@ -465,6 +465,16 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
             "show_delete": False,
             "can_assign_owner": obj is not None and may_correct(request) and obj.status in UNRESOLVED_STATUSES,
         }
+        if obj is not None:
+            # Not "Change action": every field is read-only; the page shows one action and the
+            # corrections that may be made to it.
+            context["title"] = f"Action {obj.action_id} · {obj.get_status_display()}"
+            # A list of its own: the mixin's transitions are a generator, used up by the object tools.
+            context["corrections"] = [
+                transition
+                for block in self._get_fsm_extra_context(request=request, obj=obj)
+                for transition in block.available_transitions
+            ]
         return super().change_view(request, object_id, form_url=form_url, extra_context=context)
 
     def get_urls(self) -> list[URLPattern]:
