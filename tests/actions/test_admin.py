@@ -660,5 +660,6 @@ def test_the_action_page_is_titled_for_the_action_and_its_corrections_are_the_ma
     page = admin_client.get(change_url(action)).content.decode()
     assert "Change action" not in page
     assert f"<title>Action {action.action_id} · Proposed" in page
-    assert re.search(r'<a class="button default" href="[^"]+/transition/cancel/" data-correction-button="cancel">', page)
+    button = r'<a class="button default" href="[^"]+/transition/cancel/" data-correction-button="cancel">'
+    assert re.search(button, page)
     assert set(re.findall(r'data-correction-button="([a-z_]+)"', page)) == offered(admin_client, action)

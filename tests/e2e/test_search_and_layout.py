@@ -24,7 +24,7 @@ from playwright.sync_api import Page, expect
 from actions.models import Action
 from actions.services import Actor, action_propose_refund
 from tests.actions.test_finance_services import escalated, succeeded, unknown
-from tests.factories import PASSWORD, make_order, make_request, make_user
+from tests.factories import PASSWORD, make_order, make_request
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -72,6 +72,7 @@ def test_the_search_box_finds_an_action_by_customer_email_and_by_refund_referenc
     wanted = _proposal(agent_actor, email="grace.hopper@navy.example")
     _proposal(agent_actor, email="alan@bletchley.example")
     refunded = succeeded(agent_actor)
+    assert refunded.order is not None
     order_number = refunded.order.number  # read now: no database queries while the browser is open
     url = live_server.url
 
@@ -147,6 +148,7 @@ def _main_pages(
     proposal = _proposal(agent_actor, email="grace.hopper@navy.example")
     review = escalated(agent_actor, owner=finance)
     refunded = succeeded(agent_actor)
+    assert proposal.order is not None
     pages = [
         ("login", None, "/login/"),
         ("dashboard (manager)", manager, "/"),
