@@ -469,6 +469,7 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
             # Not "Change action": every field is read-only; the page shows one action and the
             # corrections that may be made to it.
             context["title"] = f"Action {obj.action_id} · {obj.get_status_display()}"
+            context["subtitle"] = None  # the title already names the action
             # A list of its own: the mixin's transitions are a generator, used up by the object tools.
             context["corrections"] = [
                 transition
