@@ -22,7 +22,8 @@ from playwright.sync_api import Page, sync_playwright
 PASSWORD = "demo-password"  # noqa: S105 - the demo users' password, printed in the README
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
-# (file name, user, path, width). "{order}" is the first order linked from the inbox.
+# (file name, user, path, width). "{order}" is the order page of --order (one of the demo's
+# scenario orders, with a refund, a decision and a customer with history).
 SHOTS = [
     ("manager-inbox", "maria", "/approvals/", 1366),
     ("review-queue", "fiona", "/review/", 1366),
@@ -42,12 +43,14 @@ def _log_in(page: Page, url: str, username: str) -> None:
     page.wait_for_url(re.compile(r".*/(\?.*)?$"))
 
 
-def _order_path(page: Page, url: str) -> str | None:
-    page.goto(f"{url}/approvals/")
-    link = page.locator("a[href^='/orders/']").first
-    if link.count() == 0:
-        return None
-    return link.get_attribute("href")
+def _order_path(page: Page, url: str, number: str) -> str | None:
+    """The order page of order ``number`` (found through the search), else the inbox's first."""
+    for where in (f"{url}/search?q={number}", f"{url}/approvals/"):
+        page.goto(where)
+        link = page.locator("a[href^='/orders/']").first
+        if link.count():
+            return link.get_attribute("href")
+    return None
 
 
 def main() -> int:
@@ -55,6 +58,7 @@ def main() -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, default=Path("console/docs/screenshots"))
     parser.add_argument("--suffix", default="", help="added to each file name, e.g. -before")
+    parser.add_argument("--order", default="4902", help="the order whose page is shown")
     options = parser.parse_args()
     executable = shutil.which("chromium")
     if executable is None:
@@ -69,7 +73,7 @@ def main() -> int:
                 page = browser.new_page(viewport={"width": width, "height": 900})
                 _log_in(page, url, user)
                 if path == "{order}":
-                    found = _order_path(page, url)
+                    found = _order_path(page, url, options.order)
                     if found is None:
                         print(f"skipped {name}: no order page link on the inbox")
                         page.close()
