@@ -82,6 +82,7 @@ from actions.models import (
     SupplierContact,
 )
 from actions.models.actions import UNRESOLVED_STATUSES
+from actions.search import MIN_TERM_LENGTH, search_actions
 from actions.services import ActionRefused, Actor, action_cancel
 from actions.text import validate_plain_text
 from approvals.services import DecisionRefused, action_reopen
@@ -260,8 +261,14 @@ class OrderAdmin(LargeTableAdmin):
         "paid_at",
     )
     list_filter = (CurrencyFilter,)
-    search_fields = ("number__exact", "charge_reference__exact", "customer_email__iexact")
-    search_help_text = "An exact order number, charge reference or customer email."
+    # Substrings, served by the trigram indexes order_*_trgm_idx on PostgreSQL.
+    search_fields = (
+        "number__icontains",
+        "customer_name__icontains",
+        "customer_email__icontains",
+        "charge_reference__icontains",
+    )
+    search_help_text = "Any part of an order number, customer name or email, or charge reference (ch_…)."
     inlines = [RefundRequestInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -288,8 +295,8 @@ class RefundRequestAdmin(LargeTableAdmin):
     list_display = ("__str__", "order", "number", "external_reference", "source", "created_at")
     list_filter = ("source",)
     list_select_related = ("order",)
-    search_fields = ("order__number__exact", "external_reference__exact")
-    search_help_text = "An exact order number or external reference (ticket id)."
+    search_fields = ("order__number__exact", "external_reference__icontains")
+    search_help_text = "An exact order number, or any part of the external reference (ticket id)."
     raw_id_fields = ("order",)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
@@ -355,7 +362,10 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
     list_display = ("action_id", "kind", "status", "amount", "currency", "owner", "created_at")
     list_filter = ("status", "kind", CurrencyFilter)
     list_select_related = ("owner",)
-    search_help_text = "An exact action id, order number or provider reference."
+    search_help_text = (
+        "Any part of an action id, provider reference (re_…), order number, customer name or email, "
+        "ticket, bill number or supplier."
+    )
     # A search field is needed for the search box; get_search_results decides what it matches.
     search_fields = ("action_id",)
     fieldsets = (
@@ -419,17 +429,18 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Action], search_term: str
     ) -> tuple[QuerySet[Action], bool]:
-        # Exact matches only, each on an indexed column, so that PostgreSQL combines index scans.
-        # The order is looked up first: a join or an IN (subquery) inside the OR would make it
-        # read the whole table instead.
-        term = search_term.strip()
+        # The console's search (actions/search.py): any part of an action id, a provider
+        # reference, an order number, a customer's name or email, a ticket or a bill, each served
+        # by a trigram index on PostgreSQL. Orders, tickets and bills are looked up first: a join
+        # or an IN (subquery) inside the OR would make it read the whole table instead.
+        term = " ".join(search_term.split())
         if not term:
             return queryset, False
-        condition = Q(action_id=term) | Q(provider_reference=term)
-        order_pk = Order.objects.filter(number=term).values_list("pk", flat=True).first()
-        if order_pk is not None:
-            condition |= Q(order_id=order_pk)
-        return queryset.filter(condition), False
+        if len(term) < MIN_TERM_LENGTH:
+            # Too short for the substring indexes: an exact action id or number only.
+            exact = Q(action_id=term) | (Q(pk=int(term)) if term.isdigit() else Q())
+            return queryset.filter(exact), False
+        return search_actions(term, queryset), False
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         # Every field is read-only: a POST of the change form has nothing to save, and saving
@@ -458,6 +469,17 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
             "can_assign_owner": obj is not None and may_correct(request) and obj.status in UNRESOLVED_STATUSES,
             "can_void_credit_note": obj is not None and self._may_void_credit_note(request, obj),
         }
+        if obj is not None:
+            # Not "Change action": every field is read-only; the page shows one action and the
+            # corrections that may be made to it.
+            context["title"] = f"Action {obj.action_id} · {obj.get_status_display()}"
+            context["subtitle"] = None  # the title already names the action
+            # A list of its own: the mixin's transitions are a generator, used up by the object tools.
+            context["corrections"] = [
+                transition
+                for block in self._get_fsm_extra_context(request=request, obj=obj)
+                for transition in block.available_transitions
+            ]
         return super().change_view(request, object_id, form_url=form_url, extra_context=context)
 
     def get_urls(self) -> list[URLPattern]:
@@ -756,8 +778,8 @@ class DiscrepancyAdmin(FollowUpAdmin):
     list_display = ("detected_at", "kind", "action", "provider_reference", "status", "owner", "compensating_action")
     list_filter = ("status", "kind")
     list_select_related = ("action", "owner")
-    search_fields = ("provider_reference__exact", "action__action_id__exact")
-    search_help_text = "An exact provider reference or action id."
+    search_fields = ("provider_reference__icontains", "action__action_id__icontains")
+    search_help_text = "Any part of a provider reference or action id."
     fields = (
         "kind",
         "action",

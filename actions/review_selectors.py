@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -64,9 +64,11 @@ QUEUE_ACTION_STATUSES = (S.NEEDS_REVIEW, S.UNKNOWN, S.SUBMITTING, S.SETTLING)
 OPEN_FOLLOW_UP = (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS)
 OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
 
-# The queue shows the most urgent rows first and stops here, so a backlog of thousands still
-# gives a page that renders (and refreshes every few seconds) quickly. The filters narrow it.
-QUEUE_MAX_ROWS = 200
+# The queue shows the most urgent rows first, a page at a time, so a backlog of thousands still
+# gives a page that renders (and refreshes every few seconds) quickly. The pages follow each other
+# by a cursor (keyset): the next page starts after the last row's sort key, so an item resolved
+# or added meanwhile neither repeats a row nor skips one, as an offset would.
+QUEUE_PAGE_SIZE = 50
 
 
 
@@ -230,6 +232,33 @@ class QueueRow:
         return f"queue-{self.kind}-{self.item.pk}"
 
 
+# The kinds in the order the queue breaks ties in (the last part of the sort key).
+_KIND_ORDER = {ItemKind.ACTION: 0, ItemKind.REMEDY: 1, ItemKind.DISCREPANCY: 2}
+SortKey = tuple[int, int, int, int, int]
+
+
+class BadCursor(ValueError):
+    """The ``after`` parameter is not a cursor this queue wrote."""
+
+
+def row_sort_key(row: QueueRow) -> SortKey:
+    """Overdue first, then by state, oldest first; the kind and id make every key unique."""
+    since = int(row.since.timestamp() * 1_000_000)
+    return (0 if row.overdue else 1, row.rank, since, _KIND_ORDER[row.kind], row.pk)
+
+
+def cursor_encode(key: SortKey) -> str:
+    return ".".join(str(part) for part in key)
+
+
+def cursor_decode(text: str) -> SortKey:
+    parts = text.split(".")
+    if len(parts) != 5 or not all(part.lstrip("-").isdigit() and len(part) < 20 for part in parts):
+        raise BadCursor("after: not a page of this queue (use the queue's own Next link)")
+    a, b, c, d, e = (int(part) for part in parts)
+    return (a, b, c, d, e)
+
+
 @dataclass(frozen=True)
 class Queue:
     rows: list[QueueRow]
@@ -238,10 +267,23 @@ class Queue:
     members: list[Any]
     owners_only: bool
     refresh_seconds: int = 5
+    # The cursor this page starts after ("" for the first page), and the next page's, if any.
+    after: str = ""
+    next_after: str = ""
+    # How many rows come before this page (its first row is number position + 1).
+    position: int = 0
 
     @property
     def truncated(self) -> bool:
         return self.total > len(self.rows)
+
+    @property
+    def first_number(self) -> int:
+        return self.position + 1
+
+    @property
+    def last_number(self) -> int:
+        return self.position + len(self.rows)
 
 
 def queue_actions_queryset(*, now: datetime) -> QuerySet[Action]:
@@ -395,8 +437,21 @@ def _owner_filter(filters: QueueFilters, user: Any) -> Q | None:
     return combined
 
 
-def review_queue_get(*, user: Any, filters: QueueFilters | None = None, now: datetime | None = None) -> Queue:
-    """Every item that needs finance, most urgent first: overdue ones, then by state, oldest first."""
+def review_queue_get(
+    *,
+    user: Any,
+    filters: QueueFilters | None = None,
+    now: datetime | None = None,
+    after: str = "",
+    page_size: int | None = None,
+) -> Queue:
+    """Every item that needs finance, most urgent first: overdue ones, then by state, oldest first;
+    one page of them, starting after the cursor ``after``. Raises BadCursor.
+
+    The sort key is worked out for every open item (a few columns each, no attempt bodies);
+    only the page's rows get their latest attempt read."""
+    after_key = cursor_decode(after) if after else None
+    page_size = page_size or QUEUE_PAGE_SIZE
     now = now or timezone.now()
     filters = filters or QueueFilters()
     owner_q = _owner_filter(filters, user)
@@ -412,10 +467,8 @@ def review_queue_get(*, user: Any, filters: QueueFilters | None = None, now: dat
             actions = actions.filter(status=state)
         if owner_q is not None:
             actions = actions.filter(owner_q)
-        action_list = list(actions)
-        attempt_pks = [pk for pk in (getattr(a, "latest_attempt_pk", None) for a in action_list) if pk]
-        attempts = Attempt.objects.in_bulk(attempt_pks) if attempt_pks else {}
-        rows.extend(_action_row(action, attempts, user=user, now=now) for action in action_list)
+        # Rows without their last answer: it is read below for the page's rows only.
+        rows.extend(_action_row(action, {}, user=user, now=now) for action in actions)
 
     follow_up_states = [state] if state and state not in ACTION_STATES else None
     if want in ("", ItemKind.REMEDY) and (not state or state not in ACTION_STATES):
@@ -435,13 +488,35 @@ def review_queue_get(*, user: Any, filters: QueueFilters | None = None, now: dat
 
     if filters.overdue:
         rows = [row for row in rows if row.overdue]
-    rows.sort(key=lambda row: (not row.overdue, row.rank, row.since, row.pk))
+    keyed = sorted(((row_sort_key(row), row) for row in rows), key=lambda pair: pair[0])
+    position = 0
+    if after_key is not None:
+        position = sum(1 for key, _ in keyed if key <= after_key)
+    page = keyed[position : position + page_size]
+    has_more = position + page_size < len(keyed)
+    page_rows = [row for _, row in page]
+    attempt_pks = [
+        pk
+        for pk in (getattr(row.item, "latest_attempt_pk", None) for row in page_rows if row.kind == ItemKind.ACTION)
+        if pk
+    ]
+    if attempt_pks:
+        attempts = Attempt.objects.in_bulk(attempt_pks)
+        page_rows = [
+            replace(row, last_answer=attempt_summary(attempts.get(row.item.latest_attempt_pk)))
+            if row.kind == ItemKind.ACTION and getattr(row.item, "latest_attempt_pk", None)
+            else row
+            for row in page_rows
+        ]
     return Queue(
-        rows=rows[:QUEUE_MAX_ROWS],
-        total=len(rows),
+        rows=page_rows,
+        total=len(keyed),
         filters=filters,
         members=finance_members(),
         owners_only=owners_only(),
+        after=after,
+        next_after=cursor_encode(page[-1][0]) if has_more and page else "",
+        position=position,
     )
 
 

@@ -35,9 +35,11 @@ from actions.models import Action, Discrepancy, Remedy
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from actions.review_selectors import (
     STATE_CHOICES,
+    BadCursor,
     ItemKind,
     QueueFilters,
     attempt_summary,
+    cursor_decode,
     follow_up_detail_get,
     may_view_review,
     review_action_detail_get,
@@ -138,8 +140,8 @@ def _notice(level: str, text: str, status: int) -> dict[str, Any]:
 # --- the queue ---------------------------------------------------------------------------------
 
 
-def _queue_context(request: HttpRequest, filters: QueueFilters, **extra: Any) -> dict[str, Any]:
-    return _context(queue=review_queue_get(user=request.user, filters=filters), **extra)
+def _queue_context(request: HttpRequest, filters: QueueFilters, after: str = "", **extra: Any) -> dict[str, Any]:
+    return _context(queue=review_queue_get(user=request.user, filters=filters, after=after), **extra)
 
 
 @require_safe
@@ -147,10 +149,17 @@ def _queue_context(request: HttpRequest, filters: QueueFilters, **extra: Any) ->
 def queue(request: HtmxHttpRequest) -> HttpResponse:
     _require_view(request)
     filters, problem = _filters(request.GET)
+    after = request.GET.get("after", "")
+    try:
+        cursor_decode(after) if after else None
+    except BadCursor as bad:
+        # A mangled page link shows the first page and says so, never an error page.
+        after = ""
+        problem = f"{problem} {bad}.".strip() if problem else f"That page was ignored. {bad}."
     notice = _notice("error", problem, 400) if problem else None
     template = "actions/_queue_table.html" if request.htmx else "actions/queue.html"
     response = render(
-        request, template, _queue_context(request, filters, notice=notice), status=400 if problem else 200
+        request, template, _queue_context(request, filters, after, notice=notice), status=400 if problem else 200
     )
     if request.htmx.trigger == "queue-filters":
         # The filters changed: put them in the address bar (without empty ones), so a reload,

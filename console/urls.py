@@ -4,8 +4,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from actions import order_views, webhook_views
 from actions import views as actions_views
-from actions import webhook_views
 from console import account, metrics, views
 
 urlpatterns = [
@@ -29,6 +29,8 @@ urlpatterns = [
     ),
     path("approvals/", include("approvals.urls")),
     path("review/", include("actions.urls")),
+    path("search", order_views.search_view, name="search"),
+    path("orders/<int:pk>", order_views.order_detail, name="order-detail"),
     path("kinds/", actions_views.kinds, name="kinds"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("actions.api.urls")),

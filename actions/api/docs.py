@@ -42,6 +42,9 @@ table { border-collapse: collapse; width: 100%; margin: .5rem 0; }
 td, th { border: 1px solid #ddd; padding: .3rem .5rem; text-align: left; vertical-align: top; }
 pre { background: #f6f8fa; padding: .75rem; overflow-x: auto; font-size: 13px; }
 code { font-family: ui-monospace, monospace; } .muted { color: #666; } .desc { white-space: pre-line; }
+/* A phone: long paths and schema names wrap, and a wide table scrolls inside itself, never the page. */
+body { overflow-wrap: anywhere; }
+@media (max-width: 640px) { body { padding: 1rem .75rem 3rem; } table { display: block; overflow-x: auto; } }
 </style>
 </head>
 <body>

@@ -648,3 +648,18 @@ def test_finance_staff_cannot_reassign_in_the_admin(client: Client, agent_actor:
 
     discrepancy.refresh_from_db()
     assert discrepancy.owner is None
+
+
+def test_the_action_page_is_titled_for_the_action_and_its_corrections_are_the_main_buttons(
+    admin_client: Client, agent_actor: Actor
+) -> None:
+    """Every field is read-only, so the page is not "Change action": it names the action and its
+    state, and the corrections are buttons at the top of the form, not only small links."""
+    action = refund_of(agent_actor)
+    assert action.status == S.PROPOSED
+    page = admin_client.get(change_url(action)).content.decode()
+    assert "Change action" not in page
+    assert f"<title>Action {action.action_id} · Proposed" in page
+    button = r'<a class="button default" href="[^"]+/transition/cancel/" data-correction-button="cancel">'
+    assert re.search(button, page)
+    assert set(re.findall(r'data-correction-button="([a-z_]+)"', page)) == offered(admin_client, action)

@@ -187,7 +187,7 @@ def test_each_row_shows_owner_age_due_amount_order_attempts_last_answer_and_next
     order = Order.objects.get(actions=lost)
     assert "unassigned" in row
     assert '<span class="money">20.00 EUR</span>' in row
-    assert f"{order.number}<br>" in row and order.customer_name in row
+    assert f'<a href="/orders/{order.pk}">{order.number}</a><br>' in row and order.customer_name in row
     assert "1 sent" in row and "0 lookups" in row
     assert "AmbiguousError: read timed out (connection_error)" in row
     assert re.search(r"<time [^>]*>in \d+.seconds?</time>|<time [^>]*>now</time>", row), "next reconciliation is shown"

@@ -6,6 +6,7 @@ A marker set on ``window`` before the clicks would be lost by any navigation.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -127,7 +128,11 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
         page.screenshot(path=str(screenshot_dir / "manager-inbox.png"), full_page=True)
 
         # The approved proposal's page shows the decision and its audit trail.
-        approve_row.get_by_role("link", name=f"Order {approved_order_number}").click()
+        # "Order N" opens the order page; the request's own link opens the proposal.
+        expect(approve_row.get_by_role("link", name=f"Order {approved_order_number}")).to_have_attribute(
+            "href", re.compile(r"^/orders/\d+$")
+        )
+        approve_row.get_by_role("link", name=re.compile(r"^refund request \d+$")).click()
         page.wait_for_url(f"{live_server.url}/approvals/{to_approve.pk}/")
         expect(page.locator("#trail-heading + .trail")).to_contain_text("Photos check out.")
         page.screenshot(path=str(screenshot_dir / "manager-detail.png"), full_page=True)
