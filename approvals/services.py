@@ -299,6 +299,11 @@ def rejection_request(
             )
         if not has_transition_perm(action.reject, user):
             raise DecisionRefused("Only managers may approve or reject proposals.", code="not_a_manager")
+        # Whoever may not approve it under four eyes may not reject it either: the card shows
+        # both buttons disabled for them, and the rule says the same.
+        four_eyes = four_eyes_refusal(action=action, user=user)
+        if four_eyes is not None:
+            raise DecisionRefused(four_eyes.replace("approve", "decide"), code="four_eyes")
         if PendingRejection.objects.filter(action=action).exists():
             raise DecisionRefused(
                 f"A rejection of {action.action_id} is already about to take effect.",

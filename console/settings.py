@@ -100,6 +100,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Each person's own time zone (console.timezones), for every page after this point.
+    "console.timezones.UserTimeZoneMiddleware",
     # Ends sessions older than SESSION_MAX_AGE_SECONDS before any view sees the user.
     "console.middleware.SessionExpiryMiddleware",
     "django_otp.middleware.OTPMiddleware",
