@@ -9,6 +9,7 @@ from __future__ import annotations
 import zoneinfo
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -35,6 +36,14 @@ def user_time_zone_get(request: HttpRequest) -> str:
         name = stored or settings.TIME_ZONE
         request.session[SESSION_KEY] = name
     return str(name)
+
+
+def time_zone_remember(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
+    """At login, keep the person's zone in the new session: no page reads it again."""
+    if request is None or not hasattr(request, "session"):
+        return
+    stored = UserSettings.objects.filter(user=user).values_list("time_zone", flat=True).first()
+    request.session[SESSION_KEY] = stored or settings.TIME_ZONE
 
 
 def user_time_zone_set(*, request: HttpRequest, name: str) -> UserSettings:
