@@ -69,11 +69,12 @@ def refund_history_map(actions: list[Action], *, now: datetime | None = None) ->
     emails = {a.order.customer_email for a in actions if a.order is not None and a.order.customer_email}
     if not emails:
         return {}
+    window_start = now - timedelta(days=REFUND_HISTORY_DAYS)
     counts = dict(
         Action.objects.filter(
             order__customer_email__in=emails,
             status=S.SUCCEEDED,
-            status_changed_at__gte=now - timedelta(days=REFUND_HISTORY_DAYS),
+            status_changed_at__gte=window_start,
         )
         .exclude(order__isnull=True)
         .values_list("order__customer_email")
@@ -85,6 +86,8 @@ def refund_history_map(actions: list[Action], *, now: datetime | None = None) ->
         if action.order is None or not action.order.customer_email:
             continue
         before = counts.get(action.order.customer_email, 0)
+        if action.status == S.SUCCEEDED and action.status_changed_at and action.status_changed_at >= window_start:
+            before -= 1  # its own refund is not one "before" it
         if before == 0:
             found[action.pk] = f"First refund for this customer in {REFUND_HISTORY_DAYS} days."
         else:
