@@ -357,8 +357,10 @@ def _key_filter(keys: list[str]) -> Q:
         prefix, _, number = key.partition("-")
         if prefix in by_prefix and number.isdigit():
             by_prefix[prefix].append(int(number))
-    return Q(order_id__in=by_prefix["order"]) | Q(bill_id__in=by_prefix["bill"]) | Q(
-        pk__in=by_prefix["action"], order__isnull=True, bill__isnull=True
+    return (
+        Q(order_id__in=by_prefix["order"])
+        | Q(bill_id__in=by_prefix["bill"])
+        | Q(pk__in=by_prefix["action"], order__isnull=True, bill__isnull=True)
     )
 
 
