@@ -64,7 +64,7 @@ def test_a_separate_approval_racing_a_group_makes_one_side_stale_never_a_mix(
 
         run_at_once(
             *[(lambda pk=m.pk: submission_begin(action_pk=pk)) for m in members],
-            lambda: submission_begin(action_pk=separate.pk),
+            lambda pk=separate.pk: submission_begin(action_pk=pk),
         )
 
         group_statuses = set(Action.objects.filter(pk__in=[m.pk for m in members]).values_list("status", flat=True))
