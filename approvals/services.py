@@ -344,6 +344,10 @@ def rejection_commit(*, action_pk: int, now: datetime | None = None) -> Approval
     """Turn a pending rejection into the decision, once its window has passed; None when there
     is nothing due (undone, already committed, or still inside the window)."""
     now = now or timezone.now()
+    # Pages poll this for actions on their way: without a due rejection, take no row lock (the
+    # worker's claim holds the action's row for a moment, and a poll must not queue behind it).
+    if not PendingRejection.objects.filter(action_id=action_pk, commit_at__lte=now).exists():
+        return None
     with transaction.atomic(durable=True):
         action = Action.objects.select_for_update(of=("self",)).select_related("order").filter(pk=action_pk).first()
         if action is None:
