@@ -62,10 +62,8 @@ def test_a_separate_approval_racing_a_group_makes_one_side_stale_never_a_mix(
         approval_decide_group(action_pks=[m.pk for m in members], user=manager)
         approval_decide(action_pk=separate.pk, user=second_manager, decision="approve")
 
-        run_at_once(
-            *[(lambda pk=m.pk: submission_begin(action_pk=pk)) for m in members],
-            lambda pk=separate.pk: submission_begin(action_pk=pk),
-        )
+        claimers = [m.pk for m in members] + [separate.pk]
+        run_at_once(*[(lambda pk=pk: submission_begin(action_pk=pk)) for pk in claimers])
 
         group_statuses = set(Action.objects.filter(pk__in=[m.pk for m in members]).values_list("status", flat=True))
         separate_status = Action.objects.get(pk=separate.pk).status
