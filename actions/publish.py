@@ -13,6 +13,7 @@ from console.celery import app
 
 DISPATCH_TASK = "actions.tasks.dispatch"
 RECONCILE_TASK = "actions.tasks.reconcile"
+REJECTION_COMMIT_TASK = "actions.tasks.rejection_commit"
 
 
 def dispatch_enqueue(action_pk: int) -> None:
@@ -31,3 +32,9 @@ def reconcile_enqueue_on_commit(action_pk: int) -> None:
     """Publish a reconciliation once the change that made the action due is committed; a publish
     lost on the way is picked up by the reconciliation sweep, which finds it due."""
     transaction.on_commit(lambda: app.send_task(RECONCILE_TASK, args=(action_pk, None)))
+
+
+def rejection_commit_enqueue(action_pk: int, countdown: int) -> None:
+    """Publish the commit of a pending rejection for the end of its undo window. A publish lost
+    on the way is picked up by the pages and the beat, which commit every due rejection."""
+    app.send_task(REJECTION_COMMIT_TASK, args=(action_pk,), countdown=countdown)

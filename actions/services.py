@@ -383,6 +383,12 @@ def proposal_record(
     except IntegrityError:
         winner = Action.objects.get(action_id=action.action_id)
         return _existing_or_conflict(winner, action.payload, action.payload_hash)
+    if abs(action.created_at - now) > timedelta(seconds=1):
+        # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded with
+        # its own time (an import, the demo's history) would show "a minute ago" on its card
+        # and "2 days ago" in its trail. The card and the trail read the same time.
+        Action.objects.filter(pk=action.pk).update(created_at=now)
+        action.created_at = now
 
     event_record(
         action=action,

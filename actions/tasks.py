@@ -16,6 +16,8 @@ from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
 from actions.housekeeping import attempts_prune_bodies
+from approvals.services import rejection_commit as rejection_commit_run
+from approvals.services import rejections_commit_due
 
 
 @shared_task(name="actions.tasks.dispatch")
@@ -61,3 +63,14 @@ def ledger_audit() -> int:
 @shared_task(name="actions.tasks.housekeeping_prune_attempt_bodies")
 def housekeeping_prune_attempt_bodies() -> int:
     return attempts_prune_bodies().pruned
+
+
+@shared_task(name="actions.tasks.rejection_commit")
+def rejection_commit(action_pk: int) -> bool:
+    """A pending rejection's undo window has passed: commit it (a no-op if it was undone)."""
+    return rejection_commit_run(action_pk=action_pk) is not None
+
+
+@shared_task(name="actions.tasks.sweep_rejections")
+def sweep_rejections() -> int:
+    return rejections_commit_due()

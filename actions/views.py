@@ -32,6 +32,7 @@ from actions.engine.resolutions import ReviewRefused
 from actions.finance import REMEDY_CHOICES
 from actions.kind_selectors import kind_cards
 from actions.models import Action, Discrepancy, Remedy
+from actions.plain import without_status_codes
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from actions.review_selectors import (
     STATE_CHOICES,
@@ -133,6 +134,16 @@ def _safe_next(request: HttpRequest, default: str) -> str:
     return default
 
 
+def _form_name(request: HttpRequest) -> str:
+    """Which of the detail page's forms was sent (the names _form_notice.html is given)."""
+    match = request.resolver_match
+    name = match.url_name if match is not None else ""
+    if name == "review-action-resolve":
+        resolution = request.POST.get("resolution", "")
+        return f"resolve-{resolution}" if resolution in ("succeeded", "resend", "retry", "failed") else ""
+    return {"review-action-lookup": "lookup", "review-action-escalate": "escalate"}.get(name or "", "")
+
+
 def _notice(level: str, text: str, status: int) -> dict[str, Any]:
     return {"level": level, "text": text, "status": status}
 
@@ -196,7 +207,11 @@ def _answer(
     request: HtmxHttpRequest, *, origin: str, kind: str, pk: int, level: str, text: str, status: int
 ) -> HttpResponse:
     """Show the outcome where the form was: the queue's table, an action's detail, or a follow-up."""
-    notice = _notice(level, text, status)
+    notice = _notice(level, without_status_codes(text), status)
+    if level == "error":
+        # A refusal is shown beside the form that was sent, where the person is looking; a
+        # success changes the page, and is said at its top.
+        notice["form"] = _form_name(request)
     if origin == "queue":
         if request.htmx:
             filters, _ = _filters(request.POST)

@@ -31,9 +31,53 @@ class Decision(models.TextChoices):
     REJECT = "reject", "Rejected"
 
 
+class RejectionReason(models.TextChoices):
+    """Why a manager said no, as the picker offers it; the note adds the detail."""
+
+    NOT_ENOUGH_EVIDENCE = "not_enough_evidence", "Not enough evidence"
+    DUPLICATE = "duplicate", "Duplicate of another request"
+    WRONG_AMOUNT = "wrong_amount", "The amount is wrong"
+    NOT_ELIGIBLE = "not_eligible", "The customer is not eligible"
+    AGAINST_POLICY = "against_policy", "Against our policy"
+    OTHER = "other", "Other (say why in the note)"
+
+
 class ApprovalPolicy(models.TextChoices):
     MANAGER = "manager", "Manager's decision"
     AUTO = "auto_threshold", "Auto-approval below threshold"
+
+
+class ApprovalGroup(models.Model):
+    """One decision that approves several proposals on one target (an order, a bill) together.
+
+    Every member's approval binds the target's version the manager saw (``approved_version``).
+    The members then reserve one after another, and each reservation raises the target's
+    version by one; ``next_version`` is the version the next member's reservation expects, and
+    advances in the same transaction as each sibling's reservation (actions.engine.claim). So a
+    member goes stale when anything other than its own siblings changed the target, and never
+    because a sibling reserved first (DESIGN.md section 5).
+    """
+
+    approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="approval_groups")
+    decided_at = models.DateTimeField()
+    approved_version = models.PositiveIntegerField()
+    next_version = models.PositiveIntegerField()
+    size = models.PositiveSmallIntegerField(help_text="How many proposals the decision approved.")
+    total_amount = models.DecimalField(max_digits=14, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-decided_at"]
+        constraints = [
+            # The chain only moves forward, from the version the manager saw.
+            models.CheckConstraint(
+                condition=Q(next_version__gte=models.F("approved_version")), name="approval_group_version_forward"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"group decision {self.pk}: {self.total_amount} {self.currency}"
 
 
 class Approval(models.Model):
@@ -62,10 +106,18 @@ class Approval(models.Model):
     currency = models.CharField(max_length=3)
     payload_hash = models.CharField(max_length=80)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Set when this approval was one of several given together (see ApprovalGroup).
+    group = models.ForeignKey(ApprovalGroup, on_delete=models.PROTECT, null=True, blank=True, related_name="approvals")
+    # A rejection's reason from the picker (blank on approvals and on older rejections).
+    reason_code = models.CharField(max_length=32, choices=RejectionReason.choices, blank=True)
 
     class Meta:
         ordering = ["-decided_at"]
-        indexes = [models.Index(fields=["action", "decided_at"], name="approval_action_idx")]
+        indexes = [
+            models.Index(fields=["action", "decided_at"], name="approval_action_idx"),
+            # The manager's "Decided" tab: her decisions, newest first.
+            models.Index(fields=["approver", "decided_at"], name="approval_approver_idx"),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(decision="reject") | Q(expires_at__isnull=False),
@@ -134,3 +186,24 @@ class AutoApprovalCap(models.Model):
     def __str__(self) -> str:
         count = f", {self.max_count} actions" if self.max_count is not None else ""
         return f"{self.get_scope_display()}: {self.max_amount} {self.currency}{count} per {self.window_hours} h"
+
+
+class PendingRejection(models.Model):
+    """A rejection a manager asked for that commits once its undo window has passed.
+
+    The action stays PROPOSED (nothing is dispatched from PROPOSED) and nobody may approve it
+    while the row exists. ``approvals.services.rejection_commit`` and ``rejection_undo`` both
+    lock the action's row and then delete this row, so exactly one of them wins: a rejection
+    is never lost (the row is durable, and every reader commits the due ones) and never doubled
+    (the commit is a transition from PROPOSED, done once).
+    """
+
+    action = models.OneToOneField("actions.Action", on_delete=models.CASCADE, related_name="pending_rejection")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    reason_code = models.CharField(max_length=32, choices=RejectionReason.choices)
+    note = models.TextField(blank=True)
+    requested_at = models.DateTimeField()
+    commit_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"rejection of {self.action_id} pending until {self.commit_at:%H:%M:%S}"

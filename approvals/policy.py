@@ -18,7 +18,7 @@ from actions.models import Action, ActionStatus
 from actions.publish import dispatch_enqueue_on_commit
 from actions.trail import Actor, action_transition
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal, auto_approval_held_record
-from approvals.models import Approval, ApprovalPolicy, Decision
+from approvals.models import Approval, ApprovalGroup, ApprovalPolicy, Decision
 
 S = ActionStatus
 
@@ -43,6 +43,7 @@ def approval_record(
     note: str,
     now: datetime,
     actor: Actor,
+    group: ApprovalGroup | None = None,
 ) -> Approval:
     """PROPOSED -> AUTHORIZED with an approval bound to the action and its target as they are now.
 
@@ -60,6 +61,7 @@ def approval_record(
         note=note,
         decided_at=now,
         expires_at=expires_at,
+        group=group,
         **binding,
     )
     action_transition(
@@ -77,6 +79,7 @@ def approval_record(
                 "payload_hash": action.payload_hash,
             },
             "expires_at": expires_at.isoformat(),
+            **({"group_id": group.pk, "group_size": group.size} if group is not None else {}),
         },
         now=now,
     )
@@ -160,3 +163,32 @@ def approval_redecide_by_policy(*, action: Action, now: datetime) -> Approval | 
         now=now,
     )
     return approval_apply_auto_policy(action=action, now=now)
+
+
+# --- grouped decisions: the version chain -------------------------------------------------------
+
+
+def group_chain_version(approval: Approval) -> int | None:
+    """The target version this approval's reservation must find.
+
+    A lone approval: the version the manager saw. A member of a grouped decision: the version
+    its group has reached, read under the group's row lock so that siblings reserve one at a
+    time; the lock is held until the caller's transaction ends.
+    """
+    if approval.group_id is None:
+        return approval.order_version
+    group = ApprovalGroup.objects.select_for_update().get(pk=approval.group_id)
+    return group.next_version
+
+
+def group_chain_advance(approval: Approval, *, reserved_at: int | None) -> None:
+    """After a member reserved at ``reserved_at`` (which raised the target's version by one), the
+    next sibling expects the version after it. Runs in the reservation's transaction, so a
+    rollback of the reservation rolls this back too."""
+    if approval.group_id is None or reserved_at is None:
+        return
+    advanced = ApprovalGroup.objects.filter(pk=approval.group_id, next_version=reserved_at).update(
+        next_version=reserved_at + 1
+    )
+    # The group's row is locked by group_chain_version in this transaction: nobody else moved it.
+    assert advanced == 1, "the group's version chain moved under its lock"

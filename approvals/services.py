@@ -7,20 +7,31 @@ transaction that reserves and moves the action to SUBMITTING (DESIGN.md section 
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django_fsm import has_transition_perm
 
+from actions import publish
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
 from actions.refusals import Refused
 from actions.trail import Actor, action_transition
 from approvals.four_eyes import four_eyes_refusal
-from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
+from approvals.models import (
+    Approval,
+    ApprovalGroup,
+    ApprovalLimit,
+    ApprovalPolicy,
+    Decision,
+    PendingRejection,
+    RejectionReason,
+)
 from approvals.policy import approval_binding, approval_record
 
 S = ActionStatus
@@ -73,7 +84,13 @@ def approval_refusal_reason(*, action: Action, user: Any, limit: Decimal | None)
 
 
 def approval_decide(
-    *, action_pk: int, user: Any, decision: str, note: str = "", now: datetime | None = None
+    *,
+    action_pk: int,
+    user: Any,
+    decision: str,
+    note: str = "",
+    reason_code: str = "",
+    now: datetime | None = None,
 ) -> Approval:
     """A manager approves or rejects a proposal. Raises DecisionRefused with a clear message."""
     now = now or timezone.now()
@@ -91,6 +108,13 @@ def approval_decide(
                 status=409,
             )
         actor = Actor.for_user(user)
+        pending = PendingRejection.objects.filter(action=action).first()
+        if pending is not None:
+            raise DecisionRefused(
+                f"A rejection of {action.action_id} is about to take effect; undo it first to decide otherwise.",
+                code="rejection_pending",
+                status=409,
+            )
         if decision == Decision.APPROVE:
             refusal = approval_refusal_reason(
                 action=action, user=user, limit=approval_limit_for(user=user, currency=action.currency)
@@ -109,26 +133,244 @@ def approval_decide(
             )
         if not has_transition_perm(action.reject, user):
             raise DecisionRefused("Only managers may approve or reject proposals.", code="not_a_manager")
-        approval = Approval.objects.create(
-            action=action,
+        return _rejection_record(action=action, user=user, reason_code=reason_code, note=note, now=now)
+
+
+def _rejection_record(*, action: Action, user: Any, reason_code: str, note: str, now: datetime) -> Approval:
+    """PROPOSED -> REJECTED with the decision recorded; inside the caller's transaction, with
+    the action's row locked by the caller."""
+    if reason_code and reason_code not in RejectionReason.values:
+        raise DecisionRefused(f"Unknown rejection reason {reason_code!r}.", code="invalid_reason", status=400)
+    label = RejectionReason(reason_code).label if reason_code else ""
+    reason = ". ".join(part for part in (label, note) if part) or "Rejected by a manager."
+    approval = Approval.objects.create(
+        action=action,
+        approver=user,
+        decided_by_label=user.get_username(),
+        policy=ApprovalPolicy.MANAGER,
+        decision=Decision.REJECT,
+        note=note,
+        reason_code=reason_code,
+        decided_at=now,
+        **approval_binding(action),
+    )
+    action_transition(
+        action=action,
+        transition="reject",
+        actor=Actor.for_user(user),
+        reason=reason,
+        evidence={"approval_id": approval.pk, "reason_code": reason_code},
+        now=now,
+        note=reason,
+    )
+    return approval
+
+
+# --- several proposals on one target as one decision ------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    group: ApprovalGroup
+    approvals: list[Approval]
+
+
+def approval_decide_group(
+    *, action_pks: list[int], user: Any, note: str = "", now: datetime | None = None
+) -> GroupDecision:
+    """Approve several proposals on one target (an order, a bill) as ONE decision.
+
+    Every member passes the same checks as a lone approval (four eyes, the manager's limit, the
+    target's balance), and together their sum must fit both the target's balance and the
+    manager's limit. They are bound to the target's version as the manager saw it; the group's
+    version chain (ApprovalGroup) lets each reserve after its siblings without going stale.
+    All or nothing: one refusal refuses the whole decision and writes nothing.
+    """
+    now = now or timezone.now()
+    pks = sorted(set(action_pks))
+    if len(pks) < 2:
+        raise DecisionRefused("Choose at least two proposals to approve together.", code="group_too_small", status=400)
+    with transaction.atomic(durable=True):
+        # Locked in pk order, so two group decisions over the same proposals cannot deadlock.
+        actions = list(
+            Action.objects.select_for_update(of=("self",))
+            .select_related("order", "bill", "proposed_by_agent")
+            .filter(pk__in=pks)
+            .order_by("pk")
+        )
+        if len(actions) != len(pks):
+            raise Action.DoesNotExist("One of the proposals does not exist.")
+        first = actions[0]
+        kind = kind_for(first.kind)
+        targets = {(a.kind, a.order_id, a.bill_id, a.currency) for a in actions}
+        if len(targets) != 1 or kind.target_version(first) is None:
+            raise DecisionRefused(
+                "Proposals can be approved together only when they are of one kind, on the same order or bill, "
+                "in one currency.",
+                code="group_mixed_targets",
+                status=400,
+            )
+        busy = [a.action_id for a in actions if a.status != S.PROPOSED]
+        if busy:
+            raise DecisionRefused(
+                f"{', '.join(busy)} no longer waiting for a decision.", code="not_waiting", status=409
+            )
+        if PendingRejection.objects.filter(action__in=actions).exists():
+            raise DecisionRefused(
+                "One of these proposals is about to be rejected; undo that rejection first.",
+                code="rejection_pending",
+                status=409,
+            )
+        limit = approval_limit_for(user=user, currency=first.currency)
+        for action in actions:
+            refusal = approval_refusal_reason(action=action, user=user, limit=limit)
+            if refusal is not None:
+                raise DecisionRefused(f"{action.action_id}: {refusal[1]}", code=refusal[0])
+        total = sum((a.amount for a in actions), Decimal("0"))
+        assert limit is not None  # approval_refusal_reason refuses a money kind without a limit
+        if total > limit:
+            raise DecisionRefused(
+                f"Together these come to {total} {first.currency}, above your approval limit of "
+                f"{limit} {first.currency}.",
+                code="over_limit",
+            )
+        balance = kind.target_balance(first)
+        if balance is not None and total > balance[1]:
+            raise DecisionRefused(
+                f"Together these come to {total} {first.currency}, more than {balance[0]} of "
+                f"{balance[1]} {first.currency}.",
+                code="over_refundable_balance",
+            )
+        version = kind.target_version(first)
+        assert version is not None
+        group = ApprovalGroup.objects.create(
             approver=user,
-            decided_by_label=user.get_username(),
-            policy=ApprovalPolicy.MANAGER,
-            decision=Decision.REJECT,
-            note=note,
             decided_at=now,
-            **approval_binding(action),
+            approved_version=version,
+            next_version=version,
+            size=len(actions),
+            total_amount=total,
+            currency=first.currency,
+            note=note,
         )
-        action_transition(
+        approvals = [
+            approval_record(
+                action=action,
+                approver=user,
+                label=user.get_username(),
+                policy=ApprovalPolicy.MANAGER,
+                policy_detail={"group_id": group.pk},
+                note=note or f"Approved together with {len(actions) - 1} other proposal(s) on the same target.",
+                now=now,
+                actor=Actor.for_user(user),
+                group=group,
+            )
+            for action in actions
+        ]
+    return GroupDecision(group=group, approvals=approvals)
+
+
+# --- a rejection with an undo window ----------------------------------------------------------
+
+
+def rejection_request(
+    *, action_pk: int, user: Any, reason_code: str, note: str = "", now: datetime | None = None
+) -> PendingRejection:
+    """Ask for a rejection that takes effect after ``REJECTION_UNDO_SECONDS``.
+
+    Nothing about the action changes yet; while the rejection is pending nobody may approve it.
+    The commit is published for the end of the window, and every page that lists proposals
+    commits the due ones first, so a lost message delays a rejection but never loses it.
+    """
+    now = now or timezone.now()
+    if reason_code not in RejectionReason.values:
+        raise DecisionRefused("Choose a reason for the rejection.", code="invalid_reason", status=400)
+    if reason_code == RejectionReason.OTHER and not note.strip():
+        raise DecisionRefused(
+            "Say in the note why you reject it, since the reason is 'Other'.", code="note_required", status=400
+        )
+    with transaction.atomic(durable=True):
+        action = Action.objects.select_for_update(of=("self",)).get(pk=action_pk)
+        if action.status != S.PROPOSED:
+            raise DecisionRefused(
+                f"{action.action_id} is {action.get_status_display().lower()} now, no longer waiting for a decision.",
+                code="not_waiting",
+                status=409,
+            )
+        if not has_transition_perm(action.reject, user):
+            raise DecisionRefused("Only managers may approve or reject proposals.", code="not_a_manager")
+        # Whoever may not approve it under four eyes may not reject it either: the card shows
+        # both buttons disabled for them, and the rule says the same.
+        four_eyes = four_eyes_refusal(action=action, user=user)
+        if four_eyes is not None:
+            raise DecisionRefused(four_eyes.replace("approve", "decide"), code="four_eyes")
+        if PendingRejection.objects.filter(action=action).exists():
+            raise DecisionRefused(
+                f"A rejection of {action.action_id} is already about to take effect.",
+                code="rejection_pending",
+                status=409,
+            )
+        pending = PendingRejection.objects.create(
             action=action,
-            transition="reject",
-            actor=actor,
-            reason=note or "Rejected by a manager.",
-            evidence={"approval_id": approval.pk},
-            now=now,
-            note=note or "Rejected by a manager.",
+            requested_by=user,
+            reason_code=reason_code,
+            note=note,
+            requested_at=now,
+            commit_at=now + timedelta(seconds=settings.REJECTION_UNDO_SECONDS),
         )
-        return approval
+        # Looked up at commit time, so a test's replacement is the one called.
+        transaction.on_commit(lambda: publish.rejection_commit_enqueue(action.pk, settings.REJECTION_UNDO_SECONDS))
+    return pending
+
+
+def rejection_undo(*, action_pk: int, user: Any) -> Action:
+    """Withdraw a pending rejection before it takes effect. The proposal waits again, unchanged."""
+    with transaction.atomic(durable=True):
+        action = Action.objects.select_for_update(of=("self",)).get(pk=action_pk)
+        pending = PendingRejection.objects.filter(action=action).first()
+        if pending is None:
+            raise DecisionRefused(
+                f"There is no rejection of {action.action_id} to undo: it has already taken effect.",
+                code="nothing_to_undo",
+                status=409,
+            )
+        if pending.requested_by_id != user.pk:
+            raise DecisionRefused("Only the manager who rejected it may undo the rejection.", code="not_yours")
+        pending.delete()
+    return action
+
+
+def rejection_commit(*, action_pk: int, now: datetime | None = None) -> Approval | None:
+    """Turn a pending rejection into the decision, once its window has passed; None when there
+    is nothing due (undone, already committed, or still inside the window)."""
+    now = now or timezone.now()
+    # Pages poll this for actions on their way: without a due rejection, take no row lock (the
+    # worker's claim holds the action's row for a moment, and a poll must not queue behind it).
+    if not PendingRejection.objects.filter(action_id=action_pk, commit_at__lte=now).exists():
+        return None
+    with transaction.atomic(durable=True):
+        action = Action.objects.select_for_update(of=("self",)).select_related("order").filter(pk=action_pk).first()
+        if action is None:
+            return None
+        pending = (
+            PendingRejection.objects.select_related("requested_by").filter(action=action, commit_at__lte=now).first()
+        )
+        if pending is None:
+            return None
+        pending.delete()
+        if action.status != S.PROPOSED:
+            return None  # nothing else can move a PROPOSED action with a pending rejection; defensive
+        return _rejection_record(
+            action=action, user=pending.requested_by, reason_code=pending.reason_code, note=pending.note, now=now
+        )
+
+
+def rejections_commit_due(*, now: datetime | None = None) -> int:
+    """Commit every pending rejection whose window has passed; the pages call this before
+    listing, and the beat runs it, so a lost or late task never leaves one hanging."""
+    now = now or timezone.now()
+    due = list(PendingRejection.objects.filter(commit_at__lte=now).values_list("action_id", flat=True))
+    return sum(1 for pk in due if rejection_commit(action_pk=pk, now=now) is not None)
 
 
 def action_reopen(*, action_pk: int, user: Any, note: str = "") -> Action:

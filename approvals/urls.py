@@ -9,4 +9,9 @@ urlpatterns = [
     path("<int:pk>/", views.detail, name="approvals-detail"),
     path("<int:pk>/decide", views.decide, name="approvals-decide"),
     path("<int:pk>/reopen", views.reopen, name="approvals-reopen"),
+    path("<int:pk>/undo-reject", views.undo_reject, name="approvals-undo-reject"),
+    path("<int:pk>/row", views.row, name="approvals-row"),
+    path("<int:pk>/outcome", views.outcome, name="approvals-outcome"),
+    path("decided/", views.decided, name="approvals-decided"),
+    path("approve-together", views.decide_group, name="approvals-decide-group"),
 ]

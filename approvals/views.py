@@ -8,27 +8,48 @@ the refusal's own status code (409 when the action moved on, 403 for a rule), ne
 
 from __future__ import annotations
 
+import json
 import time
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
-from django.utils.timesince import timeuntil
 from django.views.decorators.http import require_POST, require_safe
 from django_htmx.middleware import HtmxDetails
 
 from actions import permissions as perms
+from actions.kinds import kind_for
 from actions.models import Action
+from actions.models.actions import TERMINAL_STATUSES
+from actions.plain import without_status_codes
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
-from approvals.forms import DecisionForm, ReopenForm, form_problem
-from approvals.models import Decision
-from approvals.selectors import proposal_detail_get, proposal_inbox_get, proposal_row_get
-from approvals.services import DecisionRefused, action_reopen, approval_decide
+from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem
+from approvals.models import Decision, RejectionReason
+from approvals.selectors import (
+    action_outcome_get,
+    decided_list_get,
+    inbox_group_get,
+    proposal_detail_get,
+    proposal_inbox_get,
+    proposal_row_get,
+)
+from approvals.services import (
+    DecisionRefused,
+    action_reopen,
+    approval_decide,
+    approval_decide_group,
+    rejection_commit,
+    rejection_request,
+    rejection_undo,
+    rejections_commit_due,
+)
 from approvals.step_up import step_up_refusal, step_up_verified_at
 
 # The manager role is whoever holds this permission: the inbox, the detail page and the
@@ -42,14 +63,22 @@ class HtmxHttpRequest(HttpRequest):
 
 def _context(**extra: Any) -> dict[str, Any]:
     # Templates show money with the currency's own number of decimals (5,000 JPY, 12.50 EUR).
-    return {"zero_decimal_currencies": ZERO_DECIMAL_CURRENCIES, **extra}
+    return {
+        "zero_decimal_currencies": ZERO_DECIMAL_CURRENCIES,
+        "rejection_reasons": RejectionReason.choices,
+        "sort_choices": [("age", "Oldest first"), ("-age", "Newest first"), ("amount", "Largest amount first")],
+        **extra,
+    }
 
 
 @require_safe
 @login_required
 @permission_required(DECIDE_PERMISSION, raise_exception=True)
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
-    context = _context(inbox=proposal_inbox_get(user=request.user, kind=request.GET.get("kind", "")[:32]))
+    # Rejections whose undo window passed are committed before listing: a lost task never
+    # leaves one hanging where the manager looks.
+    rejections_commit_due()
+    context = _context(inbox=_inbox_get(request))
     template = "approvals/_inbox_lists.html" if request.htmx else "approvals/inbox.html"
     response = render(request, template, context)
     # The same address answers with the whole page or only its lists: a cache must tell them apart.
@@ -65,7 +94,9 @@ def detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         proposal = proposal_detail_get(action_pk=pk, user=request.user)
     except Action.DoesNotExist as missing:
         raise Http404("There is no such action.") from missing
-    return render(request, "approvals/detail.html", _context(detail=proposal, row=proposal.row))
+    rejection_commit(action_pk=pk)
+    _, steps = action_outcome_get(action_pk=pk, user=request.user)
+    return render(request, "approvals/detail.html", _context(detail=proposal, row=proposal.row, steps=steps))
 
 
 @require_POST
@@ -75,15 +106,16 @@ def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     form = DecisionForm(request.POST)
     if not form.is_valid():
         return _refused(request, pk, form_problem(form), status=400)
-    if form.cleaned_data["decision"] == Decision.APPROVE:
-        stepped_up = _require_step_up(request, pk)
-        if stepped_up is not None:
-            return stepped_up
+    if form.cleaned_data["decision"] == Decision.REJECT:
+        return _reject(request, pk, form)
+    stepped_up = _require_step_up(request, pk)
+    if stepped_up is not None:
+        return stepped_up
     try:
         approval = approval_decide(
             action_pk=pk,
             user=request.user,
-            decision=form.cleaned_data["decision"],
+            decision=Decision.APPROVE,
             note=form.cleaned_data["note"],
         )
     except Action.DoesNotExist as missing:
@@ -91,15 +123,182 @@ def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
     action = approval.action
-    if approval.decision == Decision.APPROVE:
-        assert approval.expires_at is not None
-        message = (
-            f"Approved {action.action_id} for {action.amount} {action.currency}. It is queued for submission; "
-            f"the approval holds for {timeuntil(approval.expires_at)}."
-        )
-    else:
-        message = f"Rejected {action.action_id}. Nothing will be sent to the payment provider."
+    assert approval.expires_at is not None
+    message = (
+        f"Approved {action.action_id} for {action.amount} {action.currency}. It is on its way to the "
+        f"{_receiver(action)}; this card shows the result as soon as it is known."
+    )
     return _done(request, pk, message)
+
+
+def _receiver(action: Action) -> str:
+    return kind_for(action.kind).contract().receiver
+
+
+def _reject(request: HtmxHttpRequest, pk: int, form: DecisionForm) -> HttpResponse:
+    """A rejection with its reason, committed after the undo window (approvals.services)."""
+    try:
+        pending = rejection_request(
+            action_pk=pk,
+            user=request.user,
+            reason_code=form.cleaned_data["reason_code"],
+            note=form.cleaned_data["note"],
+        )
+    except Action.DoesNotExist as missing:
+        raise Http404("There is no such action.") from missing
+    except DecisionRefused as refused:
+        return _refused(request, pk, str(refused), status=refused.status)
+    seconds = settings.REJECTION_UNDO_SECONDS
+    return _done(
+        request,
+        pk,
+        f"Rejecting {pending.action.action_id} ({pending.get_reason_code_display().lower()}). It takes effect in "
+        f"{seconds} seconds; until then you can undo it.",
+    )
+
+
+@require_POST
+@login_required
+@permission_required(DECIDE_PERMISSION, raise_exception=True)
+def undo_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    try:
+        action = rejection_undo(action_pk=pk, user=request.user)
+    except Action.DoesNotExist as missing:
+        raise Http404("There is no such action.") from missing
+    except DecisionRefused as refused:
+        return _refused(request, pk, str(refused), status=refused.status)
+    return _done(request, pk, f"Rejection undone: {action.action_id} is waiting for a decision again.")
+
+
+@require_safe
+@login_required
+@permission_required(DECIDE_PERMISSION, raise_exception=True)
+def row(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The card as it is now: what a card following its action polls. A pending rejection whose
+    window has passed is committed here too. When the action has just become final, a toast says
+    how it ended (``was`` is the status the card showed)."""
+    rejection_commit(action_pk=pk)
+    try:
+        proposal = proposal_row_get(action_pk=pk, user=request.user)
+    except Action.DoesNotExist as missing:
+        raise Http404("There is no such action.") from missing
+    template = "approvals/_decided_status.html" if request.GET.get("as") == "status" else "approvals/_proposal_row.html"
+    response = render(request, template, _context(row=proposal))
+    _toast_if_final(response, proposal.action, was=request.GET.get("was", ""))
+    return response
+
+
+@require_safe
+@login_required
+@permission_required(DECIDE_PERMISSION, raise_exception=True)
+def outcome(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The detail page's live part: the card and the outcome timeline, polled until final."""
+    rejection_commit(action_pk=pk)
+    try:
+        proposal, steps = action_outcome_get(action_pk=pk, user=request.user)
+    except Action.DoesNotExist as missing:
+        raise Http404("There is no such action.") from missing
+    # The card on the same page polls too and raises the toast; this part only redraws.
+    return render(request, "approvals/_outcome.html", _context(row=proposal, steps=steps))
+
+
+def _toast_if_final(response: HttpResponse, action: Action, *, was: str) -> None:
+    if not was or was == action.status or action.status not in TERMINAL_STATUSES:
+        return
+    if action.status == "SUCCEEDED":
+        level = "success"
+        reference = f" ({action.provider_reference})" if action.provider_reference else ""
+        text = f"{action.action_id} succeeded{reference}: {action.amount} {action.currency}."
+    elif action.status == "REJECTED":
+        level, text = "info", f"{action.action_id} is rejected. Nothing was sent."
+    else:
+        level, text = "error", f"{action.action_id}: {action.get_status_display().lower()}. Open it to see why."
+    response["HX-Trigger"] = json.dumps({"consoleToast": {"level": level, "text": text}})
+
+
+@require_safe
+@login_required
+@permission_required(DECIDE_PERMISSION, raise_exception=True)
+def decided(request: HtmxHttpRequest) -> HttpResponse:
+    """The manager's own decisions and how each ended."""
+    rejections_commit_due()
+    history = decided_list_get(
+        user=request.user,
+        today=request.GET.get("today") == "1",
+        status=request.GET.get("status", "")[:16],
+        kind=request.GET.get("kind", "")[:32],
+        decision=request.GET.get("decision", "")[:16],
+        page=request.GET.get("page", "1")[:9],
+    )
+    return render(request, "approvals/decided.html", _context(decided=history))
+
+
+@require_POST
+@login_required
+@permission_required(DECIDE_PERMISSION, raise_exception=True)
+def decide_group(request: HtmxHttpRequest) -> HttpResponse:
+    """Approve the ticked proposals on one order (or bill) as one decision."""
+    form = GroupDecisionForm(request.POST)
+    key = request.POST.get("group", "")[:40]
+    if not form.is_valid():
+        return _group_answer(request, key, [], level="error", text=form_problem(form), status=400)
+    pks = form.cleaned_data["action_pks"]
+    stepped_up = _require_step_up_total(request, pks)
+    if stepped_up is not None:
+        return stepped_up
+    try:
+        result = approval_decide_group(action_pks=pks, user=request.user, note=form.cleaned_data["note"])
+    except Action.DoesNotExist as missing:
+        raise Http404("One of these proposals does not exist.") from missing
+    except DecisionRefused as refused:
+        return _group_answer(request, key, [], level="error", text=str(refused), status=refused.status)
+    group = result.group
+    text = (
+        f"Approved {group.size} proposals together for {group.total_amount} {group.currency}, as one decision. "
+        "Each card shows its result as soon as it is known."
+    )
+    return _group_answer(request, key, pks, level="success", text=text, status=200)
+
+
+def _group_answer(
+    request: HtmxHttpRequest, key: str, decided_pks: list[int], *, level: str, text: str, status: int
+) -> HttpResponse:
+    text = without_status_codes(text.removesuffix(" Nothing was changed."))
+    if not request.htmx:
+        (messages.success if level == "success" else messages.error)(
+            request, text if level == "success" else f"{text} Nothing was changed."
+        )
+        if level == "success":
+            return redirect(f"{reverse('approvals-decided')}?today=1")
+        return render(request, "approvals/inbox.html", _context(inbox=_inbox_get(request)), status=status)
+    group = inbox_group_get(user=request.user, key=key, decided_pks=decided_pks) if key else None
+    notice = {"level": level, "text": text, "status": status}
+    if group is None:
+        return HttpResponse(status=204)
+    return render(request, "approvals/_inbox_group.html", _context(group=group, group_notice=notice), status=status)
+
+
+def _require_step_up_total(request: HtmxHttpRequest, pks: list[int]) -> HttpResponse | None:
+    """A grouped decision needs a fresh second factor when its sum would need one."""
+    rows = list(Action.objects.filter(pk__in=pks).values_list("amount", "currency"))
+    if not rows or len({currency for _, currency in rows}) != 1:
+        return None  # the service refuses mixed or missing proposals with its own words
+    refusal = step_up_refusal(
+        user=request.user,
+        amount=sum((amount for amount, _ in rows), Decimal("0")),
+        currency=rows[0][1],
+        verified_at=step_up_verified_at(request),
+        now=time.time(),
+    )
+    if refusal is None:
+        return None
+    verify_url = f"{reverse('two-factor-verify')}?{urlencode({'next': reverse('approvals-inbox')})}"
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = verify_url
+        return response
+    messages.error(request, f"{refusal} Nothing was changed.")
+    return redirect(verify_url)
 
 
 @require_POST
@@ -165,11 +364,20 @@ def _done(request: HtmxHttpRequest, pk: int, message: str) -> HttpResponse:
 def _refused(request: HtmxHttpRequest, pk: int, message: str, *, status: int) -> HttpResponse:
     # The services end some refusals with this sentence and not others; the templates add it
     # to every refusal, so it is taken off here to say it once.
-    message = message.removesuffix(" Nothing was changed.")
+    message = without_status_codes(message.removesuffix(" Nothing was changed."))
     if request.htmx:
         return _row_response(request, pk, level="error", text=message, status=status)
     # Without JavaScript the inbox is shown again at once, with the refusal on top and its
     # status code on the response; redirecting would hide the code behind a 302.
     messages.error(request, f"{message} Nothing was changed.")
-    context = _context(inbox=proposal_inbox_get(user=request.user, kind=request.GET.get("kind", "")[:32]))
+    context = _context(inbox=_inbox_get(request))
     return render(request, "approvals/inbox.html", context, status=status)
+
+
+def _inbox_get(request: HttpRequest) -> Any:
+    return proposal_inbox_get(
+        user=request.user,
+        kind=request.GET.get("kind", "")[:32],
+        sort=request.GET.get("sort", "age")[:8],
+        page=request.GET.get("page", "1")[:9],
+    )

@@ -37,6 +37,7 @@ from actions.agents import (
 )
 from actions.models import Agent, AgentToken
 from approvals.step_up import STEP_UP_SESSION_KEY
+from console.timezones import time_zone_choices, user_time_zone_get, user_time_zone_set
 
 
 class CodeForm(forms.Form):
@@ -45,6 +46,19 @@ class CodeForm(forms.Form):
         error_messages={"invalid": "Enter the 6-digit code your authenticator app shows."},
         widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "maxlength": "8"}),
     )
+
+
+class TimeZoneForm(forms.Form):
+    time_zone = forms.ChoiceField(
+        choices=[],
+        error_messages={"invalid_choice": "%(value)s is not a time zone name such as Europe/Berlin."},
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["time_zone"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(name, name.replace("_", " ")) for name in time_zone_choices()]
 
 
 class TokenLabelForm(forms.Form):
@@ -66,8 +80,27 @@ def _safe_next(request: HttpRequest, fallback: str) -> str:
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
     agents = Agent.objects.filter(owner_id=request.user.pk).prefetch_related("tokens").order_by("name")
-    context = {"device": _device(request.user, confirmed=True), "agents": agents}
+    context = {
+        "device": _device(request.user, confirmed=True),
+        "agents": agents,
+        "time_zone_form": TimeZoneForm(initial={"time_zone": user_time_zone_get(request)}),
+    }
     return render(request, "console/account.html", context)
+
+
+@require_POST
+@login_required
+def time_zone_update(request: HttpRequest) -> HttpResponse:
+    """The person's own time zone; a bad name is refused, nothing written, the page says why."""
+    form = TimeZoneForm(request.POST)
+    if not form.is_valid():
+        agents = Agent.objects.filter(owner_id=request.user.pk).prefetch_related("tokens").order_by("name")
+        context = {"device": _device(request.user, confirmed=True), "agents": agents, "time_zone_form": form}
+        return render(request, "console/account.html", context, status=400)
+    name = form.cleaned_data["time_zone"]
+    user_time_zone_set(request=request, name=name)
+    messages.success(request, f"Times are now shown in {name.replace('_', ' ')}.")
+    return redirect(f"{reverse('account')}#time-zone")
 
 
 class PasswordChange(auth_views.PasswordChangeView):

@@ -13,8 +13,10 @@ class ConsoleConfig(AppConfig):
         from console import checks  # noqa: F401 (registers the deploy checks)
         from console.middleware import session_start_record
         from console.roles import ensure_roles
+        from console.timezones import time_zone_remember
 
         user_logged_in.connect(session_start_record, dispatch_uid="console.session_start_record")
+        user_logged_in.connect(time_zone_remember, dispatch_uid="console.time_zone_remember")
 
         # Roles are part of the schema: (re)applied after every migrate and flush, including
         # the test database's. post_migrate is sent per app that has models; approvals comes

@@ -100,6 +100,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Each person's own time zone (console.timezones), for every page after this point.
+    "console.timezones.UserTimeZoneMiddleware",
     # Ends sessions older than SESSION_MAX_AGE_SECONDS before any view sees the user.
     "console.middleware.SessionExpiryMiddleware",
     "django_otp.middleware.OTPMiddleware",
@@ -314,6 +316,11 @@ CONSOLE_CURRENCIES: list[str] = env_list("CONSOLE_CURRENCIES", "EUR,USD,GBP,JPY"
 REFUND_WINDOW_DAYS: int = env_int("REFUND_WINDOW_DAYS", 90)
 # How long a manager's approval stays valid before the worker must ask again.
 APPROVAL_TTL_SECONDS: int = env_int("APPROVAL_TTL_SECONDS", 24 * 3600)
+# A manager's rejection takes effect this many seconds after she asks for it; until then she
+# may undo it (approvals.services.rejection_request).
+REJECTION_UNDO_SECONDS: int = env_int("REJECTION_UNDO_SECONDS", 8)
+# How often an open page asks whether an action it shows has moved on (htmx polling).
+LIVE_POLL_SECONDS: int = env_int("LIVE_POLL_SECONDS", 2)
 # Auto-approval: amounts at or below the currency's threshold are approved by policy.
 # AUTO_APPROVAL_ENABLED=0, or no threshold for a currency, switches it off.
 AUTO_APPROVAL_ENABLED: bool = env_bool("AUTO_APPROVAL_ENABLED", True)
@@ -475,6 +482,11 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-audit": {
         "task": "actions.tasks.ledger_audit",
         "schedule": float(LEDGER_AUDIT_INTERVAL_SECONDS),
+    },
+    # Pending rejections whose undo window passed but whose own task was lost.
+    "sweep-rejections": {
+        "task": "actions.tasks.sweep_rejections",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
     },
     # Storage tidying, not durability (actions.housekeeping).
     "housekeeping-prune-attempt-bodies": {

@@ -13,6 +13,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/", account.account, name="account"),
+    path("account/time-zone", account.time_zone_update, name="account-time-zone"),
     path("account/password/", account.PasswordChange.as_view(), name="password-change"),
     path("account/two-factor/", account.two_factor_setup, name="two-factor-setup"),
     path("account/verify/", account.two_factor_verify, name="two-factor-verify"),

@@ -23,7 +23,12 @@ from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionStatus, Attempt
 from actions.trail import Actor, action_transition
 from approvals.models import Approval
-from approvals.policy import approval_redecide_by_policy, latest_approval_with_locked_action
+from approvals.policy import (
+    approval_redecide_by_policy,
+    group_chain_advance,
+    group_chain_version,
+    latest_approval_with_locked_action,
+)
 
 S = ActionStatus
 
@@ -96,9 +101,13 @@ def submission_begin(
             if failures:
                 raise _BindingFailed(failures)
             assert approval is not None
-            failures = kind_for(action.kind).reserve(action, approved_version=approval.order_version)
+            # A member of a grouped decision reserves at the version its group has reached:
+            # the approved version plus one for each sibling that reserved before it.
+            approved_version = group_chain_version(approval)
+            failures = kind_for(action.kind).reserve(action, approved_version=approved_version)
             if failures:
                 raise _BindingFailed(failures)
+            group_chain_advance(approval, reserved_at=approved_version)
             lease = lease_take(
                 action=action,
                 transition="begin_submission",
@@ -106,7 +115,9 @@ def submission_begin(
                 reason="Reserved; submitting to the receiver.",
                 evidence={
                     "approval_id": approval.pk,
-                    "order_version": approval.order_version,
+                    "order_version": approved_version,
+                    "approved_version": approval.order_version,
+                    "group_id": approval.group_id,
                     "attempt": action.attempt_count + 1,
                 },
                 now=now,

@@ -304,6 +304,11 @@ class EffectKind:
         """Why no approval could hold now (the target cannot cover it), as (code, message)."""
         return None
 
+    def target_balance(self, action: Action) -> tuple[str, Decimal] | None:
+        """What the target has left for actions of this kind, as (what it is called, amount);
+        None for a kind that draws on no balance. A grouped decision checks its sum against it."""
+        return None
+
     def auto_approval_threshold(self, currency: str) -> Decimal | None:
         """The most the auto-approval policy may approve for one action of this kind in
         ``currency``; None leaves every action of the kind to a manager."""

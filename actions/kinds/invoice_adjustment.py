@@ -269,6 +269,11 @@ class InvoiceAdjustmentKind(EffectKind):
     def target_version(self, action: Action) -> int | None:
         return Bill.objects.values_list("version", flat=True).get(pk=_bill_pk(action))
 
+    def target_balance(self, action: Action) -> tuple[str, Decimal] | None:
+        bill = action.bill
+        assert bill is not None, "an invoice adjustment always targets a bill"
+        return (f"bill {bill.number}'s adjustable balance", Decimal("0") if bill.voided else bill.adjustable_amount)
+
     def approval_refusal(self, action: Action) -> tuple[str, str] | None:
         # The inbox selects the bill with the action: no query per row.
         bill = action.bill

@@ -275,6 +275,10 @@ class RefundKind(EffectKind):
             )
         return None
 
+    def target_balance(self, action: Action) -> tuple[str, Decimal] | None:
+        assert action.order is not None, "a refund always targets an order"
+        return (f"order {action.order.number}'s refundable balance", action.order.refundable_amount)
+
     def auto_approval_refusal(self, action: Action) -> str | None:
         order = action.order
         if order is None or action.amount > order.refundable_amount:

@@ -476,15 +476,19 @@ def test_the_detail_page_tells_the_whole_story_with_the_idempotency_key(
     timeline = page.split('id="timeline"')[1]
     # Proposal and validation, the auto-approval with its binding, the reservation, the
     # submission with its request and error, and the escalation, in order.
+    # Each step in words, with its code word behind "Technical details" (issue 16).
     order = [
-        "<strong>propose</strong>",
-        "<strong>approve</strong>",
+        "<code>propose</code>",
+        "<code>approve</code>",
         "bound to order version 1",
-        "<strong>begin_submission</strong>",
+        "<strong>Sent to the payment provider</strong>",
+        "<code>begin_submission</code>",
         "<strong>Sent to the provider</strong>",
+        "did not answer in time; we do not know yet whether the refund was made",
         "AmbiguousError: read timed out",
-        "<strong>mark_unknown</strong>",
-        "<strong>escalate</strong>",
+        "<strong>No clear answer from the payment provider</strong>",
+        "<code>mark_unknown</code>",
+        "<code>escalate</code>",
     ]
     positions = [timeline.index(text) for text in order]
     assert positions == sorted(positions)
@@ -535,7 +539,7 @@ def test_a_resolution_without_a_reason_is_a_400_naming_the_field_and_changes_not
     )
 
     assert response.status_code == 400
-    assert "<strong>Not done (400).</strong> reason: Give a reason for the audit trail. Nothing was changed." in (
+    assert "<strong>Not done.</strong> reason: Give a reason for the audit trail. Nothing was changed." in (
         response.content.decode()
     )
     assert snapshot(review) == before

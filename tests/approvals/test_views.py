@@ -9,6 +9,7 @@ leave nothing behind (invariant 10).
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -18,11 +19,12 @@ from django.db import transaction
 from django.db.models import F
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionEvent, ActionStatus, Order
 from actions.services import Actor, action_propose_refund, action_transition
-from approvals.models import Approval, ApprovalLimit
+from approvals.models import Approval, ApprovalLimit, PendingRejection
 from approvals.services import approval_decide
 from tests.factories import PASSWORD, make_agent, make_order, make_request, make_user
 
@@ -210,12 +212,19 @@ def test_the_approve_button_is_greyed_out_with_the_reason_when_the_manager_may_n
         no_limit.pk: ("no_limit", "You have no approval limit in GBP."),
         own.pk: ("four_eyes", "You proposed this action (or own the agent that did): someone else must approve it."),
     }
-    for action in (over_limit, no_limit, own):
+    for action in (over_limit, no_limit):
         row = row_html(response, action)
         code, reason = expectations[action.pk]
         assert "disabled" in button(row, "approve")
         assert "disabled" not in button(row, "reject")
-        assert f'data-code="{code}">{reason}</p>' in row
+        assert f'data-code="{code}">You can\'t approve this one: {reason}</p>' in row
+    # Who may not approve under four eyes may not reject either: no reason shown beside an
+    # enabled Reject (issue 16).
+    row = row_html(response, own)
+    code, reason = expectations[own.pk]
+    assert "disabled" in button(row, "approve")
+    assert "disabled" in button(row, "reject")
+    assert f'data-code="{code}">You can\'t decide this one: {reason}</p>' in row
 
 
 def test_stale_actions_say_which_binding_failed_and_offer_to_ask_for_a_new_decision(
@@ -228,8 +237,11 @@ def test_stale_actions_say_which_binding_failed_and_offer_to_ask_for_a_new_decis
 
     row = row_html(response, stale)
     assert 'data-status="STALE"' in row
-    assert '<span class="binding-name">order_version</span>' in row
-    assert "The order changed since the approval (approved at version 1, now 2)." in row
+    # In words a clerk understands, with the code word behind "Technical details".
+    assert "The order changed after the approval (for example, another refund on it went ahead first)" in row
+    technical = row.split("Technical details")[1]
+    assert "<code>order_version</code>" in technical
+    assert "The order changed since the approval (approved at version 1, now 2)." in technical
     assert f'action="{reverse("approvals-reopen", args=[stale.pk])}"' in row
     assert "Ask for a new decision" in row
     # It is not listed among the proposals waiting for a decision.
@@ -302,7 +314,6 @@ def test_the_detail_page_shows_the_orders_money_its_other_actions_the_decisions_
     assert re.search(r"<dt>Refunded</dt><dd><span class=\"money\">50.00 EUR</span>", page)
     assert re.search(r"<dt>Reserved</dt><dd><span class=\"money\">0.00 EUR</span>", page)
     assert re.search(r"<dt>Refundable</dt><dd><span class=\"money\">250.00 EUR</span>", page)
-    assert '<dd data-testid="order-version">4</dd>' in page
     # What else happened on the order.
     refunds, live_section = page.split("<h3>Refunds already made</h3>")[1].split("<h3>Live actions</h3>")
     assert earlier.action_id in refunds and "re_1" in refunds
@@ -310,14 +321,15 @@ def test_the_detail_page_shows_the_orders_money_its_other_actions_the_decisions_
     # The decision, with its binding, noticed as out of date, and its expiry.
     decisions = page.split('id="approvals-heading"')[1].split('id="trail-heading"')[0]
     assert "mark.manager" in decisions
-    assert "order version 3" in decisions
-    assert "changed since: now 4" in decisions
+    assert "order version 3 (now 4)" in decisions.split("Technical details")[1]
     assert viewed.payload_hash[:10] in decisions
-    assert "from now" in decisions, "the approval's expiry is shown as an age"
-    # The audit trail, in order.
+    # The approval was never used and the action is stale: no expiry, no "changed since" pill.
+    assert "from now" not in decisions and "changed since" not in decisions
+    # The audit trail, in order, in words, with the code words behind "Technical details".
     trail = page.split('id="trail-heading"')[1]
-    positions = [trail.index(f"<strong>{name}</strong>") for name in ("propose", "approve", "invalidate")]
+    positions = [trail.index(f"<code>{name}</code>") for name in ("propose", "approve", "invalidate")]
     assert positions == sorted(positions)
+    assert "<strong>The approval no longer applied</strong>" in trail
     assert "The approval no longer holds: The order changed since the approval" in trail
 
 
@@ -355,7 +367,9 @@ def test_approving_with_htmx_returns_only_the_updated_row(
     assert body.lstrip().startswith(f'<article class="proposal proposal--success" id="action-{action.pk}"')
     assert "<html" not in body and "<nav" not in body
     assert 'data-status="AUTHORIZED"' in body
-    assert f"Approved {action.action_id} for 120.00 EUR. It is queued for submission" in body
+    assert f"Approved {action.action_id} for 120.00 EUR. It is on its way to the" in body
+    # The card follows the action until it is final.
+    assert f'hx-get="{reverse("approvals-row", args=[action.pk])}?was=AUTHORIZED"' in body
     assert 'value="approve"' not in body, "a decided row offers no more buttons"
     assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
     approval = Approval.objects.get(action=action)
@@ -370,16 +384,44 @@ def test_rejecting_with_htmx_replaces_the_row_with_the_rejected_one(
     client.force_login(manager)
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(decide_url(action), {"decision": "reject", "note": "Outside policy."}, headers=HTMX)
+        response = client.post(
+            decide_url(action),
+            {"decision": "reject", "reason_code": "against_policy", "note": "Outside policy."},
+            headers=HTMX,
+        )
 
     assert response.status_code == 200
     body = response.content.decode()
-    assert 'data-status="REJECTED"' in body
-    assert f"Rejected {action.action_id}. Nothing will be sent to the payment provider." in body
+    # Pending: the card offers Undo and follows the rejection until it commits.
+    assert 'data-pending="rejection"' in body
+    assert f"Rejecting {action.action_id} (against our policy)." in body
+    assert "Undo the rejection" in body
+    assert Action.objects.get(pk=action.pk).status == S.PROPOSED
+    # After the window the card's next poll commits it.
+    PendingRejection.objects.filter(action=action).update(commit_at=timezone.now() - timedelta(seconds=1))
+    polled = client.get(reverse("approvals-row", args=[action.pk]) + "?was=PROPOSED", headers=HTMX)
+    assert 'data-status="REJECTED"' in polled.content.decode()
+    assert "consoleToast" in polled["HX-Trigger"]
     fresh = Action.objects.get(pk=action.pk)
     assert fresh.status == S.REJECTED
-    assert fresh.rejection_reasons == [{"code": "rejected_by_manager", "message": "Outside policy."}]
+    assert fresh.rejection_reasons == [
+        {"code": "rejected_by_manager", "message": "Against our policy. Outside policy."}
+    ]
     assert published == []
+
+
+def test_a_rejection_without_a_reason_is_refused_and_writes_nothing(
+    client: Client, manager: Any, agent_actor: Actor
+) -> None:
+    action = propose(agent_actor)
+    client.force_login(manager)
+
+    response = client.post(decide_url(action), {"decision": "reject", "note": "No."}, headers=HTMX)
+
+    assert response.status_code == 400
+    assert "Choose a reason for the rejection." in response.content.decode()
+    assert not PendingRejection.objects.exists()
+    assert Action.objects.get(pk=action.pk).status == S.PROPOSED
 
 
 def test_approving_without_javascript_redirects_to_the_inbox_with_a_message(

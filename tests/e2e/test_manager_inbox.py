@@ -65,6 +65,11 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
 ) -> None:
     # Seeded proposals must wait for a person instead of being approved by policy.
     settings.AUTO_APPROVAL_ENABLED = False
+    # A short undo window, so the rejection commits within the test; no broker here: the card's
+    # own poll commits it once the window has passed.
+    settings.REJECTION_UNDO_SECONDS = 1
+    settings.LIVE_POLL_SECONDS = 1
+    monkeypatch.setattr("actions.publish.rejection_commit_enqueue", lambda pk, countdown: None)
     published: list[int] = []
     monkeypatch.setattr("actions.publish.dispatch_enqueue", published.append)
     to_approve = propose(
@@ -94,7 +99,7 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
         page.get_by_role("link", name="Approvals", exact=True).click()
         page.wait_for_url(f"{live_server.url}/approvals/")
         expect(page.locator(f"#action-{over_limit.pk}").get_by_role("button", name="Approve")).to_be_disabled()
-        expect(page.locator(f"#action-{stale.pk}")).to_contain_text("order_version")
+        expect(page.locator(f"#action-{stale.pk}")).to_contain_text("The order changed after the approval")
         page.screenshot(path=str(screenshot_dir / "manager-inbox-before.png"), full_page=True)
         page.evaluate("window.consoleTestMarker = 'no reload'")
 
@@ -106,9 +111,13 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
 
         reject_row = page.locator(f"#action-{to_reject.pk}")
         reject_row.get_by_label("Note for the audit trail").fill("Ask the customer for photos first.")
+        reject_row.get_by_label("Reason, if you reject").select_option("not_enough_evidence")
         reject_row.get_by_role("button", name="Reject").click()
+        expect(reject_row).to_contain_text(f"Rejecting {to_reject.action_id} (not enough evidence).")
+        expect(reject_row.get_by_role("button", name="Undo the rejection")).to_be_visible()
+        # The undo window passes; the card, following the action, shows it rejected.
         expect(reject_row).to_have_attribute("data-status", "REJECTED")
-        expect(reject_row).to_contain_text(f"Rejected {to_reject.action_id}.")
+        expect(reject_row).to_contain_text("Rejected. Nothing was sent.")
 
         # Another manager rejects a proposal while this page still offers to approve it: the
         # click is refused with a 409 and the row shows why, in place.
@@ -118,7 +127,7 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
         taken_row = page.locator(f"#action-{taken.pk}")
         taken_row.get_by_role("button", name="Approve").click()
         expect(taken_row).to_have_attribute("data-status", "REJECTED")
-        expect(taken_row).to_contain_text("Not done (409).")
+        expect(taken_row).to_contain_text("Not done.")
         expect(taken_row).to_contain_text("no longer waiting for a decision")
 
         assert page.evaluate("window.consoleTestMarker") == "no reload"
@@ -135,6 +144,7 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
         approve_row.get_by_role("link", name=re.compile(r"^refund request \d+$")).click()
         page.wait_for_url(f"{live_server.url}/approvals/{to_approve.pk}/")
         expect(page.locator("#trail-heading + .trail")).to_contain_text("Photos check out.")
+        expect(page.locator(f"#outcome-{to_approve.pk}")).to_contain_text("Approved")
         page.screenshot(path=str(screenshot_dir / "manager-detail.png"), full_page=True)
 
     assert Action.objects.get(pk=to_approve.pk).status == S.AUTHORIZED

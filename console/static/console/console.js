@@ -8,9 +8,35 @@
   }
   document.addEventListener("htmx:responseError", function (event) {
     var status = event.detail && event.detail.xhr ? event.detail.xhr.status : "?";
-    notice("The console could not complete that request (status " + status + "). Reload the page to see the current state.");
+    // No status code for people: it is in the browser's console for whoever needs it.
+    if (window.console) { window.console.warn("request failed with status", status); }
+    notice("The console could not complete that request. Reload the page to see the current state.");
   });
   document.addEventListener("htmx:sendError", function () {
     notice("The console could not be reached. Check your connection and reload the page.");
   });
+
+  // A toast when an action the page follows has become final (the server sends HX-Trigger
+  // consoleToast with {level, text}). It stays a few seconds, and can be closed.
+  document.body.addEventListener("consoleToast", function (event) {
+    var box = document.getElementById("toasts");
+    var detail = event.detail || {};
+    if (!box || !detail.text) { return; }
+    var toast = document.createElement("p");
+    toast.className = "toast toast--" + (detail.level || "info");
+    toast.textContent = detail.text;
+    box.appendChild(toast);
+    setTimeout(function () { toast.remove(); }, 8000);
+  });
+
+  // A pending rejection's countdown. Display only: the server commits the rejection when the
+  // window has passed, whatever this page does.
+  setInterval(function () {
+    var counters = document.querySelectorAll("[data-countdown]");
+    for (var i = 0; i < counters.length; i++) {
+      var left = Math.max(0, parseInt(counters[i].getAttribute("data-countdown"), 10) - 1);
+      counters[i].setAttribute("data-countdown", String(left));
+      counters[i].textContent = String(left);
+    }
+  }, 1000);
 })();
