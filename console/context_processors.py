@@ -4,6 +4,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from actions.notifications import waiting_count_for
 from console.roles import user_roles
 
 
@@ -16,4 +17,6 @@ def roles(request: HttpRequest) -> dict[str, Any]:
         # Accounts payable works the same review queue, for invoice adjustments.
         "is_finance": "finance" in names or "accounts payable" in names,
         "is_console_admin": "admin" in names or getattr(request.user, "is_superuser", False),
+        # Counted only if the page shows the badge (the template calls it), once per render.
+        "nav_waiting_count": lambda: waiting_count_for(request.user, names),
     }
