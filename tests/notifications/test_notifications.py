@@ -104,6 +104,7 @@ def test_remedies_and_discrepancies_count_as_owned_items(finance: Any, agent_act
     found = Discrepancy.objects.create(kind=DiscrepancyKind.AMOUNT_MISMATCH, action=action, owner=finance)
     notifications_send_due()
     [message] = outbox
+    assert f"Remedy for {action.action_id}" in message.body and "Discrepancy" in message.body
     subjects = set(NotificationSent.objects.filter(user=finance).values_list("subject", flat=True))
     assert subjects == {f"remedy:{remedy.pk}", f"discrepancy:{found.pk}"}
     assert waiting_count_for(finance, {"finance"}) == 2
