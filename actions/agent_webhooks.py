@@ -24,7 +24,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from actions.models import (
@@ -309,3 +309,23 @@ def webhook_deliveries_of(agent: Agent, *, limit: int = 50) -> QuerySet[AgentWeb
 
 def agent_recent_actions(agent: Agent, *, limit: int = 20) -> QuerySet[Action]:
     return Action.objects.filter(proposed_by_agent=agent).select_related("order").order_by("-created_at", "-id")[:limit]
+
+
+def agents_owned_summary(user: Any) -> list[Agent]:
+    """The person's agents for their home page, each with ``waiting`` (proposals waiting for a
+    manager) and ``failing`` (deliveries that were refused at least once and are not through)."""
+    if not getattr(user, "is_authenticated", False):
+        return []
+    return list(
+        Agent.objects.filter(owner_id=user.pk)
+        .annotate(
+            waiting=Count("actions", filter=Q(actions__status="PROPOSED"), distinct=True),
+            failing=Count(
+                "webhook_deliveries",
+                filter=Q(webhook_deliveries__status=DeliveryStatus.FAILED)
+                | Q(webhook_deliveries__status=DeliveryStatus.PENDING, webhook_deliveries__attempts__gt=0),
+                distinct=True,
+            ),
+        )
+        .order_by("name")
+    )

@@ -29,8 +29,8 @@ class Receiver:
     @property
     def url(self) -> str:
         assert self.server is not None
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/hooks"
+        port = self.server.server_address[1]
+        return f"http://127.0.0.1:{port}/hooks"
 
     def start(self) -> Receiver:
         receiver = self

@@ -114,3 +114,11 @@ def test_revoking_from_the_agent_page_returns_there_and_keeps_the_trail(agent: A
     answer = _client(agent_owner).post(f"/account/agents/{agent.pk}/tokens/{issued.token.pk}/revoke", {"next": page})
     assert answer.status_code == 302 and answer["Location"] == page
     assert SecurityEvent.objects.filter(kind="token_revoked").exists()
+
+
+def test_the_owners_home_page_lists_their_agents_and_no_one_elses(agent: Any, agent_owner: Any, finance: Any) -> None:
+    propose(Actor.for_agent(agent))
+    home = _client(agent_owner).get("/").content.decode()
+    assert 'data-testid="home-agents"' in home
+    assert f"/account/agents/{agent.pk}/" in home and "1 proposal waiting for a manager" in home
+    assert 'data-testid="home-agents"' not in _client(finance).get("/").content.decode()
