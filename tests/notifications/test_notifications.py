@@ -174,3 +174,58 @@ def test_the_notification_form_needs_a_login_and_csrf(finance: Any) -> None:
     strict = Client(enforce_csrf_checks=True)
     strict.login(username=finance.username, password=PASSWORD)
     assert strict.post("/account/notifications", {"waiting_minutes": "15"}).status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_runs_at_once_send_one_mail(finance: Any, agent_actor: Actor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second run's insert waits on the first run's uncommitted row, then finds it: the mail
+    goes once. The first run holds its mail until PostgreSQL shows the second one waiting."""
+    import threading
+
+    from django.db import connection
+
+    from tests.processes import wait_until
+
+    action = propose(agent_actor)
+    _escalate(action, finance, due_in=timedelta(hours=24))
+    first_sending = threading.Event()
+    real_send = mail.EmailMessage.send
+
+    def held_send(message: Any, *args: Any, **kwargs: Any) -> int:
+        if not first_sending.is_set():
+            first_sending.set()
+
+            def other_waits() -> bool:
+                with connection.cursor() as cursor:
+                    # Inside a transaction the statistics views keep their first snapshot.
+                    cursor.execute("SELECT pg_stat_clear_snapshot()")
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database()"
+                    )
+                    return cursor.fetchone()[0] > 0
+
+            wait_until(other_waits, timeout=20, what="the second run to wait on the first one's row")
+        return real_send(message, *args, **kwargs)
+
+    monkeypatch.setattr(mail.EmailMessage, "send", held_send)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            notifications_send_due()
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=run)
+    first.start()
+    assert first_sending.wait(timeout=20)
+    second = threading.Thread(target=run)
+    second.start()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert not errors
+    assert len(mail.outbox) == 1
+    assert NotificationSent.objects.filter(user=finance).count() == 1
