@@ -10,12 +10,14 @@ from datetime import datetime
 
 from celery import shared_task
 
+from actions.agent_webhooks import webhook_deliver, webhook_sweep_due
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.dispatch import sweep_authorized as sweep_authorized_run
 from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
 from actions.housekeeping import attempts_prune_bodies
+from actions.notifications import notifications_send_due
 from approvals.services import rejection_commit as rejection_commit_run
 from approvals.services import rejections_commit_due
 
@@ -74,3 +76,16 @@ def rejection_commit(action_pk: int) -> bool:
 @shared_task(name="actions.tasks.sweep_rejections")
 def sweep_rejections() -> int:
     return rejections_commit_due()
+@shared_task(name="actions.tasks.deliver_agent_webhook")
+def deliver_agent_webhook(delivery_pk: int) -> str:
+    return webhook_deliver(delivery_pk)
+
+
+@shared_task(name="actions.tasks.sweep_agent_webhooks")
+def sweep_agent_webhooks() -> int:
+    return len(webhook_sweep_due())
+
+
+@shared_task(name="actions.tasks.notify_people")
+def notify_people() -> int:
+    return notifications_send_due().sent

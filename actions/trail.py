@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from actions.models import Action, ActionEvent, ActorKind, Agent
+from actions.outbox import webhook_outbox_write
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -63,8 +64,12 @@ def event_record(
     evidence: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> ActionEvent:
-    """Append one audit event. Call it inside the transaction that made the change."""
-    return ActionEvent.objects.create(
+    """Append one audit event. Call it inside the transaction that made the change.
+
+    A state change of an agent's action also writes the agent's webhook outbox row, in the same
+    transaction (actions.outbox).
+    """
+    event = ActionEvent.objects.create(
         action=action,
         transition=transition,
         from_state=from_state,
@@ -77,6 +82,8 @@ def event_record(
         evidence=evidence or {},
         created_at=now or timezone.now(),
     )
+    webhook_outbox_write(event)
+    return event
 
 
 def action_transition(

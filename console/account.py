@@ -4,6 +4,7 @@
 - Second factor: one TOTP device per person (django-otp), set up by scanning a QR code and
   confirming a first code. Confirming a code later (``verify``) is the step-up that approving
   a high-value refund needs (approvals/step_up.py).
+- Notifications: which e-mails the person receives (actions.notifications), saved on its own.
 - Agents: the owner of an agent issues, rotates and revokes its tokens here. The token is shown
   once, on the answer to the POST that issued it, and never stored; issuing is written to the
   security trail. Admins cannot do this in the admin site (separation of duties).
@@ -35,7 +36,7 @@ from actions.agents import (
     agent_token_revoke_by,
     agent_token_rotate_by_owner,
 )
-from actions.models import Agent, AgentToken
+from actions.models import Agent, AgentToken, UserSettings
 from approvals.step_up import STEP_UP_SESSION_KEY
 from console.timezones import time_zone_choices, user_time_zone_get, user_time_zone_set
 
@@ -79,13 +80,17 @@ def _safe_next(request: HttpRequest, fallback: str) -> str:
 @require_safe
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
+    return render(request, "console/account.html", account_context(request))
+
+
+def account_context(request: HttpRequest) -> dict[str, Any]:
     agents = Agent.objects.filter(owner_id=request.user.pk).prefetch_related("tokens").order_by("name")
-    context = {
+    return {
         "device": _device(request.user, confirmed=True),
         "agents": agents,
         "time_zone_form": TimeZoneForm(initial={"time_zone": user_time_zone_get(request)}),
+        "notification_form": notification_form_for(request.user),
     }
-    return render(request, "console/account.html", context)
 
 
 @require_POST
@@ -94,8 +99,7 @@ def time_zone_update(request: HttpRequest) -> HttpResponse:
     """The person's own time zone; a bad name is refused, nothing written, the page says why."""
     form = TimeZoneForm(request.POST)
     if not form.is_valid():
-        agents = Agent.objects.filter(owner_id=request.user.pk).prefetch_related("tokens").order_by("name")
-        context = {"device": _device(request.user, confirmed=True), "agents": agents, "time_zone_form": form}
+        context = {**account_context(request), "time_zone_form": form}
         return render(request, "console/account.html", context, status=400)
     name = form.cleaned_data["time_zone"]
     user_time_zone_set(request=request, name=name)
@@ -216,4 +220,54 @@ def agent_token_revoke_view(request: HttpRequest, pk: int, token_pk: int) -> Htt
     token = _own_token(request, agent, token_pk)
     agent_token_revoke_by(token=token, user=request.user)
     messages.success(request, f"Token {token.prefix}… is revoked; it stops working at once.")
+    # Back to the page the owner came from (the account page or the agent's own page).
+    return redirect(_safe_next(request, reverse("account")))
+
+
+# --- notifications: each person's choice, a section of the account page -----------------------
+# Saved on its own (only these four columns), so that it never overwrites the other settings
+# kept on the same row, such as the time zone.
+
+NOTIFICATION_FIELDS = ["notify_waiting_proposals", "waiting_minutes", "notify_escalations", "notify_overdue"]
+
+
+class NotificationSettingsForm(forms.ModelForm):  # type: ignore[type-arg]
+    waiting_minutes = forms.IntegerField(
+        min_value=1,
+        max_value=7 * 24 * 60,
+        label="Minutes a proposal may wait before I am told",
+        error_messages={
+            "min_value": "Enter at least 1 minute.",
+            "max_value": "Enter at most 10080 minutes (a week).",
+            "invalid": "Enter a whole number of minutes.",
+        },
+    )
+
+    class Meta:
+        model = UserSettings
+        fields = NOTIFICATION_FIELDS
+        labels = {
+            "notify_waiting_proposals": "Proposals waiting for a manager",
+            "notify_escalations": "Items escalated to me",
+            "notify_overdue": "Items I own that are overdue",
+        }
+
+
+def notification_form_for(user: Any) -> NotificationSettingsForm:
+    found = UserSettings.objects.filter(user=user).first() or UserSettings(user=user)
+    return NotificationSettingsForm(instance=found)
+
+
+@require_POST
+@login_required
+def notification_settings_save(request: HttpRequest) -> HttpResponse:
+    instance = UserSettings.for_user(request.user)  # type: ignore[arg-type]
+    form = NotificationSettingsForm(request.POST, instance=instance)
+    if not form.is_valid():
+        # The account page again, with the reasons next to the fields; nothing was saved.
+        context = {**account_context(request), "notification_form": form}
+        return render(request, "console/account.html", context, status=400)
+    saved = form.save(commit=False)
+    saved.save(update_fields=NOTIFICATION_FIELDS)
+    messages.success(request, "Your notification choices are saved.")
     return redirect("account")

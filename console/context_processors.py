@@ -4,6 +4,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from actions.agent_webhooks import agents_owned_summary
+from actions.notifications import waiting_count_for
 from console.roles import user_roles
 
 
@@ -16,4 +18,8 @@ def roles(request: HttpRequest) -> dict[str, Any]:
         # Accounts payable works the same review queue, for invoice adjustments.
         "is_finance": "finance" in names or "accounts payable" in names,
         "is_console_admin": "admin" in names or getattr(request.user, "is_superuser", False),
+        # Counted only if the page shows the badge (the template calls it), once per render.
+        "nav_waiting_count": lambda: waiting_count_for(request.user, names),
+        # The agents this person owns, for their home page (only queried where it is shown).
+        "owned_agents": lambda: agents_owned_summary(request.user),
     }

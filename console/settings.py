@@ -366,6 +366,21 @@ LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 36
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.
 ATTEMPT_BODY_RETENTION_DAYS: int = env_int("ATTEMPT_BODY_RETENTION_DAYS", 90)
 HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 3600)
+# Webhooks for agents (actions/agent_webhooks.py). A failed delivery is retried after
+# BASE * 2**(n-1) seconds (capped at CAP) until WINDOW seconds after the event; beat sweeps
+# deliveries whose publish was lost every SWEEP_INTERVAL_SECONDS.
+AGENT_WEBHOOK_BACKOFF_BASE_SECONDS: float = float(env_str("AGENT_WEBHOOK_BACKOFF_BASE_SECONDS", "30"))
+AGENT_WEBHOOK_BACKOFF_CAP_SECONDS: float = float(env_str("AGENT_WEBHOOK_BACKOFF_CAP_SECONDS", str(6 * 3600)))
+AGENT_WEBHOOK_WINDOW_SECONDS: int = env_int("AGENT_WEBHOOK_WINDOW_SECONDS", 3 * 24 * 3600)
+AGENT_WEBHOOK_TIMEOUT_SECONDS: float = float(env_str("AGENT_WEBHOOK_TIMEOUT_SECONDS", "5"))
+# Notifications to people (actions/notifications.py): beat looks for waiting proposals,
+# escalations and overdue items this often; mails come from NOTIFICATION_EMAIL_FROM.
+NOTIFICATION_INTERVAL_SECONDS: int = env_int("NOTIFICATION_INTERVAL_SECONDS", 60)
+NOTIFICATION_EMAIL_FROM = env_str("NOTIFICATION_EMAIL_FROM", "console@console.invalid")
+# A backend of their own: the default EMAIL_BACKEND is the supplier emails' (the mail sandbox,
+# whose accepted messages are a receiver's ledger that the audits read). Django's console
+# backend by default (the worker's log in `make start`); production sets an SMTP backend.
+NOTIFICATION_EMAIL_BACKEND = env_str("NOTIFICATION_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 # Django's cache (used by nothing that must be exact: the API's rate counters are a table of
 # their own, see actions/api/ratelimit.py).
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "console_cache"}}
@@ -487,6 +502,16 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-rejections": {
         "task": "actions.tasks.sweep_rejections",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+    # Agent webhooks whose publish was lost, or whose retry is due (actions.agent_webhooks).
+    "sweep-agent-webhooks": {
+        "task": "actions.tasks.sweep_agent_webhooks",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
+    # Notifications: waiting proposals, escalations and overdue items (actions.notifications).
+    "notify-people": {
+        "task": "actions.tasks.notify_people",
+        "schedule": float(NOTIFICATION_INTERVAL_SECONDS),
     },
     # Storage tidying, not durability (actions.housekeeping).
     "housekeeping-prune-attempt-bodies": {

@@ -6,7 +6,7 @@ from django.urls import include, path
 
 from actions import order_views, webhook_views
 from actions import views as actions_views
-from console import account, metrics, views
+from console import account, agent_pages, export_views, metrics, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -28,6 +28,20 @@ urlpatterns = [
         account.agent_token_revoke_view,
         name="agent-token-revoke",
     ),
+    # Issue 16 part C: notifications, the agent owner's page and webhooks, exports.
+    path("account/notifications", account.notification_settings_save, name="notification-settings"),
+    path("account/agents/<int:pk>/", agent_pages.agent_page, name="agent-page"),
+    path("account/agents/<int:pk>/webhook", agent_pages.agent_webhook_set, name="agent-webhook-set"),
+    path("account/agents/<int:pk>/webhook/rotate", agent_pages.agent_webhook_rotate, name="agent-webhook-rotate"),
+    path("account/agents/<int:pk>/webhook/disable", agent_pages.agent_webhook_disable, name="agent-webhook-disable"),
+    path(
+        "account/agents/<int:pk>/deliveries/<int:delivery_pk>/redeliver",
+        agent_pages.agent_webhook_redeliver,
+        name="agent-webhook-redeliver",
+    ),
+    path("exports/", export_views.exports, name="exports"),
+    path("exports/actions.csv", export_views.export_actions, name="export-actions"),
+    path("exports/audit-trail.csv", export_views.export_trail, name="export-trail"),
     path("approvals/", include("approvals.urls")),
     path("review/", include("actions.urls")),
     path("search", order_views.search_view, name="search"),

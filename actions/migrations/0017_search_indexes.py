@@ -57,7 +57,7 @@ def drop_indexes(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("actions", "0013_user_settings")]
+    dependencies = [("actions", "0015_agent_webhooks_notifications")]
 
     operations = [
         TrigramExtension(),

@@ -7,6 +7,14 @@ Split by subject so that each file stays readable; everything is importable from
 from __future__ import annotations
 
 from actions.models.actions import Action, ActionEvent, ActionKind, ActionStatus, ActorKind, ReasonCode
+from actions.models.agent_webhooks import (
+    AgentWebhook,
+    AgentWebhookAttempt,
+    AgentWebhookDelivery,
+    DeliveryStatus,
+    NotificationKind,
+    NotificationSent,
+)
 from actions.models.agents import Agent, AgentToken
 from actions.models.attempts import Attempt, AttemptKind
 from actions.models.bills import AdjustmentReason, AdjustmentRequest, Bill
@@ -36,14 +44,20 @@ __all__ = [
     "AdjustmentRequest",
     "Agent",
     "AgentToken",
+    "AgentWebhook",
+    "AgentWebhookAttempt",
+    "AgentWebhookDelivery",
     "Attempt",
     "AttemptKind",
     "Bill",
+    "DeliveryStatus",
     "Discrepancy",
     "DiscrepancyKind",
     "DiscrepancyStatus",
     "FollowUpStatus",
     "LedgerAuditRun",
+    "NotificationKind",
+    "NotificationSent",
     "Order",
     "OrderEvent",
     "OrderEventKind",

@@ -10,6 +10,8 @@ class SecurityEventKind(models.TextChoices):
     TOKEN_ISSUED = "token_issued", "Agent token issued"
     TOKEN_ROTATED = "token_rotated", "Agent token rotated"
     TOKEN_REVOKED = "token_revoked", "Agent token revoked"
+    WEBHOOK_CHANGED = "webhook_changed", "Agent webhook URL set or removed"
+    WEBHOOK_SECRET_ROTATED = "webhook_secret_rotated", "Agent webhook secret issued"
     AGENT_OWNER_CHANGED = "agent_owner_changed", "Agent owner changed"
     APPROVAL_LIMIT_CHANGED = "approval_limit_changed", "Approval limit changed"
     APPROVAL_LIMIT_DELETED = "approval_limit_deleted", "Approval limit deleted"

@@ -1,0 +1,217 @@
+"""Notifications by e-mail: proposals waiting for managers, items escalated to their owners,
+and items overdue. Beat runs ``notifications_send_due`` every NOTIFICATION_INTERVAL_SECONDS.
+
+Each notification is sent once per item and person: a ``NotificationSent`` row per item is
+inserted in the transaction that sends the mail. Its unique constraint makes a second run (or
+two at once: the second insert waits for the first commit, then fails) skip what was sent;
+a mail that cannot be sent rolls its rows back, so the next run tries again.
+
+Each person chooses on their account page (``UserSettings``) which of these they receive.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import EmailMessage, get_connection
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from actions.models import (
+    Action,
+    ActionStatus,
+    Discrepancy,
+    DiscrepancyStatus,
+    FollowUpStatus,
+    NotificationKind,
+    NotificationSent,
+    Remedy,
+    UserSettings,
+)
+
+MANAGER_ROLE = "manager"
+OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
+OPEN_REMEDY = (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS)
+# One mail lists at most this many items; the rest go in the next run's mail.
+ITEMS_PER_MAIL = 50
+
+
+@dataclass(frozen=True)
+class Item:
+    subject: str  # "action:12", "remedy:3", "discrepancy:7"
+    line: str
+
+
+@dataclass
+class NotificationRun:
+    sent: int = 0  # mails
+    items: int = 0  # items told about
+
+
+def _settings_of(users: list[Any]) -> dict[int, UserSettings]:
+    found = {s.user_id: s for s in UserSettings.objects.filter(user__in=users)}
+    # Someone who never saved the form gets the defaults, without a row being written.
+    return {user.pk: found.get(user.pk) or UserSettings(user=user) for user in users}
+
+
+def _action_line(action: Action) -> str:
+    money = f"{action.amount} {action.currency}" if action.currency else "no money"
+    order = f", order {action.order.number}" if action.order is not None else ""
+    return f"{action.get_kind_display()} {action.action_id} ({money}{order})"
+
+
+def _send_once(*, user: Any, kind: str, items: list[Item], subject_line: str, intro: str, now: datetime) -> int:
+    """Send one mail about the items not yet told to this person; returns how many were new."""
+    if not user.email or not items:
+        return 0
+    with transaction.atomic():
+        fresh: list[Item] = []
+        for item in items[:ITEMS_PER_MAIL]:
+            try:
+                with transaction.atomic():
+                    NotificationSent.objects.create(user=user, kind=kind, subject=item.subject, sent_at=now)
+            except IntegrityError:
+                continue
+            fresh.append(item)
+        if not fresh:
+            return 0
+        body = "\n".join([f"Hello {user.get_username()},", "", intro, "", *(f"- {i.line}" for i in fresh), ""])
+        message = EmailMessage(
+            subject=subject_line.format(count=len(fresh)),
+            body=body,
+            from_email=settings.NOTIFICATION_EMAIL_FROM,
+            to=[user.email],
+            connection=get_connection(settings.NOTIFICATION_EMAIL_BACKEND),
+        )
+        # Raises if the mail cannot be sent: the rows roll back and the next run tries again.
+        message.send()
+    return len(fresh)
+
+
+def _already_told(user: Any, kind: str) -> set[str]:
+    return set(NotificationSent.objects.filter(user=user, kind=kind).values_list("subject", flat=True))
+
+
+def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
+    managers = list(
+        get_user_model().objects.filter(is_active=True, groups__name=MANAGER_ROLE).exclude(email="").distinct()
+    )
+    chosen = _settings_of(managers)
+    for manager in managers:
+        choice = chosen[manager.pk]
+        if not choice.notify_waiting_proposals:
+            continue
+        told = _already_told(manager, NotificationKind.WAITING_PROPOSAL)
+        waiting = (
+            Action.objects.filter(
+                status=ActionStatus.PROPOSED, created_at__lte=now - timedelta(minutes=choice.waiting_minutes)
+            )
+            # Four eyes: a manager cannot decide what they (or their agents) proposed.
+            .exclude(proposed_by_user=manager)
+            .select_related("order")
+            .order_by("created_at")
+        )
+        items = [
+            Item(f"action:{a.pk}", f"{_action_line(a)}, waiting since {a.created_at:%Y-%m-%d %H:%M} UTC")
+            for a in waiting[: ITEMS_PER_MAIL * 4]
+            if f"action:{a.pk}" not in told
+        ]
+        count = _send_once(
+            user=manager,
+            kind=NotificationKind.WAITING_PROPOSAL,
+            items=items,
+            subject_line="{count} proposal(s) waiting for a decision",
+            intro=f"These proposals have waited more than {choice.waiting_minutes} minutes for a manager:",
+            now=now,
+        )
+        run.items += count
+        run.sent += 1 if count else 0
+
+
+def _owned_items(now: datetime, *, overdue: bool) -> dict[int, list[Item]]:
+    """Open items by owner: escalated actions, remedies and discrepancies (only those past due
+    when ``overdue``)."""
+    by_owner: dict[int, list[Item]] = defaultdict(list)
+    due_cut = now - timedelta(hours=settings.REVIEW_DUE_HOURS)
+    actions = Action.objects.filter(status=ActionStatus.NEEDS_REVIEW, owner__isnull=False).select_related("order")
+    if overdue:
+        actions = actions.filter(due_at__lte=now)
+    for action in actions.order_by("due_at", "pk")[:1000]:
+        due = f", due {action.due_at:%Y-%m-%d %H:%M} UTC" if action.due_at else ""
+        assert action.owner_id is not None
+        by_owner[action.owner_id].append(Item(f"action:{action.pk}", f"{_action_line(action)}{due}"))
+    remedies = Remedy.objects.filter(status__in=OPEN_REMEDY, owner__isnull=False).select_related("action")
+    if overdue:
+        remedies = remedies.filter(created_at__lte=due_cut)
+    for remedy in remedies.order_by("created_at", "pk")[:1000]:
+        line = f"Remedy for {remedy.action.action_id} ({remedy.amount} {remedy.currency})"
+        assert remedy.owner_id is not None
+        by_owner[remedy.owner_id].append(Item(f"remedy:{remedy.pk}", line))
+    discrepancies = Discrepancy.objects.filter(status__in=OPEN_DISCREPANCY, owner__isnull=False)
+    if overdue:
+        discrepancies = discrepancies.filter(detected_at__lte=due_cut)
+    for found in discrepancies.order_by("detected_at", "pk")[:1000]:
+        assert found.owner_id is not None
+        by_owner[found.owner_id].append(Item(f"discrepancy:{found.pk}", f"Discrepancy: {found}"))
+    return by_owner
+
+
+def _owner_notifications(now: datetime, run: NotificationRun, *, overdue: bool) -> None:
+    by_owner = _owned_items(now, overdue=overdue)
+    if not by_owner:
+        return
+    owners = list(get_user_model().objects.filter(pk__in=by_owner, is_active=True).exclude(email=""))
+    chosen = _settings_of(owners)
+    kind = NotificationKind.OVERDUE if overdue else NotificationKind.ESCALATED
+    for owner in owners:
+        choice = chosen[owner.pk]
+        if not (choice.notify_overdue if overdue else choice.notify_escalations):
+            continue
+        told = _already_told(owner, kind)
+        items = [item for item in by_owner[owner.pk] if item.subject not in told]
+        count = _send_once(
+            user=owner,
+            kind=kind,
+            items=items,
+            subject_line=("{count} item(s) you own are overdue" if overdue else "{count} item(s) escalated to you"),
+            intro=(
+                "These items you own are past their due time:"
+                if overdue
+                else "These items were handed to you to resolve in the review queue:"
+            ),
+            now=now,
+        )
+        run.items += count
+        run.sent += 1 if count else 0
+
+
+def notifications_send_due(*, now: datetime | None = None) -> NotificationRun:
+    now = now or timezone.now()
+    run = NotificationRun()
+    _waiting_proposals(now, run)
+    _owner_notifications(now, run, overdue=False)
+    _owner_notifications(now, run, overdue=True)
+    return run
+
+
+# --- the navigation's count badge ---------------------------------------------------------------
+
+
+def waiting_count_for(user: Any, roles: set[str]) -> int:
+    """Items waiting for this person: proposals a manager may decide, open items finance owns."""
+    if not getattr(user, "is_authenticated", False):
+        return 0
+    count = 0
+    if MANAGER_ROLE in roles:
+        count += Action.objects.filter(status=ActionStatus.PROPOSED).exclude(proposed_by_user=user).count()
+    if roles & {"finance", "accounts payable"}:
+        count += Action.objects.filter(owner=user, status=ActionStatus.NEEDS_REVIEW).count()
+        count += Remedy.objects.filter(owner=user, status__in=OPEN_REMEDY).count()
+        count += Discrepancy.objects.filter(Q(owner=user) & Q(status__in=OPEN_DISCREPANCY)).count()
+    return count
