@@ -31,3 +31,17 @@ def reconcile_enqueue_on_commit(action_pk: int) -> None:
     """Publish a reconciliation once the change that made the action due is committed; a publish
     lost on the way is picked up by the reconciliation sweep, which finds it due."""
     transaction.on_commit(lambda: app.send_task(RECONCILE_TASK, args=(action_pk, None)))
+
+
+WORKFLOW_ADVANCE_TASK = "actions.tasks.workflow_advance"
+
+
+def workflow_advance_enqueue(workflow_id: str) -> None:
+    """Publish a nudge to a workflow's coordinator (actions.workflows.coordinator)."""
+    app.send_task(WORKFLOW_ADVANCE_TASK, args=(workflow_id,))
+
+
+def workflow_advance_enqueue_on_commit(workflow_id: str) -> None:
+    """Once the change is committed, wake the workflow's coordinator; a nudge lost on the way is
+    made up by the workflow sweep, which finds the workflow's next step due."""
+    transaction.on_commit(lambda: workflow_advance_enqueue(workflow_id))

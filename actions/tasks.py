@@ -16,6 +16,8 @@ from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
 from actions.housekeeping import attempts_prune_bodies
+from actions.workflows.coordinator import sweep_workflows as sweep_workflows_run
+from actions.workflows.coordinator import workflow_advance as workflow_advance_run
 
 
 @shared_task(name="actions.tasks.dispatch")
@@ -61,3 +63,14 @@ def ledger_audit() -> int:
 @shared_task(name="actions.tasks.housekeeping_prune_attempt_bodies")
 def housekeeping_prune_attempt_bodies() -> int:
     return attempts_prune_bodies().pruned
+
+
+@shared_task(name="actions.tasks.workflow_advance")
+def workflow_advance(workflow_id: str) -> str:
+    return workflow_advance_run(workflow_id=workflow_id)
+
+
+@shared_task(name="actions.tasks.sweep_workflows")
+def sweep_workflows() -> int:
+    """Advance workflows whose next move was never made (a nudge lost, a worker killed)."""
+    return sweep_workflows_run()

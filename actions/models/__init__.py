@@ -25,6 +25,13 @@ from actions.models.people import UserSettings
 from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 from actions.models.suppliers import Supplier, SupplierContact
 from actions.models.webhooks import WebhookEvent, WebhookEventOutcome
+from actions.models.workflows import (
+    LIVE_WORKFLOW_STATES,
+    Workflow,
+    WorkflowEvent,
+    WorkflowState,
+    WorkflowStep,
+)
 
 __all__ = [
     "Action",
@@ -62,4 +69,9 @@ __all__ = [
     "UserSettings",
     "WebhookEvent",
     "WebhookEventOutcome",
+    "Workflow",
+    "WorkflowEvent",
+    "WorkflowState",
+    "WorkflowStep",
+    "LIVE_WORKFLOW_STATES",
 ]
