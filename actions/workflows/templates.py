@@ -206,6 +206,14 @@ def _step(
     }
 
 
+def _prefixed(problems: list[FieldProblem]) -> list[FieldProblem]:
+    """The shared checks name their fields bare ("amount"); here they are parameters."""
+    return [
+        p if p.field.startswith("parameters.") else FieldProblem(f"parameters.{p.field}", p.code, p.message)
+        for p in problems
+    ]
+
+
 def _check_dict(raw: object) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ProposalInvalid([FieldProblem("parameters", "invalid_type", "Give the parameters as an object.")])
@@ -297,11 +305,8 @@ def _po_validate(raw_input: dict[str, Any]) -> Proposal:
     to = _text("parameters.to", raw.get("to"), problems, limit=254)
     explanation = _text("parameters.explanation", raw.get("explanation"), problems)
     evidence = _check_evidence(raw.get("evidence", ""), problems)
-    for problem in problems:
-        if problem.field == "amount":  # _parse_amount names its field without the prefix
-            object.__setattr__(problem, "field", "parameters.amount")
     if problems:
-        raise ProposalInvalid(problems)
+        raise ProposalInvalid(_prefixed(problems))
     assert bill_ref and case_ref and currency and amount is not None and supplier_code and to and explanation
 
     bill = Bill.objects.filter(number=bill_ref).first()
@@ -494,11 +499,8 @@ def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
             FieldProblem("parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(ReasonCode.values)}.")
         )
     evidence = _check_evidence(raw.get("evidence", ""), problems)
-    for problem in problems:
-        if problem.field in ("amount", "currency", "evidence"):
-            object.__setattr__(problem, "field", f"parameters.{problem.field}")
     if problems:
-        raise ProposalInvalid(problems)
+        raise ProposalInvalid(_prefixed(problems))
     assert order_ref and case_ref and number is not None and currency and amount is not None
 
     request = RefundRequest.objects.select_related("order").filter(order__number=order_ref, number=number).first()
