@@ -44,6 +44,10 @@ class EffectsReport:
     duplicates: int = 0
     repeats_by_decision: int = 0  # extra effects a person chose to send ("send again")
     lost: int = 0
+    # The same two counts per kind (action kind name -> count), for runs that mix kinds.
+    actions_by_kind: dict[str, int] = field(default_factory=dict)
+    duplicates_by_kind: dict[str, int] = field(default_factory=dict)
+    lost_by_kind: dict[str, int] = field(default_factory=dict)
     explained: int = 0  # effects without an action that a kind booked otherwise (outside refunds)
     decisions_due: int = 0  # PROPOSED or manager-STALE actions waiting for a person who may decide
     states: dict[str, int] = field(default_factory=dict)
@@ -109,6 +113,15 @@ def check_effects(
     audited_kinds = {kind.name for kind in all_kinds() if kind.has_ledger}
     for row in actions.values():
         report.states[row["status"]] = report.states.get(row["status"], 0) + 1
+        report.actions_by_kind[row["kind"]] = report.actions_by_kind.get(row["kind"], 0) + 1
+    for kind in all_kinds():
+        report.duplicates_by_kind.setdefault(kind.name, 0)
+        report.lost_by_kind.setdefault(kind.name, 0)
+
+    def lose(action_id: str) -> None:
+        report.lost += 1
+        kind_name = actions[action_id]["kind"]
+        report.lost_by_kind[kind_name] = report.lost_by_kind.get(kind_name, 0) + 1
 
     decisions = repeat_allowances(effects_by_action.keys())
     # Effects that no action made but that a kind booked by other means (an outside refund
@@ -139,6 +152,8 @@ def check_effects(
             report.repeats_by_decision += len(effects) - 1
         elif len(effects) > 1:
             report.duplicates += len(effects) - 1
+            kind_name = actions[action_id]["kind"]
+            report.duplicates_by_kind[kind_name] = report.duplicates_by_kind.get(kind_name, 0) + len(effects) - 1
             references = ", ".join(sorted(e.reference for e in effects))
             report.violations.append(Violation(1, action_id, f"{len(effects)} effects at the receiver: {references}"))
 
@@ -183,17 +198,17 @@ def check_effects(
     for action_id, row in actions.items():
         since = row["status_changed_at"] or now
         if row["status"] == S.SUBMITTING and now - since > lease_bound:
-            report.lost += 1
+            lose(action_id)
             report.violations.append(
                 Violation(8, action_id, f"SUBMITTING for {_age(now - since)}, beyond lease + sweep interval")
             )
         elif row["status"] == S.UNKNOWN and now - since > unknown_bound:
-            report.lost += 1
+            lose(action_id)
             report.violations.append(
                 Violation(8, action_id, f"UNKNOWN for {_age(now - since)}, beyond the escalation policy")
             )
         elif row["status"] == S.NEEDS_REVIEW and row["owner_id"] is None:
-            report.lost += 1
+            lose(action_id)
             report.violations.append(Violation(8, action_id, "NEEDS_REVIEW with no named owner"))
     _check_liveness(report, actions)
     return report
@@ -251,6 +266,7 @@ def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -
                 )
         if problem:
             report.lost += 1
+            report.lost_by_kind[row["kind"]] = report.lost_by_kind.get(row["kind"], 0) + 1
             report.violations.append(Violation(8, action_id, problem))
 
 

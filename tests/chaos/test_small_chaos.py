@@ -24,10 +24,15 @@ pytestmark = [
 def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     broker_url: str, settings: Any, tmp_path: Any
 ) -> None:
-    """Invariants 1, 2, 5 and 8 hold after 300 actions under worker kills, provider faults, a
-    PostgreSQL restart and a Redis flush, audited against the sandbox's own ledger."""
+    """Invariants 1, 2, 5 and 8 hold after 300 actions (refunds and invoice adjustments, at least
+    a third adjustments) under worker kills, receiver faults, a PostgreSQL restart and a Redis
+    flush, audited against each sandbox's own ledger, per kind."""
     settings.CELERY_BROKER_URL = broker_url
-    config = ChaosConfig(actions=300, workers=3, kill_every_seconds=4.0, drain_deadline_seconds=300, seed=7)
+    # 300 actions as before the adjustments joined: 180 refunds and 120 adjustments.
+    config = ChaosConfig(
+        actions=300, adjustment_share=0.4, workers=3, kill_every_seconds=4.0, drain_deadline_seconds=300, seed=7
+    )
+    assert config.adjustments * 3 >= config.actions, "issue 12: at least a third of the actions are adjustments"
 
     report = ChaosRun(config, workdir=tmp_path).run()
     connection.close()  # the restart left this process's connection broken; the flush needs a new one
@@ -37,6 +42,17 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     assert report.drained, "some actions were neither final nor with a person when the deadline passed"
     assert report.audit.duplicates == 0
     assert report.audit.lost == 0
+    # Per kind, so that one kind's clean record cannot hide another's (issue 12).
+    for label, _kind, duplicates, lost in report.per_kind():
+        assert (duplicates, lost) == (0, 0), f"{label}: {duplicates} duplicate(s), {lost} lost"
+    assert report.proposed == config.refunds
+    assert report.adjustments_proposed == config.adjustments
+    assert report.audit.actions_by_kind.get("invoice-adjustment") == config.adjustments
+    # The accounting sandbox's own ledger: at most one live credit note per action, exactly one
+    # per SUCCEEDED adjustment, per bill no more credited than its original amount due.
+    assert report.accounting_problems == []
+    assert report.credit_notes > 0 and report.bills_checked == (config.adjustments + 1) // 2
+    assert sum(report.accounting_faults_fired.values()) > 0, "the accounting sandbox injected no fault"
     assert report.audit.ok, [str(v) for v in report.audit.violations]
     assert report.kills > 0 and report.postgres_restarts == 1 and report.redis_flushes == 1
     assert sum(report.faults_fired.values()) > 0, "the provider injected no fault"

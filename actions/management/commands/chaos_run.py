@@ -2,6 +2,10 @@
 
 A dedicated database is strongly advised: the run restarts PostgreSQL (all its clients see
 the restart) and flushes the Redis broker database. See README.md, "The chaos run".
+
+The restart is ``pg_ctlcluster --skip-systemctl-redirect <version> $CHAOS_POSTGRES_CLUSTER restart``
+(CHAOS_POSTGRES_CLUSTER defaults to "main"): point the run's DATABASE_URL at a cluster of its own
+and name that cluster, and nobody else's connections are cut.
 """
 
 from __future__ import annotations
@@ -9,17 +13,29 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from actions.chaos import ChaosConfig, ChaosRun
 
 
 class Command(BaseCommand):
-    help = "Propose N refunds through the API while killing workers and injecting faults; then audit."
+    help = (
+        "Propose N actions (refunds and invoice adjustments) and supplier emails through the API while "
+        "killing workers and injecting faults; then audit each receiver's own ledger, per kind. "
+        "The PostgreSQL restart acts on the cluster named by CHAOS_POSTGRES_CLUSTER (default: main)."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         defaults = ChaosConfig()
-        parser.add_argument("--actions", type=int, default=defaults.actions)
+        parser.add_argument(
+            "--actions", type=int, default=defaults.actions, help="refunds and invoice adjustments together"
+        )
+        parser.add_argument(
+            "--adjustment-share",
+            type=float,
+            default=defaults.adjustment_share,
+            help="share of --actions that are invoice adjustments (issue 12 asks for at least 1/3; 0: refunds only)",
+        )
         parser.add_argument("--workers", type=int, default=defaults.workers)
         parser.add_argument("--kill-every", type=float, default=defaults.kill_every_seconds, help="seconds")
         parser.add_argument(
@@ -66,8 +82,11 @@ class Command(BaseCommand):
         parser.add_argument("--no-finance", action="store_true", help="leave NEEDS_REVIEW actions unresolved")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not 0 <= options["adjustment_share"] <= 1:
+            raise CommandError("--adjustment-share must be between 0 and 1.")
         config = ChaosConfig(
             actions=options["actions"],
+            adjustment_share=options["adjustment_share"],
             workers=options["workers"],
             kill_every_seconds=options["kill_every"],
             create_fault_probability=options["create_faults"],
