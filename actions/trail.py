@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent
 from actions import publish
+from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -143,7 +143,10 @@ def _workflow_nudge(action: Action, from_state: str) -> None:
     workflow_id = action.payload.get("workflow") if isinstance(action.payload, dict) else None
     if not workflow_id:
         return
-    resumed = action.status == ActionStatus.SUBMITTING and from_state in (ActionStatus.UNKNOWN, ActionStatus.NEEDS_REVIEW)
+    resumed = action.status == ActionStatus.SUBMITTING and from_state in (
+        ActionStatus.UNKNOWN,
+        ActionStatus.NEEDS_REVIEW,
+    )
     if action.status in _WORKFLOW_WAKING_STATES or resumed:
         publish.workflow_advance_enqueue_on_commit(str(workflow_id))
 

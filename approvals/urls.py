@@ -2,11 +2,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views
+from approvals import views, workflow_views
 
 urlpatterns = [
     path("", views.inbox, name="approvals-inbox"),
     path("<int:pk>/", views.detail, name="approvals-detail"),
     path("<int:pk>/decide", views.decide, name="approvals-decide"),
     path("<int:pk>/reopen", views.reopen, name="approvals-reopen"),
+    path("workflows/", workflow_views.plan_inbox, name="approvals-workflows"),
+    path("workflows/<int:pk>/", workflow_views.plan_detail, name="approvals-workflow"),
+    path("workflows/<int:pk>/decide", workflow_views.plan_decide_view, name="approvals-workflow-decide"),
 ]

@@ -133,7 +133,9 @@ def propose_workflow(request: HttpRequest, payload: WorkflowProposal) -> Status[
     agent = _agent(request)
     _require_scopes(agent, payload.template)
     try:
-        result = workflow_propose(template=payload.template, parameters=payload.parameters, proposer=Actor.for_agent(agent))
+        result = workflow_propose(
+            template=payload.template, parameters=payload.parameters, proposer=Actor.for_agent(agent)
+        )
     except ProposalInvalid as invalid:
         log_event("workflow.invalid", errors=[p.as_dict() for p in invalid.problems])
         raise _invalid(invalid) from None
@@ -143,8 +145,9 @@ def propose_workflow(request: HttpRequest, payload: WorkflowProposal) -> Status[
         raise ApiProblem(
             "conflict",
             code="live_workflow",
-            detail=str(conflict) if mine else "The case already has a live workflow by another proposer. Nothing "
-            "was written. Ask a person.",
+            detail=str(conflict)
+            if mine
+            else "The case already has a live workflow by another proposer. Nothing was written. Ask a person.",
             **(
                 {
                     "workflow_id": live.workflow_id,

@@ -34,6 +34,7 @@ from actions.models.workflows import (
 )
 
 __all__ = [
+    "LIVE_WORKFLOW_STATES",
     "Action",
     "ActionEvent",
     "ActionKind",
@@ -73,5 +74,4 @@ __all__ = [
     "WorkflowEvent",
     "WorkflowState",
     "WorkflowStep",
-    "LIVE_WORKFLOW_STATES",
 ]

@@ -49,7 +49,7 @@ from actions.owners import owner_pick
 from actions.providers.base import ProviderError
 from actions.publish import dispatch_enqueue_on_commit, workflow_advance_enqueue_on_commit
 from actions.trail import Actor, action_transition, event_record
-from actions.workflows.templates import READ, child_action, compensation_key, step_key, template_for
+from actions.workflows.templates import READ, child_action, compensation_key, step_key
 from approvals.models import Approval, Decision, WorkflowApproval
 
 log = logging.getLogger(__name__)
@@ -202,9 +202,11 @@ def _step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, 
     if binding is None or binding.get("payload_hash") != action.payload_hash:
         problem = f"The step {step.name}'s payload differs from what the plan's approval binds."
     elif plan_approval.expires_at is None or plan_approval.expires_at <= now:
-        problem = f"The plan's approval expired at {plan_approval.expires_at:%Y-%m-%d %H:%M:%S}."
-    if problem is not None:
-        _pause(workflow=workflow, owner=None, kind=step.kind, waiting_for=problem + " A manager decides again.", now=now)
+        problem = f"The plan's approval expired at {plan_approval.expires_at}."
+    if problem is not None or binding is None or plan_approval.expires_at is None:
+        _pause(
+            workflow=workflow, owner=None, kind=step.kind, waiting_for=f"{problem} A manager decides again.", now=now
+        )
         return workflow.state
     # A worker killed here, after the child's commit and before its dispatch is published,
     # leaves an AUTHORIZED child: the AUTHORIZED sweep sends it (tests kill at this point).
@@ -358,7 +360,10 @@ def _advance_locked(*, workflow_id: str, now: datetime | None) -> _Next:
             return _Next(state="missing")
         if workflow.state == W.AUTHORIZED:
             workflow_transition(
-                workflow=workflow, transition="start", actor=COORDINATOR, reason="The plan is approved: running it.",
+                workflow=workflow,
+                transition="start",
+                actor=COORDINATOR,
+                reason="The plan is approved: running it.",
                 now=now,
             )
         if workflow.state in (W.RUNNING, W.PAUSED):
@@ -553,7 +558,14 @@ def documents_read(payload: dict[str, Any]) -> dict[str, Any]:
     if settings.ACCOUNTING_API_BASE and bill.accounting_reference:
         try:
             invoice = accounting_from_settings().get_invoice(bill.accounting_reference)
-            evidence["accounting"] = {"invoice_id": bill.accounting_reference, "raw": dict(invoice.raw)}
+            evidence["accounting"] = {
+                "invoice_id": invoice.id,
+                "number": invoice.number,
+                "status": invoice.status,
+                "total": str(invoice.total),
+                "amount_due": str(invoice.amount_due),
+                "currency": invoice.currency,
+            }
         except ProviderError as error:
             evidence["accounting"] = {"invoice_id": bill.accounting_reference, "error": str(error)}
     return evidence
@@ -572,9 +584,7 @@ def sweep_workflows(*, now: datetime | None = None, limit: int = 100) -> int:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS / 2)
     ids = list(
-        Workflow.objects.filter(
-            state__in=[W.AUTHORIZED, W.RUNNING, W.PAUSED, W.COMPENSATING], updated_at__lt=cutoff
-        )
+        Workflow.objects.filter(state__in=[W.AUTHORIZED, W.RUNNING, W.PAUSED, W.COMPENSATING], updated_at__lt=cutoff)
         .order_by("updated_at")
         .values_list("workflow_id", flat=True)[:limit]
     )

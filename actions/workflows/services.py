@@ -92,10 +92,9 @@ def workflow_propose(
                 workflow.save()
         except IntegrityError:
             # Lost the race for the case (or the id) to a concurrent proposal.
-            winner = (
-                Workflow.objects.filter(case=proposal.case, state__in=sorted(LIVE_WORKFLOW_STATES)).first()
-                or Workflow.objects.get(workflow_id=proposal.workflow_id)
-            )
+            winner = Workflow.objects.filter(
+                case=proposal.case, state__in=sorted(LIVE_WORKFLOW_STATES)
+            ).first() or Workflow.objects.get(workflow_id=proposal.workflow_id)
             return _existing_or_conflict(winner, proposal.plan_hash)
         for spec, plan_step in zip(found.steps, proposal.plan["steps"], strict=True):
             WorkflowStep.objects.create(
@@ -162,7 +161,14 @@ def plan_refusals(workflow: Workflow) -> list[str]:
 
 
 def _record_approval(
-    *, workflow: Workflow, approver: Any, label: str, policy: str, detail: dict[str, Any], note: str, now: datetime,
+    *,
+    workflow: Workflow,
+    approver: Any,
+    label: str,
+    policy: str,
+    detail: dict[str, Any],
+    note: str,
+    now: datetime,
     actor: Actor,
 ) -> WorkflowApproval:
     approval = WorkflowApproval.objects.create(
@@ -379,7 +385,7 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
         "state": workflow.state,
         "final": workflow.is_final,
         "plan_hash": workflow.plan_hash,
-        "owner": workflow.owner.get_username() if workflow.owner_id else None,
+        "owner": workflow.owner.get_username() if workflow.owner is not None else None,
         "waiting_for": workflow.waiting_for or None,
         "next": workflow_next(workflow, out_steps),
         "steps": out_steps,

@@ -356,7 +356,11 @@ def _po_validate(raw_input: dict[str, Any]) -> Proposal:
             read,
             1,
             target={"type": "bill", "ref": bill.number},
-            payload={"bill": bill.number, "invoice_id": bill.accounting_reference, "purchase_order": bill.purchase_order},
+            payload={
+                "bill": bill.number,
+                "invoice_id": bill.accounting_reference,
+                "purchase_order": bill.purchase_order,
+            },
         ),
         _step(
             post,
@@ -496,7 +500,9 @@ def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
 
     if reason not in ReasonCode.values:
         problems.append(
-            FieldProblem("parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(ReasonCode.values)}.")
+            FieldProblem(
+                "parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(ReasonCode.values)}."
+            )
         )
     evidence = _check_evidence(raw.get("evidence", ""), problems)
     if problems:
@@ -506,14 +512,22 @@ def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
     request = RefundRequest.objects.select_related("order").filter(order__number=order_ref, number=number).first()
     if request is None:
         raise ProposalInvalid(
-            [FieldProblem("parameters.request_number", "not_found", f"Order {order_ref} has no refund request {number}.")]
+            [
+                FieldProblem(
+                    "parameters.request_number", "not_found", f"Order {order_ref} has no refund request {number}."
+                )
+            ]
         )
     order: Order = request.order
     if not order.charge_reference:
         raise ProposalInvalid([FieldProblem("parameters.order_number", "no_charge", "The order has no payment.")])
     if currency != order.currency:
         raise ProposalInvalid(
-            [FieldProblem("parameters.currency", "currency_mismatch", f"Order {order_ref} was paid in {order.currency}.")]
+            [
+                FieldProblem(
+                    "parameters.currency", "currency_mismatch", f"Order {order_ref} was paid in {order.currency}."
+                )
+            ]
         )
     if not order.customer_email:
         raise ProposalInvalid(
@@ -655,7 +669,9 @@ def child_action(
         evidence=evidence,
     )
     if kind == ActionKind.REFUND:
-        request = RefundRequest.objects.select_related("order").get(order__number=payload["order"], number=payload["request"])
+        request = RefundRequest.objects.select_related("order").get(
+            order__number=payload["order"], number=payload["request"]
+        )
         action.order = request.order
         action.refund_request = request
     elif kind in (ActionKind.INVOICE_ADJUSTMENT,):

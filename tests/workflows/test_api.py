@@ -34,7 +34,9 @@ def token(agent: Agent) -> str:
 
 
 def post(client: Client, token: str, body: dict[str, Any]) -> Any:
-    return client.post("/api/v1/workflows", data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client.post(
+        "/api/v1/workflows", data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
 
 
 def get(client: Client, token: str, workflow_id: str) -> Any:

@@ -47,7 +47,7 @@ def test_the_workflow_id_and_child_keys_come_from_business_references(
     keys = [key for key, _ in world.effects]
     assert keys == [f"{PO}:post_credit_note", f"{PO}:email_supplier"]
     read = workflow.steps.get(name="read_documents")
-    assert read.result["purchase_order"]["number"] == "PO-INV-42"
+    assert read.result is not None and read.result["purchase_order"]["number"] == "PO-INV-42"
     bill = Bill.objects.get(number="INV-42")
     assert bill.adjusted_amount == Decimal("20.00") and bill.reserved_amount == 0
     # Each child was claimed only after the step before it was recorded SUCCEEDED.
@@ -168,7 +168,11 @@ def test_compensation_runs_in_reverse_completion_order(world: World, agent_actor
         )
 
     templates._TEMPLATES["po_mismatch_resolution"] = templates.Template(
-        name=original.name, label=original.label, parameters=original.parameters, steps=(*spec, extra), validate=validate
+        name=original.name,
+        label=original.label,
+        parameters=original.parameters,
+        steps=(*spec, extra),
+        validate=validate,
     )
     try:
         world.script[f"{PO}:final_check"] = Outcome.FAILED_FINAL
@@ -238,4 +242,9 @@ def test_every_workflow_state_change_writes_an_event(world: World, agent_actor: 
         for e in WorkflowEvent.objects.filter(workflow__workflow_id=PO).order_by("pk")
         if e.from_state != e.to_state
     ]
-    assert changes == [("", W.PROPOSED), (W.PROPOSED, W.AUTHORIZED), (W.AUTHORIZED, W.RUNNING), (W.RUNNING, W.COMPLETED)]
+    assert changes == [
+        ("", W.PROPOSED),
+        (W.PROPOSED, W.AUTHORIZED),
+        (W.AUTHORIZED, W.RUNNING),
+        (W.RUNNING, W.COMPLETED),
+    ]
