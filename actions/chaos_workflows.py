@@ -270,11 +270,13 @@ class WorkflowChaos:
                 comp = step.compensation
                 if comp is None:
                     continue
-                created = comp.events.filter(transition="propose").values_list("created_at", flat=True).first()
+                # Events are ordered by their id (insertion order): an event inserted after a
+                # change was committed and seen has a higher id than that change's event.
+                created = comp.events.filter(transition="propose").values_list("pk", flat=True).first()
                 for child in children:
                     last = (
-                        ActionEvent.objects.filter(action=child, created_at__lte=created)
-                        .order_by("-created_at", "-pk")
+                        ActionEvent.objects.filter(action=child, pk__lte=created)
+                        .order_by("-pk")
                         .values_list("to_state", flat=True)
                         .first()
                     )
@@ -285,11 +287,11 @@ class WorkflowChaos:
                     continue
                 done = (
                     ActionEvent.objects.filter(action=earlier.action, to_state=S.SUCCEEDED)
-                    .order_by("created_at")
-                    .values_list("created_at", flat=True)
+                    .order_by("pk")
+                    .values_list("pk", flat=True)
                     .first()
                 )
-                started = later.action.events.filter(transition="propose").values_list("created_at", flat=True).first()
+                started = later.action.events.filter(transition="propose").values_list("pk", flat=True).first()
                 if done is None or (started is not None and started < done):
                     out_of_order.append(later.action.action_id)
         compensations = sum(1 for s in steps if s.compensation is not None)

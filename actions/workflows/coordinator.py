@@ -353,9 +353,11 @@ def workflow_advance(*, workflow_id: str, now: datetime | None = None) -> str:
 
 
 def _advance_locked(*, workflow_id: str, now: datetime | None) -> _Next:
-    now = now or timezone.now()
     with transaction.atomic(durable=True):
         workflow = Workflow.objects.select_for_update().filter(workflow_id=workflow_id).first()
+        # The time is read once the lock is held: a coordinator that waited for another one
+        # must not stamp its events earlier than the changes it waited for.
+        now = now or timezone.now()
         if workflow is None:
             return _Next(state="missing")
         if workflow.state == W.AUTHORIZED:
@@ -591,7 +593,7 @@ def sweep_workflows(*, now: datetime | None = None, limit: int = 100) -> int:
     advanced = 0
     for workflow_id in ids:
         before = Workflow.objects.filter(workflow_id=workflow_id).values_list("state", "updated_at").first()
-        workflow_advance(workflow_id=workflow_id, now=now)
+        workflow_advance(workflow_id=workflow_id)
         after = Workflow.objects.filter(workflow_id=workflow_id).values_list("state", "updated_at").first()
         if before != after:
             advanced += 1
