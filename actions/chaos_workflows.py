@@ -34,12 +34,15 @@ from actions.models import (
     ActionStatus,
     Attempt,
     Bill,
+    Supplier,
+    SupplierContact,
     Workflow,
     WorkflowEvent,
     WorkflowState,
     WorkflowStep,
 )
 from actions.models.attempts import AttemptKind
+from actions.workflows.coordinator import workflow_advance
 from actions.workflows.services import PlanDecisionRefused, plan_decide
 
 if TYPE_CHECKING:
@@ -51,6 +54,9 @@ UNRESOLVED = {S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REVIEW}
 WAITING_WITH_OWNER = {W.PAUSED, W.COMPENSATING, W.FAILED}
 CHAOS_SUPPLIER = "CHAOS"
 CHAOS_CONTACT = "ap@chaos-supplier.example"
+# A contact whose mail server refuses every message for good (550): every fourth workflow writes
+# to it, so its email step fails and the credit note before it is compensated (voided).
+REFUSING_CONTACT = "ap-refuses@chaos-supplier.example"
 
 
 class WorkflowChaos:
@@ -76,6 +82,8 @@ class WorkflowChaos:
         from actions.chaos import _http, _now
 
         self.prefix = f"po-mismatch:bill-CW{self.run.stamp}-"
+        supplier = Supplier.objects.get(code=CHAOS_SUPPLIER)
+        SupplierContact.objects.get_or_create(supplier=supplier, email=REFUSING_CONTACT)
         for index in range(self.planned()):
             number = f"CW{self.run.stamp}-{index:05d}"
             bill = Bill.objects.create(
@@ -103,9 +111,12 @@ class WorkflowChaos:
             self.bills.append(number)
 
     def jobs(self) -> list[Callable[[], None]]:
-        return [functools.partial(self._propose, number) for number in self.bills]
+        return [
+            functools.partial(self._propose, number, REFUSING_CONTACT if index % 4 == 3 else CHAOS_CONTACT)
+            for index, number in enumerate(self.bills)
+        ]
 
-    def _propose(self, bill_number: str) -> None:
+    def _propose(self, bill_number: str, to: str) -> None:
         import time
 
         from actions.chaos import _http
@@ -119,7 +130,7 @@ class WorkflowChaos:
                 "currency": "EUR",
                 "reason_code": "price_mismatch",
                 "supplier": CHAOS_SUPPLIER,
-                "to": CHAOS_CONTACT,
+                "to": to,
                 "explanation": "Chaos run: unit price above the purchase order.",
             },
         }
@@ -150,9 +161,23 @@ class WorkflowChaos:
     def children(self) -> Any:
         return Action.objects.filter(action_id__startswith=self.prefix) if self.prefix else Action.objects.none()
 
+    def refusal_ensure(self) -> None:
+        """The refusing contact's server refuses for good, through every change of the run's
+        random faults (which clear the sandbox's list)."""
+        from actions.chaos import _http
+
+        if not self.prefix or not self.run.mail_url:
+            return
+        faults = _http("GET", f"{self.run.mail_url}/faults").get("faults", [])
+        if not any(fault.get("rcpt") == REFUSING_CONTACT for fault in faults):
+            _http("POST", f"{self.run.mail_url}/faults", {"mode": "reject", "rcpt": REFUSING_CONTACT})
+
     def approve_waiting(self) -> None:
         """The scripted manager approves each plan that waits (four eyes: not the agent's owner)."""
         from actions.chaos import _db_retry
+
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            self.refusal_ensure()
 
         for pk in _db_retry(lambda: list(self.workflows().filter(state=W.PROPOSED).values_list("pk", flat=True))) or []:
             with contextlib.suppress(PlanDecisionRefused):
@@ -211,7 +236,14 @@ class WorkflowChaos:
         return counts
 
     def wait_settled(self, deadline_seconds: float) -> bool:
+        """After the clerk's resolutions: run each workflow's coordinator once here (a paused one
+        resumes or compensates), then wait until the workers have taken them to rest."""
         import time
+
+        from actions.chaos import _db_retry
+
+        for workflow_id in _db_retry(lambda: list(self.workflows().values_list("workflow_id", flat=True))) or []:
+            _db_retry(functools.partial(workflow_advance, workflow_id=workflow_id))
 
         deadline = time.monotonic() + deadline_seconds
         while time.monotonic() < deadline:
