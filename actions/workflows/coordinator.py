@@ -190,7 +190,8 @@ def _child_create(
 
 
 def _step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, Any], now: datetime) -> str:
-    """Create step ``step``'s child under the plan's approval, if the binding still holds."""
+    """Create step ``step``'s child under the plan's approval, if the binding still holds;
+    otherwise pause (or stay paused) for a new decision."""
     plan_approval = latest_plan_approval(workflow)
     assert plan_approval is not None, "an authorized workflow has a plan approval"
     key = step_key(workflow.workflow_id, step.name)
@@ -208,6 +209,8 @@ def _step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, 
             workflow=workflow, owner=None, kind=step.kind, waiting_for=f"{problem} A manager decides again.", now=now
         )
         return workflow.state
+    if workflow.state == W.PAUSED:
+        workflow_transition(workflow=workflow, transition="resume", actor=COORDINATOR, reason="Resuming.", now=now)
     # A worker killed here, after the child's commit and before its dispatch is published,
     # leaves an AUTHORIZED child: the AUTHORIZED sweep sends it (tests kill at this point).
     transaction.on_commit(lambda: fault_point(FAULT_AFTER_NEXT_STEP))
@@ -406,10 +409,6 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
             continue
         child = step.action
         if child is None:
-            if workflow.state == W.PAUSED:
-                workflow_transition(
-                    workflow=workflow, transition="resume", actor=COORDINATOR, reason="Resuming.", now=now
-                )
             fault_point(FAULT_BEFORE_NEXT_STEP)
             _step_start(workflow=workflow, step=step, plan_step=_plan_step(workflow, step), now=now)
             return _Next(state=workflow.state)
