@@ -42,11 +42,22 @@ class WorkflowConflict(Exception):
     """The case already has a live workflow with a different plan."""
 
     def __init__(self, live: Workflow) -> None:
+        # ``live``: the workflow the proposal collides with. Usually the case's live one; it may
+        # be a finished workflow that already holds the same id (same case reference).
         self.live = live
-        super().__init__(
-            f"The case already has the live workflow {live.workflow_id} ({live.get_state_display().lower()}) with a "
-            "different plan. Recovery uses the saved decision: fetch that workflow rather than proposing a new one."
-        )
+        self.is_live = live.state in LIVE_WORKFLOW_STATES
+        if self.is_live:
+            text = (
+                f"The case already has the live workflow {live.workflow_id} ({live.get_state_display().lower()}) "
+                "with a different plan. Recovery uses the saved decision: fetch that workflow rather than proposing "
+                "a new one."
+            )
+        else:
+            text = (
+                f"The workflow {live.workflow_id} already exists ({live.get_state_display().lower()}) with a "
+                "different plan. A new decision for the case needs a new case reference."
+            )
+        super().__init__(text)
 
 
 @dataclass

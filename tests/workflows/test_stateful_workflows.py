@@ -69,6 +69,7 @@ class WorkflowMachine(RuleBasedStateMachine):
         super().__init__()
         self.effects: list[tuple[str, str]] = []
         self.script: dict[str, Outcome] = {}
+        self.fated: set[str] = set()  # keys whose receiver's answer the sequence fixed at its start
         self.receivers: dict[str, ScriptedReceiver] = {}
         self.bills: list[str] = []
         self.workflow_ids: list[str] = []
@@ -93,11 +94,16 @@ class WorkflowMachine(RuleBasedStateMachine):
 
     # --- rules -------------------------------------------------------------------------------
 
-    @initialize(amount=st.sampled_from(["10.00", "20.00", "35.00"]))
-    def an_approved_plan(self, amount: str) -> None:
-        """Every sequence starts from an approved plan, so its steps are what gets explored."""
+    @initialize(amount=st.sampled_from(["10.00", "20.00", "35.00"]), email_refused=st.booleans())
+    def an_approved_plan(self, amount: str, email_refused: bool) -> None:
+        """Every sequence starts from an approved plan, so its steps are what gets explored; in
+        half of them the relay refuses the supplier email for good, so compensation runs."""
         self.propose(True, amount)
         self.manager_approves()
+        if email_refused and self.workflow_ids:
+            key = f"{self.workflow_ids[0]}:email_supplier"
+            self.script[key] = Outcome.FAILED_FINAL
+            self.fated.add(key)
 
     @rule(new_bill=st.booleans(), amount=st.sampled_from(["10.00", "20.00", "35.00"]))
     def propose(self, new_bill: bool, amount: str) -> None:
@@ -112,8 +118,10 @@ class WorkflowMachine(RuleBasedStateMachine):
                 proposer=PEOPLE["agent"],
             )
         except WorkflowConflict as conflict:
-            # Invariant 15: refused, naming the live workflow of the case.
-            assert conflict.live.state in LIVE_WORKFLOW_STATES
+            # Invariant 15: refused, naming the live workflow of the case (or the finished one
+            # that already holds this workflow id).
+            assert conflict.is_live == (conflict.live.state in LIVE_WORKFLOW_STATES)
+            assert conflict.live.workflow_id in str(conflict)
             note(f"conflict with {conflict.live.workflow_id}")
             return
         except ProposalInvalid:
@@ -148,7 +156,8 @@ class WorkflowMachine(RuleBasedStateMachine):
                 # Only the mail relay proves "never handed over" (a 4xx before DATA); an API
                 # receiver's early failure is an ambiguous one.
                 mode = Outcome.UNKNOWN
-            self.script[action.idempotency_key] = mode
+            if action.idempotency_key not in self.fated:
+                self.script[action.idempotency_key] = mode
             claim = submission_begin(action_pk=action.pk)
             if claim.outcome != ClaimOutcome.CLAIMED or crash == "after_claim":
                 continue
