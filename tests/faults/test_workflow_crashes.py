@@ -97,10 +97,12 @@ def _chain(pool: WorkerPool, workflow: Workflow, fault: str, *, most: int = 6) -
     dead: list[Worker] = []
     for _ in range(most):
         worker = pool.start(fault_points=fault, beat=True)
+
+        def dead_or_settled(worker: Worker = worker) -> bool:
+            return not worker.alive or Workflow.objects.filter(pk=workflow.pk, state__in=SETTLED).exists()
+
         wait_until(
-            lambda worker=worker: (
-                not worker.alive or Workflow.objects.filter(pk=workflow.pk, state__in=SETTLED).exists()
-            ),
+            dead_or_settled,
             timeout=60,
             what=f"a kill at {fault} or the workflow to settle",
         )
