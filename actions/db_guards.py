@@ -133,3 +133,22 @@ def refuse_duplicate_charges(apps: Any, schema_editor: Any) -> None:
             + ", ".join(duplicates)
             + ". Clear the charge reference on the order that does not own the charge, then migrate again."
         )
+
+
+# The workflow trail (actions.WorkflowEvent) is append-only like the action's (invariant 9).
+PG_WORKFLOW_GUARDS = """
+DROP TRIGGER IF EXISTS workflowevent_append_only ON actions_workflowevent;
+CREATE TRIGGER workflowevent_append_only
+    BEFORE UPDATE OR DELETE ON actions_workflowevent
+    FOR EACH ROW EXECUTE FUNCTION console_refuse_event_change();
+"""
+
+
+def install_workflow_guards(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(PG_WORKFLOW_GUARDS, params=None)
+
+
+def remove_workflow_guards(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("DROP TRIGGER IF EXISTS workflowevent_append_only ON actions_workflowevent;")

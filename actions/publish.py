@@ -38,3 +38,17 @@ def rejection_commit_enqueue(action_pk: int, countdown: int) -> None:
     """Publish the commit of a pending rejection for the end of its undo window. A publish lost
     on the way is picked up by the pages and the beat, which commit every due rejection."""
     app.send_task(REJECTION_COMMIT_TASK, args=(action_pk,), countdown=countdown)
+
+
+WORKFLOW_ADVANCE_TASK = "actions.tasks.workflow_advance"
+
+
+def workflow_advance_enqueue(workflow_id: str) -> None:
+    """Publish a nudge to a workflow's coordinator (actions.workflows.coordinator)."""
+    app.send_task(WORKFLOW_ADVANCE_TASK, args=(workflow_id,))
+
+
+def workflow_advance_enqueue_on_commit(workflow_id: str) -> None:
+    """Once the change is committed, wake the workflow's coordinator; a nudge lost on the way is
+    made up by the workflow sweep, which finds the workflow's next step due."""
+    transaction.on_commit(lambda: workflow_advance_enqueue(workflow_id))

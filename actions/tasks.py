@@ -18,6 +18,8 @@ from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
 from actions.housekeeping import attempts_prune_bodies
 from actions.notifications import notifications_send_due
+from actions.workflows.coordinator import sweep_workflows as sweep_workflows_run
+from actions.workflows.coordinator import workflow_advance as workflow_advance_run
 from approvals.services import rejection_commit as rejection_commit_run
 from approvals.services import rejections_commit_due
 
@@ -76,6 +78,8 @@ def rejection_commit(action_pk: int) -> bool:
 @shared_task(name="actions.tasks.sweep_rejections")
 def sweep_rejections() -> int:
     return rejections_commit_due()
+
+
 @shared_task(name="actions.tasks.deliver_agent_webhook")
 def deliver_agent_webhook(delivery_pk: int) -> str:
     return webhook_deliver(delivery_pk)
@@ -89,3 +93,14 @@ def sweep_agent_webhooks() -> int:
 @shared_task(name="actions.tasks.notify_people")
 def notify_people() -> int:
     return notifications_send_due().sent
+
+
+@shared_task(name="actions.tasks.workflow_advance")
+def workflow_advance(workflow_id: str) -> str:
+    return workflow_advance_run(workflow_id=workflow_id)
+
+
+@shared_task(name="actions.tasks.sweep_workflows")
+def sweep_workflows() -> int:
+    """Advance workflows whose next move was never made (a nudge lost, a worker killed)."""
+    return sweep_workflows_run()

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from actions.models import Action, ActionEvent, ActorKind, Agent
+from actions import publish
+from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent
 from actions.outbox import webhook_outbox_write
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def action_transition(
         # and the caller changed), plus the auto_now timestamp: a full save rewrites some 30
         # columns and copies the payload for the immutability check.
         action.save(update_fields=[*changed, "updated_at"])
-    return event_record(
+    event = event_record(
         action=action,
         transition=transition,
         from_state=from_state,
@@ -123,6 +124,38 @@ def action_transition(
         evidence=evidence,
         now=now,
     )
+    _workflow_nudge(action, from_state)
+    return event
+
+
+# The child states a workflow's coordinator acts on: an outcome (next step, pause, compensate),
+# a new decision needed, or a paused step taken up again by a retry or a person's resolution.
+_WORKFLOW_WAKING_STATES = frozenset(
+    {
+        ActionStatus.SUCCEEDED,
+        ActionStatus.FAILED_FINAL,
+        ActionStatus.UNKNOWN,
+        ActionStatus.NEEDS_REVIEW,
+        ActionStatus.STALE,
+        ActionStatus.CANCELLED,
+        ActionStatus.REJECTED,
+        ActionStatus.PROPOSED,
+    }
+)
+
+
+def _workflow_nudge(action: Action, from_state: str) -> None:
+    """A workflow's child changed: wake the coordinator once the change commits. The payload
+    names the workflow (material, set when the coordinator created the child), so no query."""
+    workflow_id = action.payload.get("workflow") if isinstance(action.payload, dict) else None
+    if not workflow_id:
+        return
+    resumed = action.status == ActionStatus.SUBMITTING and from_state in (
+        ActionStatus.UNKNOWN,
+        ActionStatus.NEEDS_REVIEW,
+    )
+    if action.status in _WORKFLOW_WAKING_STATES or resumed:
+        publish.workflow_advance_enqueue_on_commit(str(workflow_id))
 
 
 # The transition by which a person decides to send again to a receiver that can neither

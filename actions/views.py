@@ -27,11 +27,12 @@ from django.views.decorators.http import require_POST, require_safe
 from django_htmx.middleware import HtmxDetails
 
 from actions import finance
+from actions import permissions as perms
 from actions.engine import resolutions
 from actions.engine.resolutions import ReviewRefused
 from actions.finance import REMEDY_CHOICES
 from actions.kind_selectors import kind_cards
-from actions.models import Action, Discrepancy, Remedy
+from actions.models import Action, Discrepancy, Remedy, Workflow, WorkflowEvent, WorkflowState
 from actions.plain import without_status_codes
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from actions.review_selectors import (
@@ -48,6 +49,7 @@ from actions.review_selectors import (
 )
 from actions.separation import follow_up_admin_refusal
 from actions.text import unsafe_characters, unsafe_characters_message
+from actions.workflows.services import workflow_summary
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -152,7 +154,19 @@ def _notice(level: str, text: str, status: int) -> dict[str, Any]:
 
 
 def _queue_context(request: HttpRequest, filters: QueueFilters, after: str = "", **extra: Any) -> dict[str, Any]:
-    return _context(queue=review_queue_get(user=request.user, filters=filters, after=after), **extra)
+    # Workflows that wait for a person: paused on an unknown step, compensating with a
+    # compensation under review, or failed. Each names its owner.
+    waiting_workflows = (
+        Workflow.objects.filter(state__in=[WorkflowState.PAUSED, WorkflowState.FAILED, WorkflowState.COMPENSATING])
+        .exclude(state=WorkflowState.COMPENSATING, owner__isnull=True)
+        .select_related("owner")
+        .order_by("updated_at")[:100]
+    )
+    return _context(
+        queue=review_queue_get(user=request.user, filters=filters, after=after),
+        waiting_workflows=waiting_workflows,
+        **extra,
+    )
 
 
 @require_safe
@@ -471,3 +485,24 @@ def kinds(request: HttpRequest) -> HttpResponse:
     """The five checks for every kind of effect, for finance and admins."""
     _require_view(request)
     return render(request, "actions/kinds.html", {"cards": kind_cards()})
+
+
+# --- workflows -------------------------------------------------------------------------------
+
+
+@require_safe
+@login_required
+def workflow_timeline(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """One workflow as a timeline: its steps with their child actions and compensations, and its
+    trail. For finance (who owns paused and failed ones) and for managers (who approved it)."""
+    if not (may_view_review(request.user) or request.user.has_perm(perms.DECIDE)):
+        raise PermissionDenied("Workflows are for finance and managers.")
+    workflow = Workflow.objects.select_related("owner").filter(pk=pk).first()
+    if workflow is None:
+        raise Http404("There is no such workflow.")
+    events = WorkflowEvent.objects.filter(workflow=workflow).order_by("created_at", "pk")
+    return render(
+        request,
+        "actions/workflow_timeline.html",
+        {"workflow": workflow, "summary": workflow_summary(workflow), "events": events},
+    )

@@ -207,3 +207,40 @@ class PendingRejection(models.Model):
 
     def __str__(self) -> str:
         return f"rejection of {self.action_id} pending until {self.commit_at:%H:%M:%S}"
+
+
+class WorkflowApproval(models.Model):
+    """One decision on a workflow's whole plan (DESIGN.md section 10).
+
+    It binds every target's version and each step's amount and currency (``bindings``, one entry
+    per step), the plan's hash and an expiry; ``totals`` is the plan's money per currency, which
+    the approver's limit covers. Each child action later gets its own ``Approval`` copied from
+    its step's binding, which the claim checks as for any action.
+    """
+
+    workflow = models.ForeignKey("actions.Workflow", on_delete=models.PROTECT, related_name="approvals")
+    approver = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="workflow_approvals"
+    )
+    decided_by_label = models.CharField(max_length=200)
+    policy = models.CharField(max_length=32, choices=ApprovalPolicy.choices)
+    policy_detail = models.JSONField(default=dict, blank=True)
+    decision = models.CharField(max_length=16, choices=Decision.choices)
+    note = models.TextField(blank=True)
+    decided_at = models.DateTimeField()
+    plan_hash = models.CharField(max_length=80)
+    bindings = models.JSONField(default=list, help_text="Per step: target, target version, amount, currency.")
+    totals = models.JSONField(default=dict, help_text="The plan's money per currency.")
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-decided_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(decision="reject") | Q(expires_at__isnull=False),
+                name="workflow_approval_expires_when_approved",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_decision_display()} {self.workflow_id} by {self.decided_by_label}"

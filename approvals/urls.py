@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views
+from approvals import views, workflow_views
 
 urlpatterns = [
     path("", views.inbox, name="approvals-inbox"),
@@ -14,4 +14,7 @@ urlpatterns = [
     path("<int:pk>/outcome", views.outcome, name="approvals-outcome"),
     path("decided/", views.decided, name="approvals-decided"),
     path("approve-together", views.decide_group, name="approvals-decide-group"),
+    path("workflows/", workflow_views.plan_inbox, name="approvals-workflows"),
+    path("workflows/<int:pk>/", workflow_views.plan_detail, name="approvals-workflow"),
+    path("workflows/<int:pk>/decide", workflow_views.plan_decide_view, name="approvals-workflow-decide"),
 ]

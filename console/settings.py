@@ -494,6 +494,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "actions.tasks.sweep_reconcile",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
     },
+    "sweep-workflows": {
+        "task": "actions.tasks.sweep_workflows",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
+    },
     "ledger-audit": {
         "task": "actions.tasks.ledger_audit",
         "schedule": float(LEDGER_AUDIT_INTERVAL_SECONDS),

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from django.urls import URLPattern, re_path
 
-# Importing actions.api.adjustments registers its operations on ``api``.
-import actions.api.adjustments  # noqa: F401
+# Importing these modules registers their operations on ``api``.
+from actions.api import adjustments, workflows  # noqa: F401
 from actions.api.gateway import api_view, not_found
 from actions.api.views import api
 

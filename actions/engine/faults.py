@@ -15,6 +15,10 @@ FAULT_POINTS = (
     "during_reconciliation",
     "after_record",
     "during_invalidation",
+    # The workflow coordinator's (actions.workflows.coordinator).
+    "workflow_before_next_step",
+    "workflow_after_next_step",
+    "workflow_during_compensation",
 )
 
 

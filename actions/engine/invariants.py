@@ -20,7 +20,7 @@ from django.utils import timezone
 from actions.engine.ledger import repeat_allowances
 from actions.kinds import all_kinds
 from actions.kinds.base import Effect, Outcome, Receiver
-from actions.models import Action, ActionStatus
+from actions.models import Action, ActionStatus, WorkflowStep
 from actions.permissions import DECIDE
 from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
 
@@ -157,6 +157,13 @@ def check_effects(
             references = ", ".join(sorted(e.reference for e in effects))
             report.violations.append(Violation(1, action_id, f"{len(effects)} effects at the receiver: {references}"))
 
+    # A workflow step walked back by its compensation (a credit note voided) no longer shows a
+    # live effect at its receiver: it is accounted for by that compensation's success.
+    compensated = set(
+        WorkflowStep.objects.filter(compensation__status=S.SUCCEEDED, action__isnull=False).values_list(
+            "action__action_id", flat=True
+        )
+    )
     # Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded.
     for action_id, row in actions.items():
         # A kind whose receiver keeps no ledger (a person is its receiver) has nothing to count.
@@ -164,6 +171,8 @@ def check_effects(
             continue
         effects = effects_by_action.get(action_id, [])
         succeeded = [e for e in effects if e.outcome == Outcome.SUCCEEDED]
+        if action_id in compensated and not succeeded:
+            continue
         if not 1 <= len(succeeded) <= 1 + decisions.get(action_id, 0):
             report.violations.append(
                 Violation(2, action_id, f"SUCCEEDED with {len(succeeded)} succeeded effects at the receiver")

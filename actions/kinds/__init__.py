@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from actions.kinds.base import EffectKind, ReceiverContract, StepClass
 from actions.kinds.compensation import CompensationKind
+from actions.kinds.customer_email import CustomerEmailKind
 from actions.kinds.invoice_adjustment import CreditNoteVoidKind, InvoiceAdjustmentKind
 from actions.kinds.refund import RefundKind
 from actions.kinds.registry import all_kinds, kind_for, register, unregister
@@ -18,5 +19,6 @@ register(CompensationKind())
 register(SupplierEmailKind())
 register(InvoiceAdjustmentKind())
 register(CreditNoteVoidKind())
+register(CustomerEmailKind())
 
 __all__ = ["EffectKind", "ReceiverContract", "StepClass", "all_kinds", "kind_for", "register", "unregister"]

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("actions", "0013_user_settings"),
+        ("actions", "0014_workflows"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -33,8 +33,16 @@ from actions.models.people import UserSettings
 from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 from actions.models.suppliers import Supplier, SupplierContact
 from actions.models.webhooks import WebhookEvent, WebhookEventOutcome
+from actions.models.workflows import (
+    LIVE_WORKFLOW_STATES,
+    Workflow,
+    WorkflowEvent,
+    WorkflowState,
+    WorkflowStep,
+)
 
 __all__ = [
+    "LIVE_WORKFLOW_STATES",
     "Action",
     "ActionEvent",
     "ActionKind",
@@ -76,4 +84,8 @@ __all__ = [
     "UserSettings",
     "WebhookEvent",
     "WebhookEventOutcome",
+    "Workflow",
+    "WorkflowEvent",
+    "WorkflowState",
+    "WorkflowStep",
 ]

@@ -32,6 +32,8 @@ class ActionKind(models.TextChoices):
     INVOICE_ADJUSTMENT = "invoice-adjustment", "Invoice adjustment"
     # The correction of a duplicate credit note: void it, through the same engine.
     CREDIT_NOTE_VOID = "credit-note-void", "Credit note void"
+    # A notice to the customer of an order, sent only as a workflow's step (refund_with_notice).
+    CUSTOMER_EMAIL = "customer_email", "Customer email"
 
 
 class ActionStatus(models.TextChoices):

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('actions', '0013_user_settings'),
-        ('approvals', '0003_security_hardening'),
+        ('approvals', '0004_workflow_approval'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -66,6 +66,8 @@ def test_every_api_url_in_the_urlconf_is_in_the_document(document: dict[str, Any
         "/api/v1/orders",
         "/api/v1/actions",
         "/api/v1/actions/{action_id}",
+        "/api/v1/workflows",
+        "/api/v1/workflows/{workflow_id}",
     }
 
 

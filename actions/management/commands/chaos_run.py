@@ -80,10 +80,18 @@ class Command(BaseCommand):
             help="share of the orders that get a refund made outside the console, told by webhook",
         )
         parser.add_argument("--no-finance", action="store_true", help="leave NEEDS_REVIEW actions unresolved")
+        parser.add_argument(
+            "--workflow-share",
+            type=float,
+            default=defaults.workflow_share,
+            help="workflows (po_mismatch_resolution) as a share of the run's work; needs adjustments",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["adjustment_share"] <= 1:
             raise CommandError("--adjustment-share must be between 0 and 1.")
+        if not 0 <= options["workflow_share"] < 1:
+            raise CommandError("--workflow-share must be at least 0 and below 1.")
         config = ChaosConfig(
             actions=options["actions"],
             adjustment_share=options["adjustment_share"],
@@ -101,6 +109,7 @@ class Command(BaseCommand):
             outage_seconds=options["outage"],
             outside_refund_share=options["outside_refunds"],
             finance_resolves=not options["no_finance"],
+            workflow_share=options["workflow_share"],
         )
         if config.restart_postgres:
             try:

@@ -1,0 +1,1 @@
+"""Workflows (sagas): templates, the coordinator, and the proposal and plan-approval services."""
