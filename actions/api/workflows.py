@@ -22,6 +22,7 @@ from actions.api.problems import ApiProblem
 from actions.api.schemas import Problem
 from actions.api.views import _agent, _invalid, _refuse_unknown_query, api
 from actions.models import ActionKind, Agent, Workflow
+from actions.selectors import storable_text
 from actions.services import Actor, ProposalInvalid
 from actions.workflows.services import WorkflowConflict, workflow_propose, workflow_summary
 from actions.workflows.templates import READ, template_for
@@ -180,11 +181,19 @@ def propose_workflow(request: HttpRequest, payload: WorkflowProposal) -> Status[
 def get_workflow(request: HttpRequest, workflow_id: str) -> WorkflowOut:
     _refuse_unknown_query(request)
     agent = _agent(request)
+    # An id no column could hold (too long, or with a NUL, which PostgreSQL refuses in text)
+    # cannot exist: the same 404 as any unknown id, never a database error.
     workflow = (
         Workflow.objects.filter(workflow_id=workflow_id, proposed_by_agent=agent).first()
-        if len(workflow_id) <= 200
+        if len(workflow_id) <= 200 and storable_text(workflow_id)
         else None
     )
     if workflow is None:
-        raise ApiProblem("not-found", code="workflow_not_found", detail="There is no such workflow for this agent.")
+        raise ApiProblem(
+            "not-found",
+            code="workflow_not_found",
+            detail="There is no such workflow for this agent.",
+            # No echo of the path: the body is byte for byte the same for every unknown id.
+            instance=None,
+        )
     return workflow_out(workflow)
