@@ -457,6 +457,16 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
             )
             return _compensate(workflow=workflow, now=now)
         raise AssertionError(f"unhandled child status {child.status}")
+    if workflow.state == W.PAUSED:
+        # The last step was paused on an unknown outcome that has since been settled as
+        # succeeded (by reconciliation or by a person): nothing is left to run.
+        workflow_transition(
+            workflow=workflow,
+            transition="resume",
+            actor=COORDINATOR,
+            reason="The paused step's outcome is known now: it succeeded.",
+            now=now,
+        )
     workflow_transition(
         workflow=workflow, transition="complete", actor=COORDINATOR, reason="Every step succeeded.", now=now
     )

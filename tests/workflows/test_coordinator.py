@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from actions.engine.resolutions import action_resolve_failed
+from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.kinds.base import Outcome
 from actions.models import Action, ActionStatus, Bill, Remedy, Workflow, WorkflowEvent, WorkflowState
 from actions.services import ProposalInvalid
@@ -203,6 +203,31 @@ def test_an_unknown_outcome_pauses_and_compensates_nothing(
     action_resolve_failed(action_pk=email.pk, user=owner, reason="The relay log shows it bounced.")
     assert world.run(PO) == W.COMPENSATED
     assert [key for key, _ in world.effects if key.endswith(":compensate")] == [f"{PO}:post_credit_note:compensate"]
+
+
+def test_a_last_step_paused_on_an_unknown_outcome_then_found_delivered_completes_the_workflow(
+    world: World, agent_actor: Actor, manager: Any, finance: Any
+) -> None:
+    """The supplier email (the last step) is held for a person; she finds it was delivered. The
+    workflow was PAUSED on that step and now has nothing left to run: it resumes and completes,
+    and nothing is compensated. (Found by the CI chaos run: the coordinator tried PAUSED ->
+    COMPLETED, which the state machine rightly refuses, and the workflow stayed paused.)"""
+    world.script[f"{PO}:email_supplier"] = Outcome.UNKNOWN
+    approved_po(world, agent_actor, manager)
+    assert world.run(PO) == W.PAUSED
+    email = Action.objects.get(action_id=f"{PO}:email_supplier")
+    action_resolve_succeeded(
+        action_pk=email.pk,
+        user=finance,
+        provider_reference="relay-log-1",
+        reason="The supplier answered the message.",
+        evidence="Reply from the supplier quoting the message.",
+    )
+
+    assert world.run(PO) == W.COMPLETED
+    assert not [key for key, _ in world.effects if key.endswith(":compensate")]
+    transitions = list(WorkflowEvent.objects.filter(workflow__workflow_id=PO).values_list("transition", flat=True))
+    assert transitions[-2:] == ["resume", "complete"]
 
 
 def test_refund_with_notice_has_no_compensation_and_opens_a_remedy(
