@@ -135,6 +135,35 @@ def _binding_for(plan_approval: WorkflowApproval, step_name: str) -> dict[str, A
     return next((binding for binding in plan_approval.bindings if binding.get("step") == step_name), None)
 
 
+def _child_create_or_link(
+    *,
+    workflow: Workflow,
+    step: WorkflowStep,
+    action: Action,
+    plan_approval: WorkflowApproval,
+    order_version: int | None,
+    expires_at: datetime,
+    reason: str,
+    now: datetime,
+) -> Action:
+    """The child recorded under ``action``'s key: created now, or, when the key exists already
+    (a child left by an earlier run), the existing one, never a second one."""
+    try:
+        with transaction.atomic():
+            return _child_create(
+                workflow=workflow,
+                step=step,
+                action=action,
+                plan_approval=plan_approval,
+                order_version=order_version,
+                expires_at=expires_at,
+                reason=reason,
+                now=now,
+            )
+    except IntegrityError:
+        return Action.objects.get(action_id=action.action_id)
+
+
 def _child_create(
     *,
     workflow: Workflow,
@@ -214,22 +243,16 @@ def _step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, 
     # A worker killed here, after the child's commit and before its dispatch is published,
     # leaves an AUTHORIZED child: the AUTHORIZED sweep sends it (tests kill at this point).
     transaction.on_commit(lambda: fault_point(FAULT_AFTER_NEXT_STEP))
-    try:
-        with transaction.atomic():
-            _child_create(
-                workflow=workflow,
-                step=step,
-                action=action,
-                plan_approval=plan_approval,
-                order_version=binding.get("version"),
-                expires_at=plan_approval.expires_at,
-                reason=f"Step {step.position} of workflow {workflow.workflow_id} ({step.name}).",
-                now=now,
-            )
-    except IntegrityError:
-        # The key exists already (a child left by an earlier run): link it, never a second one.
-        action = Action.objects.get(action_id=key)
-    step.action = action
+    step.action = _child_create_or_link(
+        workflow=workflow,
+        step=step,
+        action=action,
+        plan_approval=plan_approval,
+        order_version=binding.get("version"),
+        expires_at=plan_approval.expires_at,
+        reason=f"Step {step.position} of workflow {workflow.workflow_id} ({step.name}).",
+        now=now,
+    )
     step.save(update_fields=["action"])
     workflow_event(
         workflow=workflow,
@@ -263,24 +286,19 @@ def _compensation_start(*, workflow: Workflow, step: WorkflowStep, plan_step: di
         payload=_compensation_payload(step, plan_step),
         kind=step.compensation_kind,
     )
-    try:
-        with transaction.atomic():
-            # The plan's approval listed this compensation; it binds its target as it is now
-            # (a void binds none, a correction email the supplier's contacts) and gets a fresh
-            # expiry: walking back must not wait for a manager who approved it already.
-            _child_create(
-                workflow=workflow,
-                step=step,
-                action=action,
-                plan_approval=plan_approval,
-                order_version=kind_for(action.kind).target_version(action),
-                expires_at=now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
-                reason=f"Compensation of step {step.name} of workflow {workflow.workflow_id}.",
-                now=now,
-            )
-    except IntegrityError:
-        action = Action.objects.get(action_id=key)
-    step.compensation = action
+    # The plan's approval listed this compensation; it binds its target as it is now (a void
+    # binds none, a correction email the supplier's contacts) and gets a fresh expiry: walking
+    # back must not wait for a manager who approved it already.
+    step.compensation = _child_create_or_link(
+        workflow=workflow,
+        step=step,
+        action=action,
+        plan_approval=plan_approval,
+        order_version=kind_for(action.kind).target_version(action),
+        expires_at=now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
+        reason=f"Compensation of step {step.name} of workflow {workflow.workflow_id}.",
+        now=now,
+    )
     step.save(update_fields=["compensation"])
     workflow_event(
         workflow=workflow,
