@@ -110,7 +110,6 @@ def check_effects(
     # effect is not a record its receiver lists.
     audited_kinds = {kind.name for kind in all_kinds() if kind.ledger_enabled()}
     report.actions = len(actions)
-    audited_kinds = {kind.name for kind in all_kinds() if kind.has_ledger}
     for row in actions.values():
         report.states[row["status"]] = report.states.get(row["status"], 0) + 1
         report.actions_by_kind[row["kind"]] = report.actions_by_kind.get(row["kind"], 0) + 1
@@ -158,11 +157,17 @@ def check_effects(
             report.violations.append(Violation(1, action_id, f"{len(effects)} effects at the receiver: {references}"))
 
     # A workflow step walked back by its compensation (a credit note voided) no longer shows a
-    # live effect at its receiver: it is accounted for by that compensation's success.
+    # live effect at its receiver: the compensation accounts for it. That holds once the
+    # compensation succeeded, and also while its outcome is still being established (sent at
+    # least once, not final): the receiver may have voided the note before the answer was lost,
+    # and the compensation itself is then owned by the reconciler or a person (invariant 8 checks
+    # that). Only a compensation that failed for good, or was never sent, leaves a missing
+    # effect unexplained.
     compensated = set(
-        WorkflowStep.objects.filter(compensation__status=S.SUCCEEDED, action__isnull=False).values_list(
-            "action__action_id", flat=True
-        )
+        WorkflowStep.objects.filter(action__isnull=False)
+        .filter(Q(compensation__status=S.SUCCEEDED) | Q(compensation__attempt_count__gt=0))
+        .exclude(compensation__status__in=(S.FAILED_FINAL, S.REJECTED, S.CANCELLED))
+        .values_list("action__action_id", flat=True)
     )
     # Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded.
     for action_id, row in actions.items():
