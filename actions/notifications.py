@@ -33,6 +33,8 @@ from actions.models import (
     NotificationSent,
     Remedy,
     UserSettings,
+    Workflow,
+    WorkflowState,
 )
 
 MANAGER_ROLE = "manager"
@@ -122,6 +124,22 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
             for a in waiting[: ITEMS_PER_MAIL * 4]
             if f"action:{a.pk}" not in told
         ]
+        # A workflow's plan is one decision covering several actions: told about like a proposal.
+        plans = (
+            Workflow.objects.filter(
+                state=WorkflowState.PROPOSED, created_at__lte=now - timedelta(minutes=choice.waiting_minutes)
+            )
+            .exclude(proposed_by_user=manager)
+            .order_by("created_at")
+        )
+        items += [
+            Item(
+                f"workflow:{w.pk}",
+                f"Plan {w.workflow_id} ({w.template}), waiting since {w.created_at:%Y-%m-%d %H:%M} UTC",
+            )
+            for w in plans[: ITEMS_PER_MAIL * 4]
+            if f"workflow:{w.pk}" not in told
+        ]
         count = _send_once(
             user=manager,
             kind=NotificationKind.WAITING_PROPOSAL,
@@ -210,6 +228,7 @@ def waiting_count_for(user: Any, roles: set[str]) -> int:
     count = 0
     if MANAGER_ROLE in roles:
         count += Action.objects.filter(status=ActionStatus.PROPOSED).exclude(proposed_by_user=user).count()
+        count += Workflow.objects.filter(state=WorkflowState.PROPOSED).exclude(proposed_by_user=user).count()
     if roles & {"finance", "accounts payable"}:
         count += Action.objects.filter(owner=user, status=ActionStatus.NEEDS_REVIEW).count()
         count += Remedy.objects.filter(owner=user, status__in=OPEN_REMEDY).count()

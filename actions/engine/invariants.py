@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -239,9 +240,9 @@ def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -
       picks rows that have one, so one without it would wait for ever.
     - NEEDS_REVIEW: a named owner (checked above).
     - PROPOSED, and STALE after a manager's approval: a person's decision is due. It is *named*
-      when at least one active user may make it: one who holds the permission to decide and an
-      approval limit in the action's currency that covers its amount. Nobody able to decide
-      means nobody ever will.
+      when at least one active user may make it: one who holds the permission to decide and,
+      for a kind that moves money, an approval limit in the action's currency that covers its
+      amount (an email needs no limit). Nobody able to decide means nobody ever will.
     - STALE after the policy's approval must not exist: the policy decides again in the
       invalidation's own transaction (actions.engine.claim), so nobody is asked to decide.
     """
@@ -261,6 +262,12 @@ def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -
     ):
         policy_by_action[action_pk] = policy  # ordered by pk: the last one is the one in force
     limits = decider_limits()
+    money_kinds = {kind.name for kind in all_kinds() if kind.moves_money}
+    # Read once, and only when a decision that needs no limit (an email) is due.
+    anyone_decides = (
+        any(row["kind"] not in money_kinds and row["status"] in (S.PROPOSED, S.STALE) for row in live.values())
+        and deciders_exist()
+    )
     for action_id, row in live.items():
         status = row["status"]
         problem = ""
@@ -270,6 +277,10 @@ def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -
             problem = f"{status} with no reconciliation due: the reconciliation sweep would never pick it"
         elif status == S.STALE and policy_by_action.get(row["pk"]) == ApprovalPolicy.AUTO:
             problem = "STALE after the policy's approval, with no new decision by the policy and none due"
+        elif status in (S.PROPOSED, S.STALE) and row["kind"] not in money_kinds:
+            report.decisions_due += 1
+            if not anyone_decides:
+                problem = f"{status} waiting for a decision, but no active user may decide it"
         elif status in (S.PROPOSED, S.STALE):
             report.decisions_due += 1
             limit = limits.get(row["currency"])
@@ -284,16 +295,24 @@ def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -
             report.violations.append(Violation(8, action_id, problem))
 
 
+def _may_decide(prefix: str = "") -> Q:
+    return (
+        Q(**{f"{prefix}is_superuser": True})
+        | Q(**{f"{prefix}groups__permissions__codename": DECIDE_CODENAME})
+        | Q(**{f"{prefix}user_permissions__codename": DECIDE_CODENAME})
+    )
+
+
+def deciders_exist() -> bool:
+    """Whether any active user may decide a proposal that moves no money (no limit applies)."""
+    return get_user_model().objects.filter(is_active=True).filter(_may_decide()).exists()
+
+
 def decider_limits() -> dict[str, Decimal]:
     """Per currency, the highest approval limit of an active user allowed to decide."""
-    may_decide = (
-        Q(user__is_superuser=True)
-        | Q(user__groups__permissions__codename=DECIDE_CODENAME)
-        | Q(user__user_permissions__codename=DECIDE_CODENAME)
-    )
     rows = (
         ApprovalLimit.objects.filter(user__is_active=True)
-        .filter(may_decide)
+        .filter(_may_decide("user__"))
         .values("currency")
         .annotate(top=Max("max_amount"))
         .order_by()

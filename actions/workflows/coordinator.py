@@ -140,9 +140,9 @@ def _child_create_or_link(
     workflow: Workflow,
     step: WorkflowStep,
     action: Action,
-    plan_approval: WorkflowApproval,
+    plan_approval: WorkflowApproval | None,
     order_version: int | None,
-    expires_at: datetime,
+    expires_at: datetime | None,
     reason: str,
     now: datetime,
 ) -> Action:
@@ -169,14 +169,15 @@ def _child_create(
     workflow: Workflow,
     step: WorkflowStep,
     action: Action,
-    plan_approval: WorkflowApproval,
+    plan_approval: WorkflowApproval | None,
     order_version: int | None,
-    expires_at: datetime,
+    expires_at: datetime | None,
     reason: str,
     now: datetime,
 ) -> Action:
     """Record a child: PROPOSED (by the workflow's proposer) then AUTHORIZED under an approval
-    derived from the plan's, in the caller's transaction; its dispatch publishes on commit."""
+    derived from the plan's, in the caller's transaction; its dispatch publishes on commit.
+    Without ``plan_approval`` (none covers it any more) it stays PROPOSED, for a manager."""
     action.proposed_by_agent = workflow.proposed_by_agent
     action.proposed_by_user = workflow.proposed_by_user
     action.propose()
@@ -191,6 +192,8 @@ def _child_create(
         evidence={"workflow": workflow.workflow_id, "step": step.name, "payload_hash": action.payload_hash},
         now=now,
     )
+    if plan_approval is None or expires_at is None:
+        return action
     approval = Approval.objects.create(
         action=action,
         approver=plan_approval.approver,
@@ -231,12 +234,12 @@ def _step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, 
     problem = None
     if binding is None or binding.get("payload_hash") != action.payload_hash:
         problem = f"The step {step.name}'s payload differs from what the plan's approval binds."
-    elif plan_approval.expires_at is None or plan_approval.expires_at <= now:
-        problem = f"The plan's approval expired at {plan_approval.expires_at}."
+    elif plan_approval.expires_at is None:
+        problem = "The plan's approval has no expiry, so it binds nothing in time."
+    elif plan_approval.expires_at <= now:
+        problem = f"The plan's approval expired at {plan_approval.expires_at:%Y-%m-%d %H:%M} UTC."
     if problem is not None or binding is None or plan_approval.expires_at is None:
-        _pause(
-            workflow=workflow, owner=None, kind=step.kind, waiting_for=f"{problem} A manager decides again.", now=now
-        )
+        _step_propose(workflow=workflow, step=step, action=action, problem=problem or "", now=now)
         return workflow.state
     if workflow.state == W.PAUSED:
         workflow_transition(workflow=workflow, transition="resume", actor=COORDINATOR, reason="Resuming.", now=now)
@@ -264,6 +267,44 @@ def _step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, 
         now=now,
     )
     return workflow.state
+
+
+def _step_propose(*, workflow: Workflow, step: WorkflowStep, action: Action, problem: str, now: datetime) -> None:
+    """The plan's approval no longer covers this step (it expired while an earlier step's
+    outcome was being established, say). The step is proposed on its own, as any action is: it
+    waits in the managers' inbox, counted in their badge and notified, for a decision bound to its
+    target as it is now. Approving it runs it and the workflow resumes; rejecting it walks back
+    the completed steps. Without this the workflow would wait for a decision nobody was asked
+    to make."""
+    step.action = _child_create_or_link(
+        workflow=workflow,
+        step=step,
+        action=action,
+        plan_approval=None,
+        order_version=None,
+        expires_at=None,
+        reason=f"Step {step.position} of workflow {workflow.workflow_id} ({step.name}), proposed for a new "
+        f"decision: {problem}",
+        now=now,
+    )
+    step.save(update_fields=["action"])
+    workflow_event(
+        workflow=workflow,
+        transition="step_proposed",
+        from_state=workflow.state,
+        actor=COORDINATOR,
+        reason=f"Step {step.position} ({step.name}) waits for a manager's decision: {problem}",
+        evidence={"step": step.name, "action_id": action.action_id},
+        now=now,
+    )
+    _pause(
+        workflow=workflow,
+        owner=None,
+        kind=step.kind,
+        waiting_for=f"{problem} Step {step.name} waits in the managers' inbox for a new decision: approving it "
+        "goes on, rejecting it walks back the completed steps.",
+        now=now,
+    )
 
 
 def _compensation_payload(step: WorkflowStep, plan_step: dict[str, Any]) -> dict[str, Any]:

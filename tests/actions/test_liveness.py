@@ -9,10 +9,12 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.invariants import check_effects
-from actions.models import Action, ActionStatus
+from actions.models import Action, ActionStatus, Supplier, SupplierContact
 from actions.services import Actor, action_propose_refund
+from actions.supplier_emails import supplier_email_propose
 from approvals.models import Approval, ApprovalPolicy, Decision
 from tests.factories import make_order, make_request
+from tests.mail import BILL_PARAMETERS
 
 pytestmark = pytest.mark.django_db
 
@@ -82,9 +84,7 @@ def test_a_stale_action_the_policy_approved_is_reported(agent_actor: Actor, mana
     assert "STALE after the policy's approval" in message
 
 
-def test_a_stale_action_a_manager_approved_waits_for_a_managers_new_decision(
-    agent_actor: Actor, manager: Any
-) -> None:
+def test_a_stale_action_a_manager_approved_waits_for_a_managers_new_decision(agent_actor: Actor, manager: Any) -> None:
     action = propose(agent_actor, "79.00")
     Approval.objects.create(
         action=action,
@@ -117,3 +117,26 @@ def test_an_action_waiting_on_the_receiver_with_no_reconciliation_due_is_reporte
     (message,) = liveness(check_effects(ledger=[]))
 
     assert "no reconciliation due" in message
+
+
+def test_an_email_waiting_for_a_decision_needs_a_manager_but_no_limit(agent_actor: Actor, manager: Any) -> None:
+    """An email moves no money, so no approval limit applies (approvals.services): any active
+    manager may decide it. Found when a workflow's step was proposed again after its plan's
+    approval expired: the audit asked for a limit in no currency."""
+    supplier = Supplier.objects.create(code="ACME", name="Acme Supplies")
+    SupplierContact.objects.create(supplier=supplier, email="ap@acme.example", name="Accounts")
+    supplier_email_propose(
+        supplier="ACME",
+        reference="bill-1042",
+        template="bill_adjusted",
+        parameters=BILL_PARAMETERS,
+        to="ap@acme.example",
+        proposer=agent_actor,
+    )
+
+    report = check_effects(ledger=[])
+    assert liveness(report) == [] and report.decisions_due == 1
+
+    type(manager).objects.filter(pk=manager.pk).update(is_active=False)
+    (message,) = liveness(check_effects(ledger=[]))
+    assert "no active user may decide it" in message

@@ -3,15 +3,20 @@ on an unknown outcome, and compensating in reverse (invariants 12 to 15)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
+from actions.engine import dispatch
 from actions.engine.invariants import check_effects
+from actions.engine.reconcile import reconcile_action
 from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.kinds.base import Effect, Outcome
 from actions.models import Action, ActionStatus, Bill, Remedy, Workflow, WorkflowEvent, WorkflowState
+from actions.notifications import waiting_count_for
 from actions.services import ProposalInvalid
 from actions.trail import Actor
 from actions.workflows.services import (
@@ -22,6 +27,8 @@ from actions.workflows.services import (
     workflow_summary,
 )
 from approvals.models import Approval, WorkflowApproval
+from approvals.selectors import proposal_inbox_get
+from approvals.services import approval_decide
 from tests.workflows.conftest import World, po_parameters, refund_parameters
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -318,3 +325,56 @@ def test_a_credit_note_voided_by_a_compensation_whose_outcome_is_pending_is_not_
     # Sent and succeeded: accounted for.
     Action.objects.filter(pk=void.pk).update(status=S.SUCCEEDED, attempt_count=1)
     assert violations_for_the_note() == []
+
+
+def _plan_expires_while_the_credit_note_is_unknown(
+    world: World, agent_actor: Actor, manager: Any, finance: Any
+) -> Action:
+    """The credit note's outcome is unknown long enough for the plan's approval to expire; then
+    reconciliation finds it posted. The supplier email, not started yet, is no longer covered."""
+    world.script[f"{PO}:post_credit_note"] = Outcome.UNKNOWN
+    approved_po(world, agent_actor, manager)
+    assert world.run(PO) == W.PAUSED
+    WorkflowApproval.objects.filter(workflow__workflow_id=PO).update(expires_at=timezone.now() - timedelta(minutes=1))
+    # Reconciliation, when next due, finds the credit note at the receiver.
+    note = Action.objects.get(action_id=f"{PO}:post_credit_note")
+    Action.objects.filter(pk=note.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    reconcile_action(action_pk=note.pk, receiver=dispatch.receiver_for(note))
+    assert Action.objects.get(pk=note.pk).status == S.SUCCEEDED
+    assert world.run(PO) == W.PAUSED
+    email = Action.objects.get(action_id=f"{PO}:email_supplier")
+    assert email.status == S.PROPOSED and not Approval.objects.filter(action=email).exists()
+    assert world.effects_for(f"{PO}:email_supplier") == 0
+    return email
+
+
+def test_a_step_whose_plan_approval_expired_waits_in_the_managers_inbox_and_runs_once_approved(
+    world: World, agent_actor: Actor, manager: Any, finance: Any, second_manager: Any
+) -> None:
+    """Liveness (invariant 8): a workflow must not wait for a decision nobody was asked to make.
+    The step the expired approval no longer covers is proposed on its own: it is in the managers'
+    inbox and their waiting count, the workflow says where, and approving it runs it once."""
+    email = _plan_expires_while_the_credit_note_is_unknown(world, agent_actor, manager, finance)
+    workflow = Workflow.objects.get(workflow_id=PO)
+    assert "managers' inbox" in workflow.waiting_for and "expired" in workflow.waiting_for
+    assert "step_proposed" in set(WorkflowEvent.objects.filter(workflow=workflow).values_list("transition", flat=True))
+    inbox = proposal_inbox_get(user=second_manager)
+    assert email.pk in {row.action.pk for row in inbox.waiting}
+    assert waiting_count_for(second_manager, {"manager"}) >= 1
+    # Somebody who may decide it exists, so the liveness audit finds nothing waiting in vain.
+    assert not [v for v in check_effects(ledger=[]).violations if v.subject == email.action_id]
+
+    approval_decide(action_pk=email.pk, user=second_manager, decision="approve", note="Still right.")
+    assert world.run(PO) == W.COMPLETED
+    assert world.effects_for(f"{PO}:email_supplier") == 1
+    assert not [key for key, _ in world.effects if key.endswith(":compensate")]
+
+
+def test_a_step_whose_plan_approval_expired_and_is_rejected_walks_back_the_completed_steps(
+    world: World, agent_actor: Actor, manager: Any, finance: Any, second_manager: Any
+) -> None:
+    email = _plan_expires_while_the_credit_note_is_unknown(world, agent_actor, manager, finance)
+    approval_decide(action_pk=email.pk, user=second_manager, decision="reject", note="Too late now.")
+    assert world.run(PO) == W.COMPENSATED
+    assert world.effects_for(f"{PO}:email_supplier") == 0
+    assert [key for key, _ in world.effects if key.endswith(":compensate")] == [f"{PO}:post_credit_note:compensate"]
