@@ -457,6 +457,24 @@ CELERY_TASK_SOFT_TIME_LIMIT = max(int(_lease * 0.6), 1)
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": _lease * 5}
 
+# Per-receiver rate limits (actions.engine.throttle): a token bucket in front of each receiver,
+# so that a burst of approvals never turns into a wave of 429s, each of which would become
+# UNKNOWN and a reconciliation. Keys are the receivers' names, values the `limits` library's
+# notation. Empty (the default, for the sandboxes and the tests): no limit. Production sets the
+# receivers' published limits, for example Stripe's live mode and Xero's per-tenant minute:
+#   RECEIVER_RATE_LIMITS="provider=100/second;accounting system=60/minute"
+RECEIVER_RATE_LIMITS: dict[str, str] = {
+    name.strip(): rate.strip()
+    for name, _, rate in (
+        entry.partition("=") for entry in env_str("RECEIVER_RATE_LIMITS", "").split(";") if entry.strip()
+    )
+}
+# Where the buckets live: shared by every worker process when the broker is Redis.
+RECEIVER_RATE_LIMIT_STORAGE: str = env_str(
+    "RECEIVER_RATE_LIMIT_STORAGE",
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "memory://",
+)
+
 # Supplier emails go out through Django's email framework. The default backend is Django's SMTP
 # backend, told apart only in that it notes whether the message's content left (so that a 4xx
 # before DATA can be told from a drop after it). The embedded default points it at the mail

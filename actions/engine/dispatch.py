@@ -24,6 +24,7 @@ from django_fsm import ConcurrentTransition
 from actions import permissions as perms
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.faults import fault_point
+from actions.engine.throttle import dispatch_wait, throttle_pause
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
@@ -49,6 +50,16 @@ def next_reconcile_time(*, action: Action, now: datetime, contract: ReceiverCont
     jitter = random.uniform(0, base * 0.25)
     delay = max(contract.lookup_visibility_delay.total_seconds(), 0) + base + jitter
     return now + timedelta(seconds=delay)
+
+
+def _not_before_retry_after(*, action: Action, answer: Answer, due: datetime, now: datetime) -> datetime:
+    """A receiver that answered 429 with Retry-After is not asked again before then, by this
+    action's reconciliation or by any other call (its bucket is paused: actions.engine.throttle)."""
+    retry_after = getattr(answer.error, "retry_after", None)
+    if not retry_after:
+        return due
+    throttle_pause(kind_for(action.kind).contract().receiver, retry_after)
+    return max(due, now + timedelta(seconds=retry_after))
 
 
 def settle_poll_time(now: datetime) -> datetime:
@@ -140,7 +151,9 @@ def apply_outcome(
                 reason=f"The outcome is unknown ({answer.summary()}); reconciliation will ask the receiver.",
                 evidence=evidence,
                 now=now,
-                next_reconcile_at=next_reconcile_time(action=action, now=now),
+                next_reconcile_at=_not_before_retry_after(
+                    action=action, answer=answer, due=next_reconcile_time(action=action, now=now), now=now
+                ),
             )
     elif status == S.UNKNOWN:
         target = {Outcome.SUCCEEDED: S.SUCCEEDED, Outcome.PENDING: S.SETTLING, Outcome.FAILED_FINAL: S.FAILED_FINAL}
@@ -392,6 +405,8 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
     for pk in pks:
         if time.monotonic() - started > budget:
             break
+        if dispatch_wait(action_pk=pk) > 0:
+            continue  # its receiver's bucket is empty: a later sweep sends it
         if execution_dispatch(action_pk=pk, skip_locked=True) not in ("taken", "stale"):
             dispatched += 1
     return dispatched

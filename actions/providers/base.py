@@ -42,6 +42,7 @@ __all__ = [
     "ProviderGuarantees",
     "ProviderRefund",
     "RefundStatus",
+    "retry_after_seconds",
     "validate_idempotency_key",
 ]
 
@@ -70,15 +71,10 @@ def validate_idempotency_key(key: str) -> None:
     if not key:
         raise ValueError("idempotency key must not be empty")
     if len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
-        raise ValueError(
-            f"idempotency key is {len(key)} characters long; "
-            f"the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}"
-        )
+        raise ValueError(f"idempotency key is {len(key)} characters long; the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}")
     if not _IDEMPOTENCY_KEY_CHARSET.fullmatch(key):
         bad = sorted({c for c in key if not _IDEMPOTENCY_KEY_CHARSET.fullmatch(c)})
-        raise ValueError(
-            f"idempotency key contains characters outside [A-Za-z0-9:_.-]: {''.join(bad)!r}"
-        )
+        raise ValueError(f"idempotency key contains characters outside [A-Za-z0-9:_.-]: {''.join(bad)!r}")
 
 
 @dataclass(frozen=True)
@@ -123,13 +119,9 @@ class CreateRefund:
         if self.amount_minor <= 0:
             raise ValueError(f"amount_minor must be positive, got {self.amount_minor}")
         if not isinstance(self.currency, str) or not _CURRENCY.fullmatch(self.currency):
-            raise ValueError(
-                f"currency must be a lower-case three-letter ISO code, got {self.currency!r}"
-            )
+            raise ValueError(f"currency must be a lower-case three-letter ISO code, got {self.currency!r}")
         if self.reason is not None and self.reason not in REFUND_REASONS:
-            raise ValueError(
-                f"reason must be one of {sorted(REFUND_REASONS)} or None, got {self.reason!r}"
-            )
+            raise ValueError(f"reason must be one of {sorted(REFUND_REASONS)} or None, got {self.reason!r}")
         _validate_metadata(self.metadata)
         # A private copy, so the caller mutating its dict cannot change a request in flight.
         object.__setattr__(self, "metadata", dict(self.metadata))
@@ -152,13 +144,9 @@ def _validate_metadata(metadata: dict[str, str]) -> None:
         if not isinstance(key, str) or not isinstance(value, str):
             raise ValueError(f"metadata keys and values must be strings: {key!r}={value!r}")
         if not key or len(key) > _METADATA_KEY_MAX_LENGTH:
-            raise ValueError(
-                f"metadata key {key!r} must be 1 to {_METADATA_KEY_MAX_LENGTH} characters"
-            )
+            raise ValueError(f"metadata key {key!r} must be 1 to {_METADATA_KEY_MAX_LENGTH} characters")
         if len(value) > _METADATA_VALUE_MAX_LENGTH:
-            raise ValueError(
-                f"metadata value for {key!r} is longer than {_METADATA_VALUE_MAX_LENGTH}"
-            )
+            raise ValueError(f"metadata value for {key!r} is longer than {_METADATA_VALUE_MAX_LENGTH}")
 
 
 class RefundStatus(StrEnum):
@@ -203,12 +191,15 @@ class ProviderError(Exception):
         code: str | None = None,
         http_status: int | None = None,
         raw: dict[str, Any] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.http_status = http_status
         self.raw = raw
+        # Seconds the receiver asked us to wait before calling again (its Retry-After header).
+        self.retry_after = retry_after
 
     def __str__(self) -> str:
         parts = [self.message]
@@ -219,10 +210,7 @@ class ProviderError(Exception):
         return " ".join(parts) if len(parts) == 1 else f"{parts[0]} ({', '.join(parts[1:])})"
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(message={self.message!r}, code={self.code!r}, "
-            f"http_status={self.http_status!r})"
-        )
+        return f"{type(self).__name__}(message={self.message!r}, code={self.code!r}, http_status={self.http_status!r})"
 
 
 class DefinitiveError(ProviderError):
@@ -287,3 +275,16 @@ class Provider(Protocol):
     def iter_ledger(self) -> Iterator[ProviderRefund]:
         """Every refund the receiver has (for audits), newest first. Raises LookupFailed."""
         ...
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header's delay in seconds, or None. Only the delay-seconds form is read
+    (what Stripe and Xero send); an HTTP date or garbage is ignored rather than trusted."""
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    # Bounded: a hostile or broken header must not park an action for a day.
+    return min(max(seconds, 0.0), 3600.0) if seconds == seconds else None

@@ -25,6 +25,7 @@ from actions.providers.base import (
     ProviderGuarantees,
     ProviderRefund,
     RefundStatus,
+    retry_after_seconds,
 )
 
 __all__ = [
@@ -40,9 +41,7 @@ __all__ = [
 # ambiguous and reconciliation decides. ``amount_too_large`` is also ambiguous when the amount
 # exceeds the whole charge (which no earlier attempt explains); escalation catches that case.
 # ``lock_timeout`` means a concurrent request held the charge, which may have been ours.
-_AMBIGUOUS_INVALID_REQUEST_CODES = frozenset(
-    {"charge_already_refunded", "amount_too_large", "lock_timeout"}
-)
+_AMBIGUOUS_INVALID_REQUEST_CODES = frozenset({"charge_already_refunded", "amount_too_large", "lock_timeout"})
 
 # Stripe's wording for a refund larger than what is left on the charge; matched as well as the
 # code because the code on this error is not documented as stable.
@@ -162,8 +161,7 @@ class StripeProvider:
         currency = str(_raw_json(charge).get("currency", "")).lower()
         if currency != req.currency:
             raise DefinitiveError(
-                f"refund currency {req.currency} does not match charge {req.charge} "
-                f"currency {currency or '(none)'}",
+                f"refund currency {req.currency} does not match charge {req.charge} currency {currency or '(none)'}",
                 code="currency_mismatch",
             )
 
@@ -249,9 +247,7 @@ def _parse_for_lookup(data: Mapping[str, Any]) -> ProviderRefund:
     try:
         return refund_from_stripe_json(data)
     except (KeyError, TypeError, ValueError) as exc:
-        raise LookupFailed(
-            f"Stripe returned a refund that cannot be read: {exc}", code="unreadable_response"
-        ) from exc
+        raise LookupFailed(f"Stripe returned a refund that cannot be read: {exc}", code="unreadable_response") from exc
 
 
 def _raw_json(obj: stripe.StripeObject) -> dict[str, Any]:
@@ -312,7 +308,9 @@ def map_create_error(exc: stripe.StripeError) -> ProviderError:
     if isinstance(exc, stripe.IdempotencyError) or _error_field(exc, "type") == "idempotency_error":
         return _build(IdempotencyMismatchError, exc, code or "idempotency_error")
     if isinstance(exc, stripe.RateLimitError) or status == 429:
-        return _build(AmbiguousError, exc, code or "rate_limit")
+        error = _build(AmbiguousError, exc, code or "rate_limit")
+        error.retry_after = retry_after_seconds((exc.headers or {}).get("Retry-After"))
+        return error
     if isinstance(exc, (stripe.AuthenticationError, stripe.PermissionError)) or status in (
         401,
         403,

@@ -31,6 +31,7 @@ from actions.providers.base import (
     LookupFailed,
     NotFoundError,
     ProviderError,
+    retry_after_seconds,
 )
 
 API_PATH = "/api.xro/2.0"
@@ -189,7 +190,13 @@ class AccountingClient:
         if status in (401, 403):
             raise ConfigurationError(message, code=code, http_status=status, raw=body)
         # 409 (key in flight), 429, 5xx and anything unexpected prove nothing either way.
-        raise unclear(message, code=code, http_status=status, raw=body)
+        raise unclear(
+            message,
+            code=code,
+            http_status=status,
+            raw=body,
+            retry_after=retry_after_seconds(response.headers.get("Retry-After")) if status == 429 else None,
+        )
 
     @staticmethod
     def _one_credit_note(body: dict[str, Any]) -> CreditNote:

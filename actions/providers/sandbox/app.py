@@ -36,9 +36,7 @@ REFUND_REASONS = frozenset({"duplicate", "fraudulent", "requested_by_customer"})
 # Refunds that hold part of the charge. A failed or canceled refund gives its amount back.
 COUNTING_STATUSES = ("succeeded", "pending", "requires_action")  # one "?" each below
 REFUND_PARAMS = frozenset({"charge", "amount", "reason", "metadata", "currency", "expand"})
-_COUNTED_TOTAL_SQL = (
-    "SELECT COALESCE(SUM(amount), 0) FROM refunds WHERE charge = ? AND status IN (?, ?, ?)"
-)
+_COUNTED_TOTAL_SQL = "SELECT COALESCE(SUM(amount), 0) FROM refunds WHERE charge = ? AND status IN (?, ?, ?)"
 LIST_PARAMS = frozenset({"charge", "limit", "starting_after", "ending_before", "expand"})
 CHARGE_LIST_PARAMS = frozenset({"limit", "starting_after", "ending_before", "expand"})
 
@@ -191,9 +189,7 @@ def _positive_int(value: Any, param: str) -> int:
         number = int(value)
         if number > 0:
             return number
-    raise ApiError(
-        400, f"Invalid positive integer: {param}", code="parameter_invalid_integer", param=param
-    )
+    raise ApiError(400, f"Invalid positive integer: {param}", code="parameter_invalid_integer", param=param)
 
 
 def _list_limit(params: Mapping[str, Any], allowed: frozenset[str]) -> int:
@@ -398,9 +394,7 @@ class Sandbox:
                 param="Idempotency-Key",
             )
         pairs = parse_qsl(request.body.decode("utf-8", "replace"), keep_blank_values=True)
-        fingerprint = hashlib.sha256(
-            json.dumps(["POST", "/v1/refunds", sorted(pairs)]).encode()
-        ).hexdigest()
+        fingerprint = hashlib.sha256(json.dumps(["POST", "/v1/refunds", sorted(pairs)]).encode()).hexdigest()
 
         with self._tx() as db:
             now = self.now()
@@ -443,8 +437,7 @@ class Sandbox:
                 if key is not None:
                     still_running = fault is not None and fault.mode == "commit_then_timeout"
                     db.execute(
-                        "UPDATE idempotency_keys SET state = ?, status_code = ?, body = ? "
-                        "WHERE key = ? AND token = ?",
+                        "UPDATE idempotency_keys SET state = ?, status_code = ?, body = ? WHERE key = ? AND token = ?",
                         (
                             "in_flight" if still_running else "done",
                             response.status,
@@ -484,9 +477,7 @@ class Sandbox:
                 (key, token),
             )
 
-    def _idempotent_answer(
-        self, db: sqlite3.Connection, key: str, fingerprint: str, now: float
-    ) -> Response | None:
+    def _idempotent_answer(self, db: sqlite3.Connection, key: str, fingerprint: str, now: float) -> Response | None:
         row = db.execute("SELECT * FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
@@ -707,9 +698,7 @@ class Sandbox:
             self._settle_due(db, self.now())
             row = self._refund_row(db, refund_id)
             if row is None:
-                raise ApiError(
-                    404, f"No such refund: '{refund_id}'", code="resource_missing", param="id"
-                )
+                raise ApiError(404, f"No such refund: '{refund_id}'", code="resource_missing", param="id")
             return Response(200, self._refund_json(row))
 
     def get_charge(self, charge_id: str) -> Response:
@@ -717,9 +706,7 @@ class Sandbox:
             self._settle_due(db, self.now())
             row = self._charge_row(db, charge_id)
             if row is None:
-                raise ApiError(
-                    404, f"No such charge: '{charge_id}'", code="resource_missing", param="id"
-                )
+                raise ApiError(404, f"No such charge: '{charge_id}'", code="resource_missing", param="id")
             return Response(200, self._charge_json(db, row))
 
     def list_charges(self, query: str) -> Response:
@@ -737,9 +724,7 @@ class Sandbox:
                 cursor_id = params.get(cursor_param)
                 if not cursor_id:
                     continue
-                cursor = db.execute(
-                    "SELECT rowid FROM charges WHERE id = ?", (cursor_id,)
-                ).fetchone()
+                cursor = db.execute("SELECT rowid FROM charges WHERE id = ?", (cursor_id,)).fetchone()
                 if cursor is None:
                     raise ApiError(
                         400,
@@ -781,9 +766,7 @@ class Sandbox:
             charge = params.get("charge")
             if charge:
                 if self._charge_row(db, charge) is None:
-                    raise ApiError(
-                        404, f"No such charge: '{charge}'", code="resource_missing", param="charge"
-                    )
+                    raise ApiError(404, f"No such charge: '{charge}'", code="resource_missing", param="charge")
                 where.append("charge = ?")
                 args.append(charge)
             order = "DESC"  # newest first, like Stripe
@@ -825,15 +808,11 @@ class Sandbox:
     # -- rows and JSON ----------------------------------------------------------------------
 
     def _charge_row(self, db: sqlite3.Connection, charge_id: str) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = db.execute(
-            "SELECT * FROM charges WHERE id = ?", (charge_id,)
-        ).fetchone()
+        row: sqlite3.Row | None = db.execute("SELECT * FROM charges WHERE id = ?", (charge_id,)).fetchone()
         return row
 
     def _refund_row(self, db: sqlite3.Connection, refund_id: str) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = db.execute(
-            "SELECT * FROM refunds WHERE id = ?", (refund_id,)
-        ).fetchone()
+        row: sqlite3.Row | None = db.execute("SELECT * FROM refunds WHERE id = ?", (refund_id,)).fetchone()
         return row
 
     def _counted_total(self, db: sqlite3.Connection, charge_id: str) -> int:
@@ -948,8 +927,7 @@ class Sandbox:
                     param="id",
                 )
             db.execute(
-                "INSERT INTO charges (id, amount, currency, created, metadata) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO charges (id, amount, currency, created, metadata) VALUES (?, ?, ?, ?, ?)",
                 (
                     charge_id,
                     amount,
@@ -982,16 +960,12 @@ class Sandbox:
         if not isinstance(metadata, dict):
             raise ApiError(400, "metadata must be an object", param="metadata")
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
-            raise ApiError(
-                400, "visibility_delay_seconds must be >= 0", param="visibility_delay_seconds"
-            )
+            raise ApiError(400, "visibility_delay_seconds must be >= 0", param="visibility_delay_seconds")
         with self._tx() as db:
             now = self.now()
             charge = self._charge_row(db, str(charge_id))
             if charge is None:
-                raise ApiError(
-                    404, f"No such charge: '{charge_id}'", code="resource_missing", param="charge"
-                )
+                raise ApiError(404, f"No such charge: '{charge_id}'", code="resource_missing", param="charge")
             refund_id = self._insert_refund(
                 db,
                 charge=charge,
@@ -1107,9 +1081,7 @@ class Sandbox:
                 queued = self.faults.configure(body)
             except FaultError as exc:
                 raise ApiError(400, str(exc)) from exc
-            return Response(
-                200, {"queued": [fault.to_json() for fault in queued], **self.faults.to_json()}
-            )
+            return Response(200, {"queued": [fault.to_json() for fault in queued], **self.faults.to_json()})
 
     def clear_faults(self) -> Response:
         with self._lock:
@@ -1131,8 +1103,7 @@ class Sandbox:
             for row in db.execute(query, args).fetchall():
                 final = outcome or row["settle_outcome"] or self.config.pending_outcome
                 db.execute(
-                    "UPDATE refunds SET status = ?, settle_at = NULL, failure_reason = ? "
-                    "WHERE id = ?",
+                    "UPDATE refunds SET status = ?, settle_at = NULL, failure_reason = ? WHERE id = ?",
                     (final, "declined" if final == "failed" else None, row["id"]),
                 )
                 settled.append({"id": row["id"], "status": final})
@@ -1190,11 +1161,13 @@ def _refusal(fault: Fault | None) -> Response | None:
     if fault is None:
         return None
     if fault.mode == "rate_limit":
-        return ApiError(
+        refusal = ApiError(
             429,
             "Too many requests hit the API too quickly (sandbox fault rate_limit).",
             code="rate_limit",
         ).response()
+        refusal.headers["Retry-After"] = "1"
+        return refusal
     if fault.mode == "reject_invalid":
         return ApiError(
             400,

@@ -1,0 +1,170 @@
+"""Per-receiver rate limits (actions.engine.throttle) and Retry-After (issue 18): a burst never
+turns into a wave of 429s, each of which would become UNKNOWN and a reconciliation."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import requests
+import stripe
+from django.utils import timezone
+
+from actions import tasks
+from actions.engine import throttle
+from actions.engine.dispatch import submission_record, sweep_authorized
+from actions.engine.throttle import dispatch_wait, throttle_pause, throttle_wait
+from actions.kinds.base import Answer, Outcome
+from actions.models import Action, ActionStatus, Attempt
+from actions.providers.accounting.client import AccountingClient
+from actions.providers.base import AmbiguousError, LookupFailed, retry_after_seconds
+from actions.providers.stripe_adapter import map_create_error
+from actions.services import Actor
+from tests.actions.test_dispatcher_fence import claimed
+from tests.actions.test_reconciliation import authorized_refund
+
+S = ActionStatus
+PAYMENTS = "provider"  # the refund contract's receiver name
+
+
+@pytest.fixture
+def receiver() -> str:
+    """A receiver name of its own per test: the in-memory buckets outlive a test."""
+    return f"receiver-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(autouse=True)
+def memory_buckets(settings: Any) -> None:
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "memory://"
+
+
+# --- the bucket --------------------------------------------------------------------------------
+
+
+def test_a_receiver_without_a_limit_is_never_throttled(settings: Any, receiver: str) -> None:
+    settings.RECEIVER_RATE_LIMITS = {}
+    assert [throttle_wait(receiver) for _ in range(50)] == [0.0] * 50
+
+
+def test_the_bucket_lets_its_limit_through_then_says_how_long_to_wait(settings: Any, receiver: str) -> None:
+    settings.RECEIVER_RATE_LIMITS = {receiver: "3/second"}
+    assert [throttle_wait(receiver) for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = throttle_wait(receiver)
+    assert 0 < wait <= 1.0
+    # Another receiver has its own bucket.
+    other = f"{receiver}-other"
+    settings.RECEIVER_RATE_LIMITS[other] = "1/second"
+    assert throttle_wait(other) == 0.0
+
+
+def test_retry_after_empties_the_bucket_for_that_long(settings: Any, receiver: str) -> None:
+    settings.RECEIVER_RATE_LIMITS = {receiver: "100/second"}
+    throttle_pause(receiver, 30)
+    assert 25 < throttle_wait(receiver) <= 31
+
+
+def test_a_shared_store_is_one_bucket_for_every_worker_process(settings: Any, receiver: str) -> None:
+    """With Redis, two processes' storages (two clients) draw from the same bucket."""
+    settings.RECEIVER_RATE_LIMITS = {receiver: "2/minute"}
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "redis://127.0.0.1:6379/14"
+    assert throttle_wait(receiver) == 0.0
+    throttle._storage.cache_clear()  # a second process: a client of its own
+    assert throttle_wait(receiver) == 0.0
+    throttle._storage.cache_clear()
+    assert throttle_wait(receiver) > 1
+
+
+def test_an_unreachable_store_does_not_stop_dispatch(settings: Any, receiver: str) -> None:
+    settings.RECEIVER_RATE_LIMITS = {receiver: "1/minute"}
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "redis://127.0.0.1:1/0"
+    assert throttle_wait(receiver) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("7", 7.0), (" 2.5 ", 2.5), ("", None), (None, None), ("Wed, 21 Oct 2026 07:28:00 GMT", None), ("nan", None)],
+)
+def test_retry_after_is_read_in_seconds_only(header: str | None, seconds: float | None) -> None:
+    assert retry_after_seconds(header) == seconds
+    assert retry_after_seconds("999999") == 3600.0  # bounded
+    assert retry_after_seconds("-4") == 0.0
+
+
+# --- the receivers' 429s carry Retry-After --------------------------------------------------------
+
+
+def test_stripes_429_carries_its_retry_after() -> None:
+    error = stripe.RateLimitError("Too many requests", http_status=429, headers={"Retry-After": "7"})
+    mapped = map_create_error(error)
+    assert isinstance(mapped, AmbiguousError) and mapped.retry_after == 7.0
+
+
+def test_the_accounting_systems_429_carries_its_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    response = requests.Response()
+    response.status_code = 429
+    response._content = b'{"Type": "RateLimit", "Message": "Rate limit exceeded"}'
+    response.headers["Retry-After"] = "12"
+    client = AccountingClient(api_base="http://accounting.invalid", access_token="t", tenant_id="x", timeout_seconds=1)
+    monkeypatch.setattr(client.session, "request", lambda *a, **k: response)
+    with pytest.raises(LookupFailed) as raised:
+        client.find_credit_notes(reference="invoice-adjustment:bill-1:adjustment-1")
+    assert raised.value.retry_after == 12.0
+
+
+# --- dispatch ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_throttled_dispatch_leaves_the_action_authorized_and_publishes_it_again(
+    settings: Any, agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No claim, no lease, no attempt while the bucket is empty; the dispatch comes back later."""
+    settings.RECEIVER_RATE_LIMITS = {PAYMENTS: "1/minute"}
+    throttle._storage.cache_clear()  # a fresh in-memory bucket for the payment provider
+    action = authorized_refund(agent_actor)
+    assert throttle_wait(PAYMENTS) == 0.0  # another dispatch took this minute's token
+    republished: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(tasks.dispatch, "apply_async", lambda args, **kw: republished.append((args, kw)))
+
+    assert tasks.dispatch(action.pk) == "throttled"
+
+    action.refresh_from_db()
+    assert action.status == S.AUTHORIZED and action.lease_token is None
+    assert not Attempt.objects.filter(action=action).exists()
+    [(args, options)] = republished
+    assert args == (action.pk,) and 0 < options["countdown"] <= 60
+    # The AUTHORIZED sweep leaves it too, until the bucket refills.
+    assert sweep_authorized(now=timezone.now() + timedelta(minutes=5)) == 0
+    assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
+    throttle._storage.cache_clear()
+    assert dispatch_wait(action_pk=action.pk) == 0.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_limits_dispatch_reads_nothing_more(
+    settings: Any, agent_actor: Actor, django_assert_num_queries: Any
+) -> None:
+    settings.RECEIVER_RATE_LIMITS = {}
+    action = authorized_refund(agent_actor)
+    with django_assert_num_queries(0):
+        assert dispatch_wait(action_pk=action.pk) == 0.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_429_with_retry_after_is_not_asked_again_before_then(settings: Any, agent_actor: Actor) -> None:
+    """UNKNOWN (a 429 proves nothing), but its reconciliation is not due before Retry-After, and
+    the receiver's bucket is paused for every other call too."""
+    settings.RECEIVER_RATE_LIMITS = {PAYMENTS: "100/second"}
+    throttle._storage.cache_clear()
+    action, attempt, token = claimed(agent_actor)
+    error = AmbiguousError("Too many requests", code="rate_limit", http_status=429, retry_after=120)
+    before = timezone.now()
+    submission_record(
+        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=error)
+    )
+    action.refresh_from_db()
+    assert action.status == S.UNKNOWN
+    assert action.next_reconcile_at is not None and action.next_reconcile_at >= before + timedelta(seconds=120)
+    assert throttle_wait(PAYMENTS) > 100
