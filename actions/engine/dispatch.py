@@ -52,10 +52,10 @@ def next_reconcile_time(*, action: Action, now: datetime, contract: ReceiverCont
     return now + timedelta(seconds=delay)
 
 
-def _not_before_retry_after(*, action: Action, answer: Answer, due: datetime, now: datetime) -> datetime:
+def not_before_retry_after(*, action: Action, error: Exception | None, due: datetime, now: datetime) -> datetime:
     """A receiver that answered 429 with Retry-After is not asked again before then, by this
     action's reconciliation or by any other call (its bucket is paused: actions.engine.throttle)."""
-    retry_after = getattr(answer.error, "retry_after", None)
+    retry_after = getattr(error, "retry_after", None)
     if not retry_after:
         return due
     throttle_pause(kind_for(action.kind).contract().receiver, retry_after)
@@ -151,8 +151,8 @@ def apply_outcome(
                 reason=f"The outcome is unknown ({answer.summary()}); reconciliation will ask the receiver.",
                 evidence=evidence,
                 now=now,
-                next_reconcile_at=_not_before_retry_after(
-                    action=action, answer=answer, due=next_reconcile_time(action=action, now=now), now=now
+                next_reconcile_at=not_before_retry_after(
+                    action=action, error=answer.error, due=next_reconcile_time(action=action, now=now), now=now
                 ),
             )
     elif status == S.UNKNOWN:

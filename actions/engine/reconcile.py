@@ -34,6 +34,7 @@ from actions.engine.dispatch import (
     action_escalate,
     apply_outcome,
     next_reconcile_time,
+    not_before_retry_after,
     receiver_for,
     submission_send_and_record,
 )
@@ -285,7 +286,10 @@ def _record(
                 evidence=evidence,
             )
             return action.status
-        action.next_reconcile_at = next_reconcile_time(action=action, now=now)
+        # A rate-limited lookup (429 with Retry-After) is not asked again before the receiver said.
+        action.next_reconcile_at = not_before_retry_after(
+            action=action, error=lookup.error, due=next_reconcile_time(action=action, now=now), now=now
+        )
         action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at", "reconcile_failures"])
         return "inconclusive"
 

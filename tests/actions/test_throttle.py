@@ -15,15 +15,17 @@ from django.utils import timezone
 from actions import tasks
 from actions.engine import throttle
 from actions.engine.dispatch import submission_record, sweep_authorized
+from actions.engine.reconcile import reconcile_action
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttle_wait
-from actions.kinds.base import Answer, Outcome
+from actions.kinds.base import Answer, Lookup, LookupVerdict, Outcome
+from actions.kinds.refund import refund_contract
 from actions.models import Action, ActionStatus, Attempt
 from actions.providers.accounting.client import AccountingClient
 from actions.providers.base import AmbiguousError, LookupFailed, retry_after_seconds
 from actions.providers.stripe_adapter import map_create_error
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
-from tests.actions.test_reconciliation import authorized_refund
+from tests.actions.test_reconciliation import authorized_refund, guarantees
 
 S = ActionStatus
 PAYMENTS = "provider"  # the refund contract's receiver name
@@ -168,3 +170,39 @@ def test_a_429_with_retry_after_is_not_asked_again_before_then(settings: Any, ag
     assert action.status == S.UNKNOWN
     assert action.next_reconcile_at is not None and action.next_reconcile_at >= before + timedelta(seconds=120)
     assert throttle_wait(PAYMENTS) > 100
+
+
+class RateLimitedLookups:
+    """A receiver whose lookups are refused with 429 and Retry-After."""
+
+    def __init__(self) -> None:
+        self.contract = refund_contract(guarantees(keys=True, lookup=True, authoritative=True))
+        self.lookups = 0
+
+    def lookup(self, action: Action) -> Lookup:
+        self.lookups += 1
+        return Lookup(
+            LookupVerdict.INCONCLUSIVE,
+            error=LookupFailed("Too many requests", code="rate_limit", http_status=429, retry_after=90),
+        )
+
+    def send(self, action: Action) -> Answer:
+        raise AssertionError("nothing is sent while the outcome is unknown")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rate_limited_lookup_is_not_asked_again_before_retry_after(agent_actor: Actor) -> None:
+    action, attempt, token = claimed(agent_actor)
+    timeout = AmbiguousError("read timed out", code="timeout")
+    submission_record(
+        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
+    )
+    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    receiver = RateLimitedLookups()
+    before = timezone.now()
+
+    assert reconcile_action(action_pk=action.pk, receiver=receiver) == "inconclusive"
+
+    action.refresh_from_db()
+    assert receiver.lookups == 1 and action.status == S.UNKNOWN
+    assert action.next_reconcile_at is not None and action.next_reconcile_at >= before + timedelta(seconds=90)
