@@ -4,6 +4,7 @@ turns into a wave of 429s, each of which would become UNKNOWN and a reconciliati
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +18,7 @@ from actions.engine import throttle
 from actions.engine.dispatch import submission_record, sweep_authorized
 from actions.engine.reconcile import reconcile_action
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttle_wait
-from actions.kinds.base import Answer, Lookup, LookupVerdict, Outcome
+from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
 from actions.kinds.refund import refund_contract
 from actions.models import Action, ActionStatus, Attempt
 from actions.providers.accounting.client import AccountingClient
@@ -188,6 +189,9 @@ class RateLimitedLookups:
 
     def send(self, action: Action) -> Answer:
         raise AssertionError("nothing is sent while the outcome is unknown")
+
+    def ledger(self) -> Iterator[Effect]:
+        return iter(())
 
 
 @pytest.mark.django_db(transaction=True)
