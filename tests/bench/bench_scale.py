@@ -1,0 +1,221 @@
+"""The review queue and the search at 10,000 and at 1,000,000 actions, side by side (issue 18, P-e).
+
+    python -m tests.bench.bench_scale                      # 10k, then grown to 1M, 7 timings each
+    python -m tests.bench.bench_scale --large 200000       # a quicker look
+
+Not a pytest test: it measures and prints. It exits non-zero only when the run went wrong (a page
+that did not answer 200, a search that found nothing it should have found).
+
+One database, grown in place, so that both sizes are measured by the same process on the same
+PostgreSQL with the same warm caches: the benchmark creates its own database with Django's test
+database machinery (migrated), fills it with ``--small`` actions (``search_bench``'s bulk builder:
+INSERT ... SELECT generate_series, invented customers, four in five refunds SUCCEEDED), measures,
+adds actions until it holds ``--large``, ANALYZEs, and measures again. Then it drops the database.
+
+The work waiting for people is the same at both sizes: the small build leaves one action in 100
+waiting for a person (NEEDS_REVIEW, half of them owned by the clerk) and one in 200 UNKNOWN, 150
+live rows at 10k, more than the queue's first page; the growth adds history only (resolved,
+rejected, stale...). That is the question P-e asks: does the console slow down as the history
+grows? (A queue whose live rows grow with the history is slower because it shows more, which
+is a question for the people working it, not for an index.)
+
+Measured, per page and size, through Django's test client as a logged-in finance clerk (the
+whole request: middleware, queries, template): the wall time of ``--repeat`` requests after one
+warm-up, printed as min and median, and the number of SQL statements of one request. The
+ratio column is median at the large size / median at the small size; the issue's bar is 1.2,
+with the same statement count at both sizes.
+
+The search terms are taken from the small build (an order placed early on): a customer's email,
+a refund's provider reference, an order number, an action id, and a common customer name whose
+matches grow with the history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+LIVE_SQL = """
+UPDATE actions_action SET status = CASE WHEN id %% 200 = 7 THEN 'UNKNOWN' ELSE 'NEEDS_REVIEW' END,
+       owner_id = CASE WHEN id %% 2 = 0 THEN %(owner)s ELSE NULL END,
+       next_reconcile_at = CASE WHEN id %% 200 = 7 THEN now() + interval '1 hour' ELSE NULL END,
+       due_at = now() + interval '1 day'
+WHERE id %% 100 = 3 OR id %% 200 = 7
+"""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--small", type=int, default=10_000, help="actions at the first size (default 10,000)")
+    parser.add_argument("--large", type=int, default=1_000_000, help="actions at the second size (default 1M)")
+    parser.add_argument("--repeat", type=int, default=7, help="timed requests per page and size (default 7)")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+        help="a PostgreSQL server; the benchmark creates and drops a database of its own on it",
+    )
+    return parser.parse_args(argv)
+
+
+def configure_django(args: argparse.Namespace, workdir: str) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
+    os.environ["DATABASE_URL"] = args.database_url
+    os.environ["DATABASE_POOL"] = "0"
+    os.environ["DATABASE_TEST_NAME"] = f"bench_scale_{os.getpid()}"
+    os.environ["CONSOLE_DATA_DIR"] = workdir
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+
+
+def build(*, upto: int, tag: str, owner_pk: int, live: bool) -> float:
+    """Add actions until the table holds ``upto`` (leaving the live rows among them if ``live``);
+    returns the seconds it took."""
+    from django.db import connection
+
+    from actions.management.commands.search_bench import bulk_build
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM actions_action")
+        (count,) = cursor.fetchone()
+    started = time.monotonic()
+    missing = upto - count
+    if missing > 0:
+        bulk_build(actions=missing, orders=max(1, missing // 4), tag=tag)
+        with connection.cursor() as cursor:
+            if live:
+                cursor.execute(LIVE_SQL, {"owner": owner_pk})
+            cursor.execute("ANALYZE actions_action")
+            cursor.execute("ANALYZE actions_order")
+    return time.monotonic() - started
+
+
+def pages(tag: str) -> list[tuple[str, str]]:
+    """(label, path) of each measured page, with terms from the small build."""
+    from django.urls import reverse
+
+    from actions.management.commands.search_bench import sample_terms
+
+    terms = dict(sample_terms(tag, order=42))
+    search = reverse("search")
+    return [
+        ("review queue, first page", reverse("review-queue")),
+        ("review queue, needs review only", reverse("review-queue") + "?" + urlencode({"state": "NEEDS_REVIEW"})),
+        ("review queue, mine", reverse("review-queue") + "?" + urlencode({"mine": "1"})),
+        ("search: customer email", f"{search}?{urlencode({'q': terms['customer email']})}"),
+        ("search: refund reference", f"{search}?{urlencode({'q': terms['refund reference (re_...)']})}"),
+        ("search: order number", f"{search}?{urlencode({'q': terms['order number']})}"),
+        ("search: action id", f"{search}?{urlencode({'q': terms['action id']})}"),
+        ("search: common name", f"{search}?{urlencode({'q': 'Grace Hopper'})}"),
+    ]
+
+
+class StatementLog:
+    """Every SQL statement a request sends, with its time (an execute wrapper: Django's own query
+    log is reset at each request's start, so it cannot count a whole request)."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[float, str]] = []
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.statements.append(((time.perf_counter() - started) * 1000, sql))
+
+
+def measure(client: Any, path: str, repeat: int) -> tuple[float, float, int, list[tuple[float, str]]]:
+    """(min ms, median ms, statements of one request, the slowest three statements of it)."""
+    from django.db import connection
+
+    log = StatementLog()
+    with connection.execute_wrapper(log):
+        response = client.get(path)
+    if response.status_code != 200:
+        raise SystemExit(f"{path} answered {response.status_code}")
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        client.get(path)
+        times.append((time.perf_counter() - started) * 1000)
+    slowest = sorted(log.statements, reverse=True)[:3]
+    return min(times), statistics.median(times), len(log.statements), slowest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = tempfile.mkdtemp(prefix="bench-scale-")
+    configure_django(args, workdir)
+
+    from django.contrib.auth.models import Group
+    from django.db import connection
+    from django.test import Client
+
+    from tests.factories import make_user
+
+    original_name = connection.settings_dict["NAME"]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        clerk = make_user("bench-finance", "finance")
+        assert Group.objects.filter(name="finance", user=clerk).exists()
+        client = Client()
+        client.force_login(clerk)
+
+        built_small = build(upto=args.small, tag="s", owner_pk=clerk.pk, live=True)
+        measured: dict[str, dict[int, tuple[float, float, int, list[tuple[float, str]]]]] = {}
+        page_list = pages("s")
+        for label, path in page_list:
+            measured[label] = {args.small: measure(client, path, args.repeat)}
+        built_large = build(upto=args.large, tag="l", owner_pk=clerk.pk, live=False)
+        for label, path in page_list:
+            measured[label][args.large] = measure(client, path, args.repeat)
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT status, count(*) FROM actions_action GROUP BY status ORDER BY status")
+            states = ", ".join(f"{status} {count:,}" for status, count in cursor.fetchall())
+            cursor.execute("SELECT version()")
+            version = cursor.fetchone()[0]
+        print(
+            f"{version.split(' on ')[0]}; built {args.small:,} in {built_small:.1f} s, grown to {args.large:,} "
+            f"in {built_large:.1f} s; {args.repeat} timed requests per cell after one warm-up"
+        )
+        print(f"states at {args.large:,}: {states}\n")
+        small, large = f"{args.small // 1000}k", f"{args.large // 1000}k" if args.large < 1_000_000 else "1M"
+        if args.large >= 1_000_000 and args.large % 1_000_000 == 0:
+            large = f"{args.large // 1_000_000}M"
+        header = (
+            f"| page | {small} min / median ms | {large} min / median ms | ratio {large} / {small} "
+            f"(median) | statements {small} / {large} |"
+        )
+        print(header)
+        print("|---|---|---|---|---|")
+        problems = []
+        for label, by_size in measured.items():
+            s_min, s_med, s_q, _ = by_size[args.small]
+            l_min, l_med, l_q, _ = by_size[args.large]
+            ratio = l_med / s_med if s_med else float("inf")
+            print(f"| {label} | {s_min:.1f} / {s_med:.1f} | {l_min:.1f} / {l_med:.1f} | {ratio:.2f} | {s_q} / {l_q} |")
+            if ratio > 1.2 or s_q != l_q:
+                problems.append(label)
+        print()
+        print("over the bar (ratio > 1.2 or a statement count that grew): " + (", ".join(problems) or "none"))
+        for label in problems:
+            print(f"\n{label}: its slowest statements at {large}")
+            for ms, sql in measured[label][args.large][3]:
+                print(f"  {ms:7.1f} ms  {sql[:400]}")
+        return 0
+    finally:
+        connection.creation.destroy_test_db(original_name, verbosity=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
