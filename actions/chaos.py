@@ -59,6 +59,7 @@ from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -148,6 +149,10 @@ class ChaosConfig:
     worker_fault_probability: float = 0.02  # per fault point, per pass
     restart_postgres: bool = True
     flush_redis: bool = True
+    # Restart the Redis server at the broker's address (shutdown without saving, start again)
+    # instead of flushing its database: connections drop and every queued message is lost. Only
+    # for a Redis the run owns (its own port): CI's shared Redis is flushed, never restarted.
+    restart_redis: bool = False
     drain_deadline_seconds: float = 600.0
     manager_share: float = 0.2  # proposals above the auto-approval threshold
     proposers: int = 4  # concurrent API clients
@@ -196,6 +201,7 @@ class ChaosReport:
     worker_exits: int = 0  # workers that exited without being killed by the run (replaced)
     postgres_restarts: int = 0
     redis_flushes: int = 0
+    redis_restarts: int = 0
     faults_fired: dict[str, int] = field(default_factory=dict)
     drained: bool = False
     seconds: float = 0.0
@@ -276,7 +282,8 @@ class ChaosReport:
             f"  states           {states}",
             f"  kills            {self.kills} workers by the run, {self.self_kills} at worker fault points, "
             f"{self.worker_exits} other worker exits",
-            f"  postgres         {self.postgres_restarts} restart(s); redis {self.redis_flushes} flush(es)",
+            f"  postgres         {self.postgres_restarts} restart(s); redis {self.redis_flushes} flush(es), "
+            f"{self.redis_restarts} restart(s)",
             "  provider faults  " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults_fired.items())),
             f"  outage           {self.outage_seconds:.0f} s of every lookup failing (creates too for the first "
             f"{self.config['outage_creates_seconds']:.0f} s); "
@@ -1007,6 +1014,32 @@ class ChaosRun:
         redis.Redis.from_url(self.broker_url).flushdb()
         self.report.redis_flushes += 1
 
+    def restart_redis(self) -> None:
+        """Stop the broker's Redis without saving and start it again: every connection drops and
+        every queued or unacknowledged message is gone, as after a crash of a non-persistent Redis."""
+        import redis
+
+        address = urlsplit(self.broker_url)
+        host, port = address.hostname or "127.0.0.1", str(address.port or 6379)
+        # SHUTDOWN closes the connection it came on: redis-cli then reports an error, as expected.
+        subprocess.run(["redis-cli", "-h", host, "-p", port, "shutdown", "nosave"], capture_output=True, timeout=30)
+        subprocess.run(
+            ["redis-server", "--daemonize", "yes", "--bind", host, "--port", port, "--save", "", "--appendonly", "no"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                redis.Redis.from_url(self.broker_url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        self.report.redis_restarts += 1
+
     def _emails(self) -> Any:
         return Action.objects.filter(
             action_id__startswith=f"{ActionKind.SUPPLIER_EMAIL}:{CHAOS_SUPPLIER}:bill-{self.stamp}-"
@@ -1116,7 +1149,10 @@ class ChaosRun:
                     self.restart_postgres()
                     restarted = True
                 if self.config.flush_redis and not flushed and total >= self.config.actions // 2:
-                    self.flush_redis()
+                    if self.config.restart_redis:
+                        self.restart_redis()
+                    else:
+                        self.flush_redis()
                     flushed = True
                 self.progress("chaos")
                 time.sleep(0.5)

@@ -58,6 +58,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--no-postgres-restart", action="store_true")
         parser.add_argument("--no-redis-flush", action="store_true")
+        parser.add_argument(
+            "--restart-redis",
+            action="store_true",
+            help="restart the broker's Redis server instead of flushing it (give the run a Redis of its own)",
+        )
         parser.add_argument("--drain-deadline", type=float, default=defaults.drain_deadline_seconds, help="seconds")
         parser.add_argument("--seed", type=int, default=defaults.seed)
         parser.add_argument("--emails", type=int, default=defaults.emails, help="supplier emails to propose")
@@ -102,6 +107,7 @@ class Command(BaseCommand):
             worker_fault_probability=options["worker_faults"],
             restart_postgres=not options["no_postgres_restart"],
             flush_redis=not options["no_redis_flush"],
+            restart_redis=options["restart_redis"],
             drain_deadline_seconds=options["drain_deadline"],
             seed=options["seed"],
             emails=options["emails"],
