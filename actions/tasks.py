@@ -16,7 +16,7 @@ from actions.engine.dispatch import sweep_authorized as sweep_authorized_run
 from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
-from actions.engine.throttle import dispatch_wait
+from actions.engine.throttle import dispatch_wait, republish_delay
 from actions.housekeeping import attempts_prune_bodies
 from actions.notifications import notifications_send_due
 from actions.workflows.coordinator import sweep_workflows as sweep_workflows_run
@@ -31,7 +31,7 @@ def dispatch(action_pk: int) -> str:
     # dispatch is published again for when a token is due (actions.engine.throttle).
     wait = dispatch_wait(action_pk=action_pk)
     if wait > 0:
-        dispatch.apply_async((action_pk,), countdown=wait)
+        dispatch.apply_async((action_pk,), countdown=republish_delay(wait))
         return "throttled"
     return execution_dispatch(action_pk=action_pk)
 

@@ -46,3 +46,21 @@ def production_mode_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
             )
         ]
     return []
+
+
+@register()
+def receiver_rate_limits_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A rate limit the `limits` library cannot read would leave its receiver unthrottled."""
+    from actions.engine.throttle import rate_limit_problems
+
+    problems = rate_limit_problems()
+    if not problems:
+        return []
+    return [
+        Error(
+            f"RECEIVER_RATE_LIMITS has limits that cannot be read: {', '.join(problems)}.",
+            hint='Write each as name=N/second (or /minute, /hour), separated by ";", e.g. '
+            '"provider=100/second;accounting system=60/minute".',
+            id="console.E004",
+        )
+    ]

@@ -53,8 +53,9 @@ def next_reconcile_time(*, action: Action, now: datetime, contract: ReceiverCont
 
 
 def not_before_retry_after(*, action: Action, error: Exception | None, due: datetime, now: datetime) -> datetime:
-    """A receiver that answered 429 with Retry-After is not asked again before then, by this
-    action's reconciliation or by any other call (its bucket is paused: actions.engine.throttle)."""
+    """A receiver that answered 429 with Retry-After is not asked again about this action before
+    then; with rate limits configured, its bucket is paused too, so no new dispatch to it starts
+    before then either (actions.engine.throttle; reconciliation takes no tokens)."""
     retry_after = getattr(error, "retry_after", None)
     if not retry_after:
         return due

@@ -159,16 +159,18 @@ def check_effects(
 
     # A workflow step walked back by its compensation (a credit note voided) no longer shows a
     # live effect at its receiver: the compensation accounts for it. That holds once the
-    # compensation succeeded, and also while its outcome is still being established (sent at
-    # least once, not final): the receiver may have voided the note before the answer was lost,
+    # compensation succeeded, and also while its outcome is still being established (sent, not
+    # final): the receiver may have voided the note before the answer was lost,
     # and the compensation itself is then owned by the reconciler or a person (invariant 8 checks
     # that). Only a compensation that failed for good, or was never sent, leaves a missing
     # effect unexplained.
     compensated = set(
-        WorkflowStep.objects.filter(action__isnull=False)
-        .filter(Q(compensation__status=S.SUCCEEDED) | Q(compensation__attempt_count__gt=0))
-        .exclude(compensation__status__in=(S.FAILED_FINAL, S.REJECTED, S.CANCELLED))
-        .values_list("action__action_id", flat=True)
+        WorkflowStep.objects.filter(
+            action__isnull=False,
+            # Sent, or being established: a send refused before the receiver took it (AUTHORIZED
+            # again, for another send) proves the receiver did nothing, so it is not here.
+            compensation__status__in=(S.SUCCEEDED, S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REVIEW),
+        ).values_list("action__action_id", flat=True)
     )
     # Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded.
     for action_id, row in actions.items():

@@ -15,23 +15,33 @@ settings.RECEIVER_RATE_LIMITS, per receiver name (``ReceiverContract.receiver``)
 with none is never throttled, and then nothing here costs a statement or a round trip.
 
 If the bucket's store cannot be reached, dispatch goes on unthrottled (logged): a rate limit is
-an optimisation of the receiver's load, never a reason to stop moving actions.
+an optimisation of the receiver's load, never a reason to stop moving actions. A store that hangs
+rather than refuses costs at most one short timeout: its calls time out after
+STORE_TIMEOUT_SECONDS with no retry, and after a failure the store is left alone for
+STORE_BACKOFF_SECONDS (every dispatch in that time goes unthrottled, without waiting).
+
+What is not throttled (yet): reconciliation's lookups and same-key resends. A receiver's 429 on a
+lookup holds that action's next lookup until its Retry-After (actions.engine.reconcile), but the
+reconciler does not take tokens from the bucket.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
+import threading
 import time
 from functools import lru_cache
 
 from django.conf import settings
+from django.db import transaction
 from limits import RateLimitItem, parse
 from limits.storage import Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
 from actions.kinds import kind_for
-from actions.models import Action
+from actions.models import Action, ActionStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +49,45 @@ NAMESPACE = "receiver"
 PAUSE_NAMESPACE = "receiver-pause"
 # The shortest wait handed back: a dispatch published again sooner would only be throttled again.
 MIN_WAIT_SECONDS = 0.05
+# A call to the store gives up after this long, with no retry (redis-py would otherwise wait 5 s
+# and retry), and a store that failed is not tried again for a while.
+STORE_TIMEOUT_SECONDS = 0.25
+STORE_BACKOFF_SECONDS = 30.0
+_store_down_until = 0.0
+_store_lock = threading.Lock()
 
 
 @lru_cache(maxsize=8)
 def _storage(uri: str) -> Storage:
-    storage = storage_from_string(uri)
+    options: dict[str, object] = {}
+    if uri.startswith(("redis://", "rediss://")):
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        options = {
+            "socket_timeout": STORE_TIMEOUT_SECONDS,
+            "socket_connect_timeout": STORE_TIMEOUT_SECONDS,
+            "retry": Retry(NoBackoff(), 0),
+        }
+    storage = storage_from_string(uri, **options)  # type: ignore[arg-type]
     assert isinstance(storage, Storage), "a synchronous store (memory:// or redis://)"
     return storage
+
+
+def _store_available() -> bool:
+    return time.monotonic() >= _store_down_until
+
+
+def _store_failed(what: str) -> None:
+    global _store_down_until
+    with _store_lock:
+        _store_down_until = time.monotonic() + STORE_BACKOFF_SECONDS
+    log.warning(
+        "rate limit store unreachable (%s); dispatching unthrottled for %.0f s",
+        what,
+        STORE_BACKOFF_SECONDS,
+        exc_info=True,
+    )
 
 
 @lru_cache(maxsize=32)
@@ -69,43 +111,92 @@ def throttle_wait(receiver: str) -> float:
     """Take one call's token from ``receiver``'s bucket. Returns 0 if the call may start now,
     otherwise the seconds to wait (nothing was taken)."""
     limit = settings.RECEIVER_RATE_LIMITS.get(receiver)
-    if not limit:
+    if not limit or not _store_available():
+        return 0.0
+    try:
+        item = _rate(limit)
+    except ValueError:
+        # `manage.py check` names it (console.E004); a worker does not run the checks, so it
+        # dispatches unthrottled rather than failing every dispatch.
+        log.error("RECEIVER_RATE_LIMITS: cannot read %s=%r; %s is not throttled", receiver, limit, receiver)
         return 0.0
     try:
         storage = _storage(settings.RECEIVER_RATE_LIMIT_STORAGE)
         pause_key = _pause_key(receiver)
         if storage.get(pause_key) > 0:
             return max(storage.get_expiry(pause_key) - time.time(), MIN_WAIT_SECONDS)
-        item = _rate(limit)
         limiter = _limiter()
         if limiter.hit(item, NAMESPACE, receiver):
             return 0.0
         stats = limiter.get_window_stats(item, NAMESPACE, receiver)
         return max(stats.reset_time - time.time(), MIN_WAIT_SECONDS)
     except Exception:  # the store is down: see the module's docstring
-        log.warning("rate limit store unreachable; dispatching %s unthrottled", receiver, exc_info=True)
+        _store_failed(receiver)
         return 0.0
 
 
 def throttle_pause(receiver: str, seconds: float) -> None:
-    """The receiver said to wait ``seconds`` (Retry-After): no call to it starts before then."""
+    """The receiver said to wait ``seconds`` (Retry-After): no call to it starts before then.
+    Called inside the transaction that records the answer, so the store is written only once it
+    commits: the row lock is never held across a call to the store."""
     if not throttling_enabled() or seconds <= 0:
         return
+    transaction.on_commit(lambda: _pause_now(receiver, seconds))
+
+
+def _pause_now(receiver: str, seconds: float) -> None:
+    if not _store_available():
+        return
     try:
-        _storage(settings.RECEIVER_RATE_LIMIT_STORAGE).incr(_pause_key(receiver), expiry=math.ceil(seconds))
+        storage = _storage(settings.RECEIVER_RATE_LIMIT_STORAGE)
+        key = _pause_key(receiver)
+        until = time.time() + seconds
+        # A later, longer Retry-After extends the pause; a shorter one never shortens it.
+        if storage.get(key) > 0 and storage.get_expiry(key) >= until:
+            return
+        storage.clear(key)
+        storage.incr(key, expiry=math.ceil(seconds))
     except Exception:
-        log.warning("rate limit store unreachable; Retry-After of %s not shared", receiver, exc_info=True)
+        _store_failed(receiver)
 
 
 def dispatch_wait(*, action_pk: int) -> float:
     """How long the dispatch of this action must wait for its receiver's bucket (0: go now).
-    Reads the action's kind only when some receiver has a limit."""
+    Reads the action only when some receiver has a limit, and takes a token only for an action
+    still AUTHORIZED: a duplicate message, or one for an action the sweep already sent, goes on
+    to the claim (which turns it away) without spending the receiver's budget."""
     if not throttling_enabled():
         return 0.0
-    kind = Action.objects.filter(pk=action_pk).values_list("kind", flat=True).first()
-    if kind is None:
-        return 0.0  # the claim reports the missing action
-    return throttle_wait(kind_for(kind).contract().receiver)
+    row = Action.objects.filter(pk=action_pk).values_list("kind", "status").first()
+    if row is None or row[1] != ActionStatus.AUTHORIZED:
+        return 0.0
+    return throttle_wait(kind_for(row[0]).contract().receiver)
 
 
-__all__ = ["dispatch_wait", "throttle_pause", "throttle_wait", "throttling_enabled"]
+def republish_delay(wait: float) -> float:
+    """When to publish a throttled dispatch again: after its wait, spread over one more wait so
+    that the actions waiting for one bucket do not all wake at the same instant, and never later
+    than a sweep interval (well inside the broker's visibility timeout; the AUTHORIZED sweep
+    covers a message lost meanwhile)."""
+    return min(wait + random.uniform(0, max(wait, MIN_WAIT_SECONDS)), float(settings.SWEEP_INTERVAL_SECONDS))
+
+
+def rate_limit_problems() -> list[str]:
+    """Each configured limit the `limits` library cannot read (for the start-up check)."""
+    problems = []
+    for receiver, text in settings.RECEIVER_RATE_LIMITS.items():
+        try:
+            _rate(text)
+        except ValueError:
+            problems.append(f"{receiver}={text!r}")
+    return problems
+
+
+__all__ = [
+    "dispatch_wait",
+    "rate_limit_problems",
+    "republish_delay",
+    "throttle_pause",
+    "throttle_wait",
+    "throttling_enabled",
+]

@@ -308,9 +308,7 @@ def map_create_error(exc: stripe.StripeError) -> ProviderError:
     if isinstance(exc, stripe.IdempotencyError) or _error_field(exc, "type") == "idempotency_error":
         return _build(IdempotencyMismatchError, exc, code or "idempotency_error")
     if isinstance(exc, stripe.RateLimitError) or status == 429:
-        error = _build(AmbiguousError, exc, code or "rate_limit")
-        error.retry_after = retry_after_seconds((exc.headers or {}).get("Retry-After"))
-        return error
+        return _with_retry_after(_build(AmbiguousError, exc, code or "rate_limit"), exc)
     if isinstance(exc, (stripe.AuthenticationError, stripe.PermissionError)) or status in (
         401,
         403,
@@ -334,7 +332,14 @@ def map_lookup_error(exc: stripe.StripeError) -> ProviderError:
         return _build(NotFoundError, exc, code)
     if isinstance(exc, stripe.APIConnectionError):
         return _build(LookupFailed, exc, code or "connection_error")
-    return _build(LookupFailed, exc, code or _error_field(exc, "type") or "api_error")
+    return _with_retry_after(_build(LookupFailed, exc, code or _error_field(exc, "type") or "api_error"), exc)
+
+
+def _with_retry_after(error: ProviderError, exc: stripe.StripeError) -> ProviderError:
+    """A 429 says when to call again (Retry-After): kept on the error for the engine."""
+    if exc.http_status == 429 or isinstance(exc, stripe.RateLimitError):
+        error.retry_after = retry_after_seconds((exc.headers or {}).get("Retry-After"))
+    return error
 
 
 def _ambiguous_before_create(exc: stripe.StripeError) -> AmbiguousError:

@@ -294,17 +294,27 @@ def _step_propose(*, workflow: Workflow, step: WorkflowStep, action: Action, pro
         from_state=workflow.state,
         actor=COORDINATOR,
         reason=f"Step {step.position} ({step.name}) waits for a manager's decision: {problem}",
-        evidence={"step": step.name, "action_id": action.action_id},
+        evidence={"step": step.name, "action_id": action.action_id, "problem": problem},
         now=now,
     )
-    _pause(
-        workflow=workflow,
-        owner=None,
-        kind=step.kind,
-        waiting_for=f"{problem} Step {step.name} waits in the managers' inbox for a new decision: approving it "
-        "goes on, rejecting it walks back the completed steps.",
-        now=now,
+    _pause(workflow=workflow, owner=None, kind=step.kind, waiting_for=_waiting_in_inbox(step, problem), now=now)
+
+
+def _waiting_in_inbox(step: WorkflowStep, problem: str) -> str:
+    return (
+        f"{problem} Step {step.name} waits in the managers' inbox for a new decision: approving it goes on, "
+        "rejecting it walks back the completed steps."
+    ).strip()
+
+
+def _proposal_problem(workflow: Workflow, step: WorkflowStep) -> str:
+    """Why the step was proposed on its own (its 'step_proposed' event), for the paused workflow."""
+    event = (
+        WorkflowEvent.objects.filter(workflow=workflow, transition="step_proposed", evidence__step=step.name)
+        .order_by("-pk")
+        .first()
     )
+    return str(event.evidence.get("problem", "")) if event is not None else ""
 
 
 def _compensation_payload(step: WorkflowStep, plan_step: dict[str, Any]) -> dict[str, Any]:
@@ -493,6 +503,12 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
                 "is compensated until it is known.",
                 now=now,
             )
+            return _Next(state=workflow.state)
+        if child.status == S.PROPOSED:
+            # Proposed on its own (the plan's approval no longer covered it): the same words
+            # as when it was proposed, however often the workflow is advanced meanwhile.
+            waiting_for = _waiting_in_inbox(step, _proposal_problem(workflow, step))
+            _pause(workflow=workflow, owner=None, kind=child.kind, waiting_for=waiting_for, now=now)
             return _Next(state=workflow.state)
         if child.status in NEEDS_DECISION:
             _pause(

@@ -3,6 +3,7 @@ turns into a wave of 429s, each of which would become UNKNOWN and a reconciliati
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -23,7 +24,7 @@ from actions.kinds.refund import refund_contract
 from actions.models import Action, ActionStatus, Attempt
 from actions.providers.accounting.client import AccountingClient
 from actions.providers.base import AmbiguousError, LookupFailed, retry_after_seconds
-from actions.providers.stripe_adapter import map_create_error
+from actions.providers.stripe_adapter import map_create_error, map_lookup_error
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
 from tests.actions.test_reconciliation import authorized_refund, guarantees
@@ -62,6 +63,7 @@ def test_the_bucket_lets_its_limit_through_then_says_how_long_to_wait(settings: 
     assert throttle_wait(other) == 0.0
 
 
+@pytest.mark.django_db(transaction=True)
 def test_retry_after_empties_the_bucket_for_that_long(settings: Any, receiver: str) -> None:
     settings.RECEIVER_RATE_LIMITS = {receiver: "100/second"}
     throttle_pause(receiver, 30)
@@ -210,3 +212,105 @@ def test_a_rate_limited_lookup_is_not_asked_again_before_retry_after(agent_actor
     action.refresh_from_db()
     assert receiver.lookups == 1 and action.status == S.UNKNOWN
     assert action.next_reconcile_at is not None and action.next_reconcile_at >= before + timedelta(seconds=90)
+
+
+# --- the review's points: a hanging store, a longer Retry-After, spent tokens, a bad limit ---------
+
+
+@pytest.fixture
+def hanging_store() -> Iterator[str]:
+    """A TCP server that accepts and never answers: a Redis that hangs rather than refuses."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_a_store_that_hangs_costs_one_short_timeout_then_is_left_alone(
+    settings: Any, receiver: str, hanging_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.RECEIVER_RATE_LIMITS = {receiver: "1/minute"}
+    settings.RECEIVER_RATE_LIMIT_STORAGE = hanging_store
+    monkeypatch.setattr(throttle, "_store_down_until", 0.0)
+    started = time.monotonic()
+    assert throttle_wait(receiver) == 0.0  # unthrottled, not stuck
+    first = time.monotonic() - started
+    assert first < 2.0, f"the first call waited {first:.1f} s"
+    started = time.monotonic()
+    assert [throttle_wait(receiver) for _ in range(20)] == [0.0] * 20
+    assert time.monotonic() - started < 0.2, "the store is left alone after a failure"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_longer_retry_after_extends_the_pause_and_a_shorter_one_does_not_shorten_it(
+    settings: Any, receiver: str
+) -> None:
+    settings.RECEIVER_RATE_LIMITS = {receiver: "100/second"}
+    throttle_pause(receiver, 5)  # outside a transaction: on_commit runs it at once
+    assert 3 < throttle_wait(receiver) <= 5.5
+    throttle_pause(receiver, 60)
+    assert 55 < throttle_wait(receiver) <= 61
+    throttle_pause(receiver, 2)
+    assert throttle_wait(receiver) > 55
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dispatch_for_an_action_no_longer_authorized_spends_no_token(settings: Any, agent_actor: Actor) -> None:
+    """A duplicate message, or one for an action the sweep already sent, goes to the claim (which
+    turns it away) without spending the receiver's budget."""
+    settings.RECEIVER_RATE_LIMITS = {PAYMENTS: "1/minute"}
+    throttle._storage.cache_clear()
+    action, _attempt, _token = claimed(agent_actor)  # SUBMITTING now
+    assert [dispatch_wait(action_pk=action.pk) for _ in range(5)] == [0.0] * 5
+    assert throttle_wait(PAYMENTS) == 0.0, "the minute's one token is still there"
+
+
+def test_a_throttled_dispatch_comes_back_spread_and_within_a_sweep_interval(settings: Any) -> None:
+    settings.SWEEP_INTERVAL_SECONDS = 10
+    delays = [throttle.republish_delay(0.4) for _ in range(200)]
+    assert all(0.4 <= d <= 0.8 for d in delays)
+    assert len({round(d, 3) for d in delays}) > 50, "the waiters do not all wake at once"
+    assert throttle.republish_delay(3600) == 10  # a long pause: the sweep's pace, not an hour-long ETA
+
+
+def test_a_limit_that_cannot_be_read_is_named_by_the_check_and_leaves_dispatch_unthrottled(
+    settings: Any, receiver: str
+) -> None:
+    from console.checks import receiver_rate_limits_check
+
+    settings.RECEIVER_RATE_LIMITS = {receiver: "lots per second"}
+    [error] = receiver_rate_limits_check()
+    assert error.id == "console.E004" and receiver in error.msg
+    assert throttle_wait(receiver) == 0.0
+    settings.RECEIVER_RATE_LIMITS = {receiver: "5/second"}
+    assert receiver_rate_limits_check() == []
+
+
+def test_a_stripe_lookup_refused_with_429_carries_its_retry_after() -> None:
+    error = stripe.RateLimitError("Too many requests", http_status=429, headers={"Retry-After": "3"})
+    mapped = map_lookup_error(error)
+    assert isinstance(mapped, LookupFailed) and mapped.retry_after == 3.0
+    # Another lookup failure says nothing about when to call again.
+    unavailable = stripe.APIError("Service unavailable", http_status=503, headers={"Retry-After": "3"})
+    assert map_lookup_error(unavailable).retry_after is None

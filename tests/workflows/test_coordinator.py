@@ -319,8 +319,10 @@ def test_a_credit_note_voided_by_a_compensation_whose_outcome_is_pending_is_not_
     # The void failed for good: nothing the console did explains the voided note.
     Action.objects.filter(pk=void.pk).update(status=S.FAILED_FINAL)
     assert violations_for_the_note() == [2]
-    # Never sent: nor does a void that is only queued.
+    # Never sent: nor does a void that is only queued, even after a send the relay refused.
     Action.objects.filter(pk=void.pk).update(status=S.AUTHORIZED, attempt_count=0)
+    assert violations_for_the_note() == [2]
+    Action.objects.filter(pk=void.pk).update(status=S.AUTHORIZED, attempt_count=1)
     assert violations_for_the_note() == [2]
     # Sent and succeeded: accounted for.
     Action.objects.filter(pk=void.pk).update(status=S.SUCCEEDED, attempt_count=1)
@@ -355,8 +357,11 @@ def test_a_step_whose_plan_approval_expired_waits_in_the_managers_inbox_and_runs
     The step the expired approval no longer covers is proposed on its own: it is in the managers'
     inbox and their waiting count, the workflow says where, and approving it runs it once."""
     email = _plan_expires_while_the_credit_note_is_unknown(world, agent_actor, manager, finance)
+    # Advanced again meanwhile (a nudge, the sweep): it keeps saying why and where it waits.
+    assert world.run(PO) == W.PAUSED
     workflow = Workflow.objects.get(workflow_id=PO)
     assert "managers' inbox" in workflow.waiting_for and "expired" in workflow.waiting_for
+    assert "rejecting it walks back" in workflow.waiting_for
     assert "step_proposed" in set(WorkflowEvent.objects.filter(workflow=workflow).values_list("transition", flat=True))
     inbox = proposal_inbox_get(user=second_manager)
     assert email.pk in {row.action.pk for row in inbox.waiting}
