@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Max, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from actions.engine.ledger import repeat_allowances
@@ -105,6 +105,8 @@ def check_effects(
             "currency",
             "lease_expires_at",
             "next_reconcile_at",
+            "proposed_by_user_id",
+            "proposed_by_agent__owner_id",
         )
     }
     # Invariant 2 can only be checked where a ledger was read: a compensation's or a void's
@@ -263,13 +265,9 @@ def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -
         .values_list("action_id", "policy")
     ):
         policy_by_action[action_pk] = policy  # ordered by pk: the last one is the one in force
-    limits = decider_limits()
     money_kinds = {kind.name for kind in all_kinds() if kind.moves_money}
-    # Read once, and only when a decision that needs no limit (an email) is due.
-    anyone_decides = (
-        any(row["kind"] not in money_kinds and row["status"] in (S.PROPOSED, S.STALE) for row in live.values())
-        and deciders_exist()
-    )
+    # Read once, and only when some decision is due.
+    deciders = decider_limits_by_user() if any(row["status"] in (S.PROPOSED, S.STALE) for row in live.values()) else {}
     for action_id, row in live.items():
         status = row["status"]
         problem = ""
@@ -279,17 +277,21 @@ def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -
             problem = f"{status} with no reconciliation due: the reconciliation sweep would never pick it"
         elif status == S.STALE and policy_by_action.get(row["pk"]) == ApprovalPolicy.AUTO:
             problem = "STALE after the policy's approval, with no new decision by the policy and none due"
-        elif status in (S.PROPOSED, S.STALE) and row["kind"] not in money_kinds:
-            report.decisions_due += 1
-            if not anyone_decides:
-                problem = f"{status} waiting for a decision, but no active user may decide it"
         elif status in (S.PROPOSED, S.STALE):
             report.decisions_due += 1
-            limit = limits.get(row["currency"])
-            if limit is None or row["amount"] > limit:
+            # Four eyes: neither the person who proposed it nor the owner of the agent that did.
+            barred = {row["proposed_by_user_id"], row["proposed_by_agent__owner_id"]}
+            allowed = [limits for user_pk, limits in deciders.items() if user_pk not in barred]
+            if row["kind"] not in money_kinds:
+                if not allowed:
+                    problem = (
+                        f"{status} waiting for a decision, but no active user may decide it (its proposer "
+                        "and its agent's owner may not)"
+                    )
+            elif not any(row["amount"] <= limits.get(row["currency"], -1) for limits in allowed):
                 problem = (
                     f"{status} waiting for a decision, but no active user may decide {row['amount']} "
-                    f"{row['currency']} (no approval limit covers it)"
+                    f"{row['currency']} (no approval limit covers it, its proposer and its agent's owner aside)"
                 )
         if problem:
             report.lost += 1
@@ -305,21 +307,18 @@ def _may_decide(prefix: str = "") -> Q:
     )
 
 
-def deciders_exist() -> bool:
-    """Whether any active user may decide a proposal that moves no money (no limit applies)."""
-    return get_user_model().objects.filter(is_active=True).filter(_may_decide()).exists()
-
-
-def decider_limits() -> dict[str, Decimal]:
-    """Per currency, the highest approval limit of an active user allowed to decide."""
-    rows = (
-        ApprovalLimit.objects.filter(user__is_active=True)
-        .filter(_may_decide("user__"))
-        .values("currency")
-        .annotate(top=Max("max_amount"))
-        .order_by()
-    )
-    return {row["currency"]: row["top"] for row in rows}
+def decider_limits_by_user() -> dict[int, dict[str, Decimal]]:
+    """Every active user allowed to decide, with their approval limit per currency (none: they
+    may decide only what moves no money)."""
+    deciders: dict[int, dict[str, Decimal]] = {
+        pk: {}
+        for pk in get_user_model().objects.filter(is_active=True).filter(_may_decide()).values_list("pk", flat=True)
+    }
+    for user_pk, currency, amount in ApprovalLimit.objects.filter(user_id__in=list(deciders)).values_list(
+        "user_id", "currency", "max_amount"
+    ):
+        deciders[user_pk][currency] = amount
+    return deciders
 
 
 def _age(delta: timedelta) -> str:

@@ -13,7 +13,7 @@ from actions.models import Action, ActionStatus, Supplier, SupplierContact
 from actions.services import Actor, action_propose_refund
 from actions.supplier_emails import supplier_email_propose
 from approvals.models import Approval, ApprovalPolicy, Decision
-from tests.factories import make_order, make_request
+from tests.factories import make_order, make_request, make_user
 from tests.mail import BILL_PARAMETERS
 
 pytestmark = pytest.mark.django_db
@@ -140,3 +140,19 @@ def test_an_email_waiting_for_a_decision_needs_a_manager_but_no_limit(agent_acto
     type(manager).objects.filter(pk=manager.pk).update(is_active=False)
     (message,) = liveness(check_effects(ledger=[]))
     assert "no active user may decide it" in message
+
+
+def test_a_proposal_only_its_agents_owner_could_decide_is_reported(agent_actor: Actor, manager: Any) -> None:
+    """Four eyes: the owner of the proposing agent may not decide. If the only manager able to
+    decide owns the agent, nobody ever will (found by an independent review of the liveness audit)."""
+    agent = agent_actor.agent
+    assert agent is not None
+    agent.owner = manager
+    agent.save(update_fields=["owner"])
+    propose(agent_actor, "79.00")
+
+    (message,) = liveness(check_effects(ledger=[]))
+    assert "no active user may decide 79.00 EUR" in message
+
+    make_user("mona.manager", "manager", limits={"EUR": "100"})
+    assert liveness(check_effects(ledger=[])) == []
