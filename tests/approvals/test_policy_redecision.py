@@ -114,3 +114,58 @@ def test_a_crash_during_the_policys_new_decision_leaves_no_stale_action_behind(
     assert submission_begin(action_pk=second.pk).outcome == ClaimOutcome.STALE
     second.refresh_from_db()
     assert second.status == ActionStatus.AUTHORIZED, "decided again by the policy, in the same commit"
+
+
+# --- pinned for mutation testing (tests/MUTATION.md, approvals.policy) -------------------------
+
+
+def test_the_policys_new_decision_is_recorded_as_the_policys_with_its_reason(agent_actor: Actor) -> None:
+    """The 'reopen' event of a re-decision names the policy as its actor and says why."""
+    order = make_order(captured="100.00")
+    first = propose(agent_actor, order, "20.00")
+    second = propose(agent_actor, order, "10.00")
+    assert submission_begin(action_pk=first.pk).outcome == ClaimOutcome.CLAIMED
+    assert submission_begin(action_pk=second.pk).outcome == ClaimOutcome.STALE
+
+    reopen = second.events.get(transition="reopen")
+    assert reopen.actor_label == "system:auto-approval"
+    assert reopen.reason == "The target changed since the policy approved this action: the policy decides again."
+
+
+def test_only_a_stale_action_the_policy_approved_is_decided_again(agent_actor: Actor, manager: Any) -> None:
+    """Not an AUTHORIZED one, not one a manager approved: those stay as they are, untouched."""
+    from django.utils import timezone
+
+    from approvals.policy import approval_redecide_by_policy
+
+    order = make_order(captured="100.00")
+    authorized = propose(agent_actor, order, "20.00")
+    assert authorized.status == ActionStatus.AUTHORIZED
+    events = authorized.events.count()
+    assert approval_redecide_by_policy(action=authorized, now=timezone.now()) is None
+    authorized.refresh_from_db()
+    assert authorized.status == ActionStatus.AUTHORIZED and authorized.events.count() == events
+
+
+def test_the_approval_in_force_is_the_actions_own_newest_approval(agent_actor: Actor, manager: Any) -> None:
+    """Not another action's newer approval, and not a newer rejection row."""
+    from approvals.policy import latest_approval
+
+    order = make_order(captured="500.00")
+    mine = propose(agent_actor, order, "20.00")
+    theirs = propose(agent_actor, order, "10.00")
+    in_force = Approval.objects.filter(action=mine, decision=Decision.APPROVE).latest("pk")
+    assert Approval.objects.filter(action=theirs).latest("pk").pk > in_force.pk
+    assert latest_approval(mine) == in_force
+    Approval.objects.create(
+        action=mine,
+        approver=manager,
+        decided_by_label=manager.get_username(),
+        policy=ApprovalPolicy.MANAGER,
+        decision=Decision.REJECT,
+        note="a later rejection row",
+        decided_at=in_force.decided_at,
+        amount=in_force.amount,
+        currency=in_force.currency,
+    )
+    assert latest_approval(mine) == in_force
