@@ -140,3 +140,25 @@ def test_a_grouped_reservation_at_a_version_the_chain_does_not_expect_is_refused
     ):
         group_chain_advance(approval, reserved_at=5)
     assert ApprovalGroup.objects.get(pk=group.pk).next_version == 3
+
+
+def test_a_managers_approval_is_recorded_at_the_decisions_time_with_its_note_or_a_plain_word(
+    agent_owner: Any, manager: Any, settings: Any
+) -> None:
+    """The 'approve' event and the state change carry the decision's own time, not the clock's,
+    and its reason is the manager's note, or "Approved." without one."""
+    from approvals.services import approval_decide
+
+    settings.AUTO_APPROVAL_ENABLED = False
+    proposer = Actor.for_user(agent_owner)
+    decided_at = timezone.now() - timedelta(minutes=5)
+    silent, noted = authorized(proposer), authorized(proposer)
+    assert silent.status == noted.status == "PROPOSED"
+
+    approval_decide(action_pk=silent.pk, user=manager, decision=Decision.APPROVE, now=decided_at)
+    approval_decide(action_pk=noted.pk, user=manager, decision=Decision.APPROVE, note="Checked the photos.")
+
+    silent.refresh_from_db()
+    event = silent.events.get(transition="approve")
+    assert (event.created_at, silent.status_changed_at, event.reason) == (decided_at, decided_at, "Approved.")
+    assert noted.events.get(transition="approve").reason == "Checked the photos."
