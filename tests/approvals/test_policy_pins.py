@@ -162,3 +162,16 @@ def test_a_managers_approval_is_recorded_at_the_decisions_time_with_its_note_or_
     event = silent.events.get(transition="approve")
     assert (event.created_at, silent.status_changed_at, event.reason) == (decided_at, decided_at, "Approved.")
     assert noted.events.get(transition="approve").reason == "Checked the photos."
+    # The event's evidence is what the approval binds, in the words the trail and the exports read.
+    approval = Approval.objects.get(action=silent, decision=Decision.APPROVE)
+    assert event.evidence == {
+        "approval_id": approval.pk,
+        "policy": ApprovalPolicy.MANAGER,
+        "binding": {
+            "order_version": approval.order_version,
+            "amount": "20.00",
+            "currency": "EUR",
+            "payload_hash": silent.payload_hash,
+        },
+        "expires_at": (decided_at + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)).isoformat(),
+    }
