@@ -7,9 +7,14 @@ imports them. Tests replace ``dispatch_enqueue`` to watch or drop publishes.
 
 from __future__ import annotations
 
+import logging
+
+from django.conf import settings
 from django.db import transaction
 
 from console.celery import app
+
+log = logging.getLogger(__name__)
 
 DISPATCH_TASK = "actions.tasks.dispatch"
 RECONCILE_TASK = "actions.tasks.reconcile"
@@ -52,3 +57,17 @@ def workflow_advance_enqueue_on_commit(workflow_id: str) -> None:
     """Once the change is committed, wake the workflow's coordinator; a nudge lost on the way is
     made up by the workflow sweep, which finds the workflow's next step due."""
     transaction.on_commit(lambda: workflow_advance_enqueue(workflow_id))
+
+
+def queue_backlog(queue: str = "") -> int | None:
+    """How many messages wait in the workers' queue (or ``queue``), or None if the broker cannot
+    say or cannot be reached: the sweeps then behave as if the queue were empty."""
+    try:
+        with app.connection_for_read() as connection:
+            # Declared, not only probed: the workers declare the same queue, and a passive probe
+            # of an empty Redis queue (no key) would fail instead of answering 0.
+            declared = connection.default_channel.queue_declare(queue=queue or settings.CELERY_TASK_DEFAULT_QUEUE)
+            return int(declared.message_count)
+    except Exception:
+        log.warning("could not read the queue's length", exc_info=True)
+        return None

@@ -457,6 +457,10 @@ CELERY_TASK_SOFT_TIME_LIMIT = max(int(_lease * 0.6), 1)
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": _lease * 5}
 
+# The reconciliation sweep publishes nothing while more than this many messages wait in the
+# workers' queue (backpressure: the reconciliations already queued are waiting their turn).
+RECONCILE_PUBLISH_MAX_BACKLOG: int = env_int("RECONCILE_PUBLISH_MAX_BACKLOG", 1000)
+
 # Per-receiver rate limits (actions.engine.throttle): a token bucket in front of each receiver,
 # so that a burst of approvals never turns into a wave of 429s, each of which would become
 # UNKNOWN and a reconciliation. Keys are the receivers' names, values the `limits` library's
@@ -541,3 +545,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(HOUSEKEEPING_INTERVAL_SECONDS),
     },
 }
+# A periodic task that waited in the queue longer than its interval is superseded by the next
+# one: it expires and the worker discards it instead of running it, so a deep queue (a backlog
+# after an outage) does not also fill with sweeps.
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _entry.setdefault("options", {"expires": _entry["schedule"]})
