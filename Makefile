@@ -22,10 +22,11 @@ serve:
 # `mutmut results` and `mutmut show NAME` then list and explain the survivors.
 MODULE ?= actions.kinds.refund
 TESTS ?=
+CHILDREN ?= 2
 mutate:
 	bash -c 'source console/scripts/common.sh && ensure_venv "$$REPO_ROOT/requirements-dev.txt" && ensure_postgres' && \
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}" \
 	DATABASE_TEST_NAME="$${DATABASE_TEST_NAME:-test_console_mutants}" \
 	CONSOLE_DATA_DIR="$${CONSOLE_DATA_DIR:-$(CURDIR)/data/test}" \
 	MUTATE_TESTS="$(TESTS)" \
-	.venv/bin/mutmut run --max-children 1 "$(MODULE).*"
+	.venv/bin/mutmut run --max-children $(CHILDREN) "$(MODULE).*"

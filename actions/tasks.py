@@ -10,6 +10,7 @@ from datetime import datetime
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from actions.agent_webhooks import webhook_deliver, webhook_sweep_due
 from actions.engine.dispatch import execution_dispatch
@@ -17,7 +18,7 @@ from actions.engine.dispatch import sweep_authorized as sweep_authorized_run
 from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
-from actions.engine.throttle import dispatch_wait, republish_delay
+from actions.engine.throttle import dispatch_wait, reconcile_wait, republish_delay
 from actions.housekeeping import attempts_prune_bodies
 from actions.notifications import notifications_send_due
 from actions.publish import queue_backlog
@@ -51,6 +52,13 @@ def sweep_expired_leases() -> int:
 @shared_task(name="actions.tasks.reconcile")
 def reconcile(action_pk: int, published_mark: str | None = None) -> str:
     mark = datetime.fromisoformat(published_mark) if published_mark else None
+    # The lookup takes a token from its receiver's bucket first, as a dispatch does; while it
+    # waits, the action keeps its published mark (no sweep publishes it again until the mark
+    # passes) and this task comes back with the same mark.
+    wait = reconcile_wait(action_pk=action_pk, now=timezone.now(), published_mark=mark)
+    if wait > 0:
+        reconcile.apply_async((action_pk, published_mark), countdown=republish_delay(wait))
+        return "throttled"
     return reconcile_action(action_pk=action_pk, published_mark=mark)
 
 

@@ -10,10 +10,16 @@ separated by spaces, for a quick run over one module.
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import pytest
 from django.core.management import call_command
+
+# Mutants run side by side (``--max-children``) each need a test database of their own: a
+# session empties its database at the start (below), which would wipe a neighbour's rows mid-test.
+DATABASE_SLOTS = 8
+_held_slot: int | None = None  # the lock file stays open for the whole session
 
 PROCESS_FIXTURES = frozenset({"sandbox_process", "live_sandbox"})
 DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_setup"})
@@ -30,6 +36,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Take the first free database slot (an fcntl lock, released when the process ends) and
+    point the test database at it: ``test_console_mutants_0``, ``_1``, ... Each slot is kept
+    between mutants (--reuse-db). The fork server's collection touches no database."""
+    global _held_slot
+    if session.config.option.collectonly or _held_slot is not None:
+        return
+    from django.conf import settings
+    from django.db import connections
+
+    for slot in range(DATABASE_SLOTS):
+        handle = open(f"/tmp/console-mutants-db-{slot}.lock", "w")  # noqa: SIM115 -- held open
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        _held_slot = slot
+        globals()["_slot_handle"] = handle
+        base = settings.DATABASES["default"].setdefault("TEST", {}).get("NAME") or "test_console"
+        name = f"{base}_{slot}"
+        settings.DATABASES["default"]["TEST"]["NAME"] = name
+        connections["default"].settings_dict.setdefault("TEST", {})["NAME"] = name
+        return
+    raise RuntimeError(f"all {DATABASE_SLOTS} mutation database slots are taken")
 
 
 def _uses_database(item: pytest.Item) -> bool:

@@ -55,7 +55,7 @@ def next_reconcile_time(*, action: Action, now: datetime, contract: ReceiverCont
 def not_before_retry_after(*, action: Action, error: Exception | None, due: datetime, now: datetime) -> datetime:
     """A receiver that answered 429 with Retry-After is not asked again about this action before
     then; with rate limits configured, its bucket is paused too, so no new dispatch to it starts
-    before then either (actions.engine.throttle; reconciliation takes no tokens)."""
+    before then either, nor any reconciliation lookup (actions.engine.throttle)."""
     retry_after = getattr(error, "retry_after", None)
     if not retry_after:
         return due

@@ -20,9 +20,13 @@ rather than refuses costs at most one short timeout: its calls time out after
 STORE_TIMEOUT_SECONDS with no retry, and after a failure the store is left alone for
 STORE_BACKOFF_SECONDS (every dispatch in that time goes unthrottled, without waiting).
 
-What is not throttled (yet): reconciliation's lookups and same-key resends. A receiver's 429 on a
-lookup holds that action's next lookup until its Retry-After (actions.engine.reconcile), but the
-reconciler does not take tokens from the bucket.
+Reconciliation's lookups take tokens from the same bucket, also before their claim
+(``reconcile_wait``): after an outage, hundreds of UNKNOWN actions fall due at once, and their
+lookups would otherwise be the very burst the limit is there to prevent. A lookup that must wait
+keeps its published mark and its task is published again. A receiver's 429 on a lookup also
+holds that action's next lookup until its Retry-After (actions.engine.reconcile). What is not
+throttled: the resend that follows a lookup's authoritative not-found within the same pass (it
+rides on the lookup's token; at most one per action per lease).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import math
 import random
 import threading
 import time
+from datetime import datetime
 from functools import lru_cache
 
 from django.conf import settings
@@ -173,6 +178,24 @@ def dispatch_wait(*, action_pk: int) -> float:
     return throttle_wait(kind_for(row[0]).contract().receiver)
 
 
+def reconcile_wait(*, action_pk: int, now: datetime, published_mark: datetime | None = None) -> float:
+    """How long this action's reconciliation must wait for its receiver's bucket (0: go now).
+    Takes a token only for a pass the claim would let through (an UNKNOWN or SETTLING action that
+    is due, or still carries this task's published mark): a message for an action another
+    reconciler already took, or that left reconciliation, spends nothing."""
+    if not throttling_enabled():
+        return 0.0
+    row = Action.objects.filter(pk=action_pk).values_list("kind", "status", "next_reconcile_at").first()
+    if row is None:
+        return 0.0
+    kind, status, due_at = row
+    if status not in (ActionStatus.UNKNOWN, ActionStatus.SETTLING):
+        return 0.0
+    if due_at is not None and due_at > now and due_at != published_mark:
+        return 0.0
+    return throttle_wait(kind_for(kind).contract().receiver)
+
+
 def republish_delay(wait: float) -> float:
     """When to publish a throttled dispatch again: after its wait, spread over one more wait so
     that the actions waiting for one bucket do not all wake at the same instant, and never later
@@ -195,6 +218,7 @@ def rate_limit_problems() -> list[str]:
 __all__ = [
     "dispatch_wait",
     "rate_limit_problems",
+    "reconcile_wait",
     "republish_delay",
     "throttle_pause",
     "throttle_wait",

@@ -314,3 +314,91 @@ def test_a_stripe_lookup_refused_with_429_carries_its_retry_after() -> None:
     # Another lookup failure says nothing about when to call again.
     unavailable = stripe.APIError("Service unavailable", http_status=503, headers={"Retry-After": "3"})
     assert map_lookup_error(unavailable).retry_after is None
+
+
+# --- reconciliation's lookups take tokens too ------------------------------------------------------
+
+
+def unknown_and_due(agent_actor: Actor) -> Action:
+    """A refund whose send timed out: UNKNOWN, its reconciliation due now."""
+    action, attempt, token = claimed(agent_actor)
+    timeout = AmbiguousError("read timed out", code="timeout")
+    submission_record(
+        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
+    )
+    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    action.refresh_from_db()
+    assert action.status == S.UNKNOWN
+    return action
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_throttled_reconciliation_asks_nothing_and_comes_back_with_its_mark(
+    settings: Any, agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an outage the UNKNOWN actions fall due together: their lookups wait for the bucket
+    like dispatches do, with no claim, no lookup attempt and the published mark kept."""
+    settings.RECEIVER_RATE_LIMITS = {PAYMENTS: "1/minute"}
+    throttle._storage.cache_clear()
+    action = unknown_and_due(agent_actor)
+    before = Action.objects.get(pk=action.pk)
+    assert throttle_wait(PAYMENTS) == 0.0  # another call took this minute's token
+    republished: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(tasks.reconcile, "apply_async", lambda args, **kw: republished.append((args, kw)))
+    mark = "2026-12-01T10:00:00+00:00"
+
+    assert tasks.reconcile(action.pk, mark) == "throttled"
+
+    after = Action.objects.get(pk=action.pk)
+    assert (after.status, after.lease_token, after.reconcile_attempts, after.next_reconcile_at) == (
+        S.UNKNOWN,
+        None,
+        before.reconcile_attempts,
+        before.next_reconcile_at,
+    )
+    assert not Attempt.objects.filter(action=action, kind="lookup").exists()
+    [(args, options)] = republished
+    assert args == (action.pk, mark) and 0 < options["countdown"] <= settings.SWEEP_INTERVAL_SECONDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reconciliation_spends_its_receivers_token(settings: Any, agent_actor: Actor) -> None:
+    settings.RECEIVER_RATE_LIMITS = {PAYMENTS: "1/minute"}
+    throttle._storage.cache_clear()
+    action = unknown_and_due(agent_actor)
+
+    assert throttle.reconcile_wait(action_pk=action.pk, now=timezone.now()) == 0.0
+
+    assert throttle_wait(PAYMENTS) > 1, "the lookup took the minute's one token"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reconciliation_message_the_claim_would_turn_away_spends_no_token(settings: Any, agent_actor: Actor) -> None:
+    """Not due (another reconciler holds it, its mark moved), or no longer in reconciliation."""
+    settings.RECEIVER_RATE_LIMITS = {PAYMENTS: "1/minute"}
+    throttle._storage.cache_clear()
+    action = unknown_and_due(agent_actor)
+    now = timezone.now()
+    later = now + timedelta(minutes=5)
+    Action.objects.filter(pk=action.pk).update(next_reconcile_at=later)
+    stale_mark = now + timedelta(seconds=30)
+    assert [throttle.reconcile_wait(action_pk=action.pk, now=now, published_mark=stale_mark) for _ in range(3)] == [
+        0.0
+    ] * 3
+    Action.objects.filter(pk=action.pk).update(status=S.SUCCEEDED, next_reconcile_at=None)
+    assert throttle.reconcile_wait(action_pk=action.pk, now=now) == 0.0
+    assert throttle.reconcile_wait(action_pk=10**9, now=now) == 0.0
+    assert throttle_wait(PAYMENTS) == 0.0, "the minute's one token is still there"
+    # The task's own mark still on the action: due for this task, so it takes the token.
+    Action.objects.filter(pk=action.pk).update(status=S.UNKNOWN, next_reconcile_at=later)
+    assert throttle.reconcile_wait(action_pk=action.pk, now=now, published_mark=later) > 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_limits_reconciliation_reads_nothing_more(
+    settings: Any, agent_actor: Actor, django_assert_num_queries: Any
+) -> None:
+    settings.RECEIVER_RATE_LIMITS = {}
+    action = unknown_and_due(agent_actor)
+    with django_assert_num_queries(0):
+        assert throttle.reconcile_wait(action_pk=action.pk, now=timezone.now()) == 0.0
