@@ -10,15 +10,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import connection
 
 from actions.engine.claim import submission_begin
 from actions.engine.dispatch import submission_record
-from actions.engine.reconcile import reconcile_claim, reconcile_publish_due
+from actions.engine.reconcile import reconcile_claim, reconcile_due, reconcile_publish_due
 from actions.kinds.base import Answer, Outcome
 from actions.models import Action, ActionStatus
 from actions.providers.base import AmbiguousError
 from actions.services import Actor, action_propose_refund
+from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,6 +62,51 @@ def test_a_due_action_is_published_once_until_its_mark_passes(unknown_action: Ac
     # The message was lost (a broker flush): once the mark passes, it is published anew.
     later = reconcile_publish_due(now=first[0][1] + timedelta(seconds=1))
     assert [pk for pk, _ in later] == [unknown_action.pk]
+
+
+@pytest.mark.parametrize("status", [ActionStatus.NEEDS_REVIEW, ActionStatus.AUTHORIZED, ActionStatus.SUCCEEDED])
+def test_only_actions_in_reconciliation_are_due_or_published(
+    unknown_action: Action, status: str, agent_actor: Actor
+) -> None:
+    """A stale ``next_reconcile_at`` on an action a person holds (or that left reconciliation)
+    is not a reason to ask the receiver: polling stopped when it left UNKNOWN or SETTLING."""
+    assert unknown_action.next_reconcile_at is not None
+    now = unknown_action.next_reconcile_at + timedelta(seconds=1)
+    order = make_order(captured="100.00")
+    other = action_propose_refund(
+        order_number=order.number,
+        request_number=make_request(order).number,
+        amount="20.00",
+        currency="EUR",
+        reason_code="damaged",
+        proposer=agent_actor,
+    ).action
+    Action.objects.filter(pk=other.pk).update(status=status, next_reconcile_at=unknown_action.next_reconcile_at)
+    Action.objects.filter(pk=unknown_action.pk).update(status=ActionStatus.SETTLING)
+
+    assert reconcile_due(now=now) == [unknown_action.pk]
+    assert [pk for pk, _ in reconcile_publish_due(now=now)] == [unknown_action.pk]
+
+
+@pytest.mark.postgres
+def test_the_sweep_skips_an_action_a_reconciler_holds_locked_at_once(
+    unknown_action: Action,
+    other_session: psycopg.Connection[Any],  # noqa: F811 -- the imported fixture
+) -> None:
+    """Two sweeps (or a sweep and a reconciler recording) never wait on each other's rows: the
+    locked action is left to this sweep's next pass, not waited for."""
+    assert unknown_action.next_reconcile_at is not None
+    now = unknown_action.next_reconcile_at + timedelta(seconds=1)
+    other_session.execute("SELECT id FROM actions_action WHERE id = %s FOR UPDATE", [unknown_action.pk])
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '2s'")  # a wait instead of a skip fails here
+    try:
+        assert reconcile_publish_due(now=now) == []
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    other_session.rollback()
+    assert [pk for pk, _ in reconcile_publish_due(now=now)] == [unknown_action.pk]
 
 
 def test_the_published_task_may_claim_and_a_stale_duplicate_may_not(unknown_action: Action) -> None:
