@@ -1,0 +1,111 @@
+"""The escalation policy of reconciliation, decided in memory (no sandbox process).
+
+RECONCILE_MAX_FAILURES inconclusive lookups within RECONCILE_WINDOW_SECONDS hand the action to a
+named person (NEEDS_REVIEW) and stop the polling; fewer keep it UNKNOWN and back off. Only this
+action's inconclusive *lookups* inside the window count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from actions.engine.dispatch import submission_record
+from actions.engine.reconcile import reconcile_action
+from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
+from actions.kinds.refund import refund_contract
+from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
+from actions.providers.base import AmbiguousError, LookupFailed
+from actions.services import Actor
+from tests.actions.test_dispatcher_fence import claimed
+from tests.actions.test_reconciliation import guarantees
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = ActionStatus
+
+
+class UnreachableLookups:
+    """Every lookup fails: the receiver cannot say anything."""
+
+    def __init__(self) -> None:
+        self.contract = refund_contract(guarantees(keys=True, lookup=True, authoritative=True))
+        self.lookups = 0
+
+    def lookup(self, action: Action) -> Lookup:
+        self.lookups += 1
+        return Lookup(LookupVerdict.INCONCLUSIVE, error=LookupFailed(f"timed out ({self.lookups})", code="timeout"))
+
+    def send(self, action: Action) -> Answer:
+        raise AssertionError("nothing is sent while the outcome is unknown")
+
+    def ledger(self) -> Iterator[Effect]:
+        return iter(())
+
+
+def unknown(agent_actor: Actor) -> Action:
+    action, attempt, token = claimed(agent_actor)
+    timeout = AmbiguousError("read timed out", code="timeout")
+    submission_record(
+        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
+    )
+    return action
+
+
+def one_pass(action: Action, receiver: UnreachableLookups) -> str:
+    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    return reconcile_action(action_pk=action.pk, receiver=receiver)
+
+
+def test_inconclusive_lookups_up_to_the_policy_then_a_named_person(
+    agent_actor: Actor, finance: Any, settings: Any
+) -> None:
+    settings.RECONCILE_MAX_FAILURES = 3
+    settings.RECONCILE_WINDOW_SECONDS = 24 * 3600
+    action = unknown(agent_actor)
+    receiver = UnreachableLookups()
+
+    assert [one_pass(action, receiver), one_pass(action, receiver)] == ["inconclusive", "inconclusive"]
+    action.refresh_from_db()
+    assert (action.status, action.reconcile_failures) == (S.UNKNOWN, 2)
+    assert action.next_reconcile_at is not None and action.next_reconcile_at > timezone.now()
+
+    assert one_pass(action, receiver) == S.NEEDS_REVIEW
+
+    action.refresh_from_db()
+    assert (action.status, action.reconcile_failures, action.owner) == (S.NEEDS_REVIEW, 3, finance)
+    event = ActionEvent.objects.filter(action=action).order_by("-pk").first()
+    assert event is not None and event.transition == "escalate"
+    assert event.reason.startswith(
+        "3 reconciliation attempts in a row could not reach a conclusion (policy: 3 within 24 h). "
+        "Last error: timed out (3) (code=timeout)."
+    )
+    assert receiver.lookups == 3
+
+
+def test_only_this_actions_inconclusive_lookups_inside_the_window_count(
+    agent_actor: Actor, finance: Any, settings: Any
+) -> None:
+    settings.RECONCILE_MAX_FAILURES = 3
+    settings.RECONCILE_WINDOW_SECONDS = 3600
+    action = unknown(agent_actor)
+    neighbour = unknown(agent_actor)
+    receiver = UnreachableLookups()
+    # The neighbour's failed lookups are its own.
+    for _ in range(3):
+        one_pass(neighbour, receiver)
+    assert Action.objects.get(pk=neighbour.pk).status == S.NEEDS_REVIEW
+    # Two failures of this action, older than the window, and a failed send: none of them count.
+    assert [one_pass(action, receiver), one_pass(action, receiver)] == ["inconclusive", "inconclusive"]
+    Attempt.objects.filter(action=action, kind=AttemptKind.LOOKUP).update(
+        started_at=timezone.now() - timedelta(seconds=3600 + 60)
+    )
+    Attempt.objects.filter(action=action, kind=AttemptKind.SUBMIT).update(outcome=LookupVerdict.INCONCLUSIVE)
+
+    assert one_pass(action, receiver) == "inconclusive"
+
+    action.refresh_from_db()
+    assert (action.status, action.reconcile_failures) == (S.UNKNOWN, 1)
