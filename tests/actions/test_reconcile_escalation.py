@@ -98,12 +98,16 @@ def test_only_this_actions_inconclusive_lookups_inside_the_window_count(
     for _ in range(3):
         one_pass(neighbour, receiver)
     assert Action.objects.get(pk=neighbour.pk).status == S.NEEDS_REVIEW
-    # Two failures of this action, older than the window, and a failed send: none of them count.
+    # Failures of this action older than the window, a failed send: none of them count.
     assert [one_pass(action, receiver), one_pass(action, receiver)] == ["inconclusive", "inconclusive"]
     Attempt.objects.filter(action=action, kind=AttemptKind.LOOKUP).update(
         started_at=timezone.now() - timedelta(seconds=3600 + 60)
     )
     Attempt.objects.filter(action=action, kind=AttemptKind.SUBMIT).update(outcome=LookupVerdict.INCONCLUSIVE)
+    # And a lookup inside the window that did conclude (not found) is no failure either.
+    concluded = Attempt.objects.filter(action=action, kind=AttemptKind.LOOKUP).order_by("pk").first()
+    assert concluded is not None
+    Attempt.objects.filter(pk=concluded.pk).update(outcome=LookupVerdict.NOT_FOUND, started_at=timezone.now())
 
     assert one_pass(action, receiver) == "inconclusive"
 
