@@ -70,14 +70,18 @@ def test_a_notice_waits_for_the_reconciler_that_holds_the_lease(agent_actor: Act
     now = timezone.now()
     action = authorized_refund(agent_actor)
     lease_end = now + timedelta(seconds=1)
-    set_state(action, status=S.UNKNOWN, lease_token=uuid.uuid4(), lease_expires_at=lease_end, next_reconcile_at=lease_end)
+    set_state(
+        action, status=S.UNKNOWN, lease_token=uuid.uuid4(), lease_expires_at=lease_end, next_reconcile_at=lease_end
+    )
 
     assert reconcile_request_now(action_pk=action.pk, now=now) is False
     assert next_reconcile_at(action) == lease_end
 
 
 @pytest.mark.parametrize("expired_by", [timedelta(0), timedelta(seconds=3)])
-def test_a_notice_after_the_reconcilers_lease_ran_out_makes_it_due_now(agent_actor: Actor, expired_by: timedelta) -> None:
+def test_a_notice_after_the_reconcilers_lease_ran_out_makes_it_due_now(
+    agent_actor: Actor, expired_by: timedelta
+) -> None:
     now = timezone.now()
     action = authorized_refund(agent_actor)
     later = now + timedelta(minutes=1)

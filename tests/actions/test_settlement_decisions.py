@@ -8,12 +8,15 @@ succeeded (refunded money), settled as failed (reservation released), or no answ
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions.engine.dispatch import submission_record
@@ -76,19 +79,33 @@ def settling(agent_actor: Actor) -> Action:
     return action
 
 
+def action_updates(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "actions_action"')]
+
+
+def assert_writes_only_the_poll_columns(queries: CaptureQueriesContext) -> None:
+    """A poll that changes nothing but the lease and the next poll writes only those columns: a
+    whole-row save would also rewrite the money and the payload from a copy read earlier."""
+    [*_, poll] = action_updates(queries)
+    written = re.findall(r'"(\w+)" = ', poll.split(" SET ", 1)[1].split(" WHERE ", 1)[0])
+    assert written == ["lease_token", "lease_expires_at", "next_reconcile_at"], poll
+
+
 def last_event(action: Action) -> ActionEvent:
     return ActionEvent.objects.filter(action=action).order_by("-pk").first()  # type: ignore[return-value]
 
 
-def test_a_refund_still_pending_is_polled_again_and_keeps_its_reservation(
-    agent_actor: Actor, settings: Any
-) -> None:
+def test_a_refund_still_pending_is_polled_again_and_keeps_its_reservation(agent_actor: Actor, settings: Any) -> None:
     action = settling(agent_actor)
-    receiver = SettlingReceiver(Lookup(LookupVerdict.FOUND, effects=[refund_effect(action, "pending", Outcome.PENDING)]))
+    receiver = SettlingReceiver(
+        Lookup(LookupVerdict.FOUND, effects=[refund_effect(action, "pending", Outcome.PENDING)])
+    )
     events_before = ActionEvent.objects.filter(action=action).count()
     now = timezone.now()
 
-    assert reconcile_action(action_pk=action.pk, receiver=receiver, now=now) == "still_pending"
+    with CaptureQueriesContext(connection) as queries:
+        assert reconcile_action(action_pk=action.pk, receiver=receiver, now=now) == "still_pending"
+    assert_writes_only_the_poll_columns(queries)
 
     action.refresh_from_db()
     assert action.status == S.SETTLING and receiver.lookups == 1
@@ -151,7 +168,9 @@ def test_a_settling_refund_with_no_answer_is_polled_again(agent_actor: Actor, ve
     receiver = SettlingReceiver(Lookup(verdict, error=error))
     now = timezone.now()
 
-    assert reconcile_action(action_pk=action.pk, receiver=receiver, now=now) == "inconclusive"
+    with CaptureQueriesContext(connection) as queries:
+        assert reconcile_action(action_pk=action.pk, receiver=receiver, now=now) == "inconclusive"
+    assert_writes_only_the_poll_columns(queries)
 
     action.refresh_from_db()
     assert action.status == S.SETTLING
