@@ -19,6 +19,10 @@ from django.core.management import call_command
 # Mutants run side by side (``--max-children``) each need a test database of their own: a
 # session empties its database at the start (below), which would wipe a neighbour's rows mid-test.
 DATABASE_SLOTS = 8
+# The stateful tests reach most of the engine and run 20 to 40 examples (36 s): every mutant
+# they reach but do not kill would pay for all of them. A few examples still catch the gross
+# mutants; the targeted tests are there for the rest.
+os.environ.setdefault("STATEFUL_MAX_EXAMPLES", "6")
 _held_slot: int | None = None  # the lock file stays open for the whole session
 
 PROCESS_FIXTURES = frozenset({"sandbox_process", "live_sandbox"})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -408,7 +409,9 @@ def test_random_interleavings_never_break_an_invariant(monkeypatch: pytest.Monke
     run_state_machine_as_test(
         Machine,
         settings=hypothesis_settings(
-            max_examples=40,
+            # Mutation runs (tests/mutation_subset.py) lower it: this test reaches most of the
+            # engine, so every surviving mutant pays for all of its examples.
+            max_examples=int(os.environ.get("STATEFUL_MAX_EXAMPLES", "40")),
             stateful_step_count=40,
             deadline=None,
             derandomize=True,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -310,7 +311,9 @@ def test_random_workflow_interleavings_never_break_invariants_12_to_16(
     run_state_machine_as_test(
         Machine,
         settings=hypothesis_settings(
-            max_examples=20,
+            # Mutation runs (tests/mutation_subset.py) lower it: this test reaches most of the
+            # engine, so every surviving mutant pays for all of its examples.
+            max_examples=int(os.environ.get("STATEFUL_MAX_EXAMPLES", "20")),
             stateful_step_count=30,
             deadline=None,
             derandomize=True,
