@@ -19,9 +19,10 @@ from django.core.management import call_command
 # Mutants run side by side (``--max-children``) each need a test database of their own: a
 # session empties its database at the start (below), which would wipe a neighbour's rows mid-test.
 DATABASE_SLOTS = 8
-# The stateful tests reach most of the engine and run 20 to 40 examples (36 s): every mutant
-# they reach but do not kill would pay for all of them. A few examples still catch the gross
-# mutants; the targeted tests are there for the rest.
+# The actions' stateful test reaches most of the engine and runs 40 examples (36 s): every
+# mutant it reaches but does not kill would pay for all of them. A few examples still catch the
+# gross mutants; the targeted tests are there for the rest. (The workflows' stateful test keeps
+# its 20: it asserts that its examples reached a pause and a compensation, which 6 do not.)
 os.environ.setdefault("STATEFUL_MAX_EXAMPLES", "6")
 _held_slot: int | None = None  # the lock file stays open for the whole session
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -311,9 +310,7 @@ def test_random_workflow_interleavings_never_break_invariants_12_to_16(
     run_state_machine_as_test(
         Machine,
         settings=hypothesis_settings(
-            # Mutation runs (tests/mutation_subset.py) lower it: this test reaches most of the
-            # engine, so every surviving mutant pays for all of its examples.
-            max_examples=int(os.environ.get("STATEFUL_MAX_EXAMPLES", "20")),
+            max_examples=20,
             stateful_step_count=30,
             deadline=None,
             derandomize=True,
