@@ -82,3 +82,77 @@ def test_at_or_past_the_retention_less_its_margin_a_person_decides(
     assert escalation.reason.startswith(
         "Not found, but the receiver's lookups are not authoritative: a person must decide."
     )
+
+
+# --- an authoritative receiver: the lookup visibility delay ------------------------------------
+
+VISIBILITY = timedelta(seconds=60)
+
+
+def authoritative_receiver_without_retention() -> FakeReceiver:
+    return FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True, visibility=VISIBILITY))
+
+
+def unknown_sent_at(agent_actor: Actor, *, first: datetime, last: datetime) -> Action:
+    action = unknown_first_sent_at(agent_actor, first)
+    Action.objects.filter(pk=action.pk).update(last_attempt_at=last)
+    return action
+
+
+def test_an_authoritative_not_found_inside_the_visibility_delay_waits(agent_actor: Actor) -> None:
+    """The lookup may not show a refund created a moment ago yet: not found proves nothing until
+    the visibility delay has passed since the *last* send (not the first)."""
+    now = timezone.now()
+    action = unknown_sent_at(agent_actor, first=now - timedelta(hours=2), last=now - VISIBILITY + timedelta(seconds=1))
+    fake = authoritative_receiver_without_retention()
+
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake), now=now) == "too_early"
+
+    assert fake.calls == ["find_refunds"], "nothing was sent again"
+    action.refresh_from_db()
+    assert action.status == S.UNKNOWN and action.next_reconcile_at is not None and action.next_reconcile_at > now
+
+
+@pytest.mark.parametrize("after", [timedelta(0), timedelta(minutes=5)], ids=["at-the-delay", "long-after"])
+def test_an_authoritative_not_found_after_the_visibility_delay_is_sent_again(
+    agent_actor: Actor, after: timedelta
+) -> None:
+    now = timezone.now()
+    action = unknown_sent_at(agent_actor, first=now - timedelta(hours=2), last=now - VISIBILITY - after)
+    fake = authoritative_receiver_without_retention()
+
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake), now=now) == S.SUCCEEDED
+
+    assert fake.calls == ["find_refunds", "create_refund"]
+    retry = ActionEvent.objects.get(action=action, transition="retry")
+    assert retry.reason == "Authoritative not-found after the receiver's visibility delay: retry with the same key."
+
+
+def test_the_lookup_refuses_to_run_inside_a_transaction(agent_actor: Actor) -> None:
+    from django.db import transaction
+
+    from actions.engine.reconcile import receiver_lookup
+
+    action = unknown_first_sent_at(agent_actor, timezone.now())
+    fake = authoritative_receiver_without_retention()
+    with (
+        transaction.atomic(),
+        pytest.raises(AssertionError, match=r"^a network call must not run inside a transaction$"),
+    ):
+        receiver_lookup(action=action, receiver=RefundReceiver(fake))
+    assert fake.calls == []
+
+
+def test_a_published_task_reconciles_its_action_before_the_mark_passes(agent_actor: Actor) -> None:
+    """The sweep moved ``next_reconcile_at`` to the mark when it published the task; the task runs
+    before the mark and still takes the action (reconcile_publish_due)."""
+    now = timezone.now()
+    action = unknown_sent_at(agent_actor, first=now - timedelta(hours=2), last=now - timedelta(hours=2))
+    mark = now + timedelta(seconds=30)
+    Action.objects.filter(pk=action.pk).update(next_reconcile_at=mark)
+    fake = authoritative_receiver_without_retention()
+
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake), now=now, published_mark=mark) == (
+        S.SUCCEEDED
+    )
+    assert fake.calls == ["find_refunds", "create_refund"]
