@@ -1,0 +1,100 @@
+"""Where the named fault points sit, checked in memory: the crash tests (tests/faults) kill real
+workers at these points; here the kill is replaced by an exception so that a fast test can see
+what was committed at that instant. A fault point that moved (or whose name changed) would make
+the crash tests kill the worker somewhere else, or nowhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from actions.engine import faults
+from actions.engine.dispatch import submission_record
+from actions.engine.reconcile import reconcile_action
+from actions.kinds.base import Answer, Outcome
+from actions.kinds.refund import RefundReceiver
+from actions.models import Action, ActionStatus, Attempt, AttemptKind
+from actions.providers.base import AmbiguousError
+from actions.services import Actor
+from tests.actions.test_dispatcher_fence import claimed
+from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver, guarantees
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = ActionStatus
+
+
+class Killed(Exception):
+    """The worker would have been killed here."""
+
+
+@pytest.fixture
+def kill_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    def kill(pid: int, sig: int) -> None:
+        raise Killed()
+
+    monkeypatch.setattr(faults.os, "kill", kill)
+    yield
+
+
+def unknown_and_due(agent_actor: Actor) -> Action:
+    action, attempt, token = claimed(agent_actor)
+    timeout = AmbiguousError("read timed out", code="timeout")
+    submission_record(
+        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
+    )
+    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    return action
+
+
+@pytest.mark.parametrize(
+    "contract", [guarantees(keys=True, lookup=True, authoritative=True), NO_LOOKUP_NO_KEYS], ids=["lookup", "no-lookup"]
+)
+def test_during_reconciliation_is_after_the_claim_and_before_the_record(
+    agent_actor: Actor, kill_at: None, monkeypatch: pytest.MonkeyPatch, contract: object
+) -> None:
+    """Killed there, the reconciler leaves its lease and an unanswered lookup attempt: the next
+    reconciler takes over once the lease passes; nothing was decided."""
+    monkeypatch.setenv("CONSOLE_FAULT_POINTS", "during_reconciliation")
+    action = unknown_and_due(agent_actor)
+    fake = FakeReceiver(contract)  # type: ignore[arg-type]
+
+    with pytest.raises(Killed):
+        reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake))
+
+    action.refresh_from_db()
+    assert action.status == S.UNKNOWN and action.lease_token is not None
+    lookup = Attempt.objects.get(action=action, kind=AttemptKind.LOOKUP)
+    assert (lookup.outcome, lookup.finished_at) == ("", None)
+    assert fake.calls == (["find_refunds"] if contract is not NO_LOOKUP_NO_KEYS else [])
+
+
+def test_other_fault_points_leave_reconciliation_alone(
+    agent_actor: Actor, kill_at: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the named point kills: the others switched on, a reconciliation runs to its end."""
+    monkeypatch.setenv("CONSOLE_FAULT_POINTS", "before_provider_call,after_record,during_invalidation")
+    action = unknown_and_due(agent_actor)
+
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(FakeReceiver(NO_LOOKUP_NO_KEYS))) == (
+        S.NEEDS_REVIEW
+    )
+
+
+def test_without_a_receiver_the_actions_own_kind_answers(agent_actor: Actor, monkeypatch: pytest.MonkeyPatch) -> None:
+    action = unknown_and_due(agent_actor)
+    fake = FakeReceiver(NO_LOOKUP_NO_KEYS)
+    asked_for: list[object] = []
+
+    def receiver_for(of: Action) -> RefundReceiver:
+        asked_for.append(of)
+        return RefundReceiver(fake)
+
+    monkeypatch.setattr("actions.engine.reconcile.receiver_for", receiver_for)
+
+    assert reconcile_action(action_pk=action.pk) == S.NEEDS_REVIEW
+
+    [of] = asked_for
+    assert isinstance(of, Action) and of.pk == action.pk
