@@ -16,7 +16,7 @@ from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver
-from actions.models import Action, ActionStatus, Attempt, AttemptKind
+from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.providers.base import AmbiguousError
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
@@ -98,3 +98,9 @@ def test_without_a_receiver_the_actions_own_kind_answers(agent_actor: Actor, mon
 
     [of] = asked_for
     assert isinstance(of, Action) and of.pk == action.pk
+    # A receiver with no lookup: straight to a person, saying why, with the pass as evidence.
+    escalation = ActionEvent.objects.get(action=action, transition="escalate")
+    lookup = Attempt.objects.get(action=action, kind=AttemptKind.LOOKUP)
+    assert escalation.reason.startswith("The receiver has no lookup: only a person can find out what happened. ")
+    assert escalation.evidence == {"attempt_id": lookup.pk, "verdict": "no_lookup", "owner": None}  # no finance here
+    assert fake.calls == [], "a receiver with no lookup is not asked"
