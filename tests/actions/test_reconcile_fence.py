@@ -4,6 +4,7 @@ attempt row (held_lease = false) and changes neither the action nor the money.""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -15,7 +16,7 @@ from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import _record, reconcile_action, reconcile_claim
 from actions.kinds.base import Answer, Lookup, LookupVerdict, Outcome
 from actions.kinds.refund import refund_contract
-from actions.models import Action, ActionStatus, Attempt, AttemptKind
+from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Discrepancy, DiscrepancyKind
 from actions.providers.base import AmbiguousError, LookupFailed
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
@@ -82,3 +83,55 @@ def test_the_receivers_answer_is_kept_on_the_lookup_attempt(agent_actor: Actor, 
         assert attempt.error == {"type": "LookupFailed", "code": "network", "message": "connection reset"}
     else:
         assert attempt.response == {"effects": [{"id": "re_settling_1", "status": "succeeded"}]}
+
+
+# --- what a lookup found, for an UNKNOWN action ----------------------------------------------------
+
+
+def test_a_found_refund_is_recorded_as_reconciliations_finding_and_booked(agent_actor: Actor) -> None:
+    action = unknown_and_due(agent_actor)
+    found = Lookup(LookupVerdict.FOUND, effects=[refund_effect(action, "succeeded", Outcome.SUCCEEDED)])
+    now = timezone.now()
+
+    assert reconcile_action(action_pk=action.pk, receiver=SettlingReceiver(found), now=now) == S.SUCCEEDED
+
+    stored = Action.objects.get(pk=action.pk)
+    assert (stored.status, stored.provider_reference) == (S.SUCCEEDED, "re_settling_1")
+    assert order_money(stored) == (AMOUNT, Decimal("0.00"))
+    lookup = Attempt.objects.get(action=action, kind=AttemptKind.LOOKUP)
+    event = ActionEvent.objects.get(action=action, transition="reconcile_found")
+    assert (event.actor_label, event.created_at) == ("system:reconciler", now)
+    assert event.reason == "Reconciliation found the receiver's record: re_settling_1 succeeded."
+    assert event.evidence == {
+        "answer": "re_settling_1 succeeded",
+        "source": "reconciliation",
+        "attempt_id": lookup.pk,
+        "verdict": LookupVerdict.FOUND,
+    }
+
+
+def test_two_effects_for_one_action_are_a_discrepancy_for_a_named_person(agent_actor: Actor, finance: Any) -> None:
+    action = unknown_and_due(agent_actor)
+    first = refund_effect(action, "succeeded", Outcome.SUCCEEDED)
+    second = dataclasses.replace(first, reference="re_settling_2", raw={"id": "re_settling_2"})
+    duplicate = Lookup(LookupVerdict.DUPLICATE, effects=[first, second])
+
+    assert reconcile_action(action_pk=action.pk, receiver=SettlingReceiver(duplicate)) == S.NEEDS_REVIEW
+
+    stored = Action.objects.get(pk=action.pk)
+    assert (stored.status, stored.owner) == (S.NEEDS_REVIEW, finance)
+    assert order_money(stored) == (Decimal("0.00"), AMOUNT), "nothing booked: a person decides"
+    [discrepancy] = Discrepancy.objects.all()
+    assert (discrepancy.kind, discrepancy.action_id, discrepancy.provider_reference) == (
+        DiscrepancyKind.DUPLICATE_EFFECT,
+        action.pk,
+        "re_settling_1",
+    )
+    assert discrepancy.details == {"effects": ["re_settling_1", "re_settling_2"], "found_by": "reconciliation"}
+    lookup = Attempt.objects.get(action=action, kind=AttemptKind.LOOKUP)
+    escalation = ActionEvent.objects.get(action=action, transition="escalate")
+    assert escalation.reason.startswith(
+        "The receiver has 2 effects for this action (re_settling_1, re_settling_2). Assigned to "
+    )
+    assert escalation.evidence["effects"] == ["re_settling_1", "re_settling_2"]
+    assert (escalation.evidence["attempt_id"], escalation.evidence["verdict"]) == (lookup.pk, LookupVerdict.DUPLICATE)
