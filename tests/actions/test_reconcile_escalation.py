@@ -17,12 +17,12 @@ from django.utils import timezone
 from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
-from actions.kinds.refund import refund_contract
+from actions.kinds.refund import RefundReceiver, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.providers.base import AmbiguousError, LookupFailed
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
-from tests.actions.test_reconciliation import guarantees
+from tests.actions.test_reconciliation import FakeReceiver, guarantees
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ActionStatus
@@ -113,3 +113,40 @@ def test_only_this_actions_inconclusive_lookups_inside_the_window_count(
 
     action.refresh_from_db()
     assert (action.status, action.reconcile_failures) == (S.UNKNOWN, 1)
+
+
+def test_a_not_found_after_the_policys_number_of_sends_goes_to_a_person_not_another_send(
+    agent_actor: Actor, finance: Any, settings: Any
+) -> None:
+    """Every send so far was answered ambiguously and left nothing: sending again would only
+    repeat that, so the escalation policy applies to retries too."""
+    settings.RECONCILE_MAX_FAILURES = 3
+    action = unknown(agent_actor)
+    Action.objects.filter(pk=action.pk).update(attempt_count=3, next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake)) == S.NEEDS_REVIEW
+
+    assert fake.calls == ["find_refunds"], "not sent a fourth time"
+    stored = Action.objects.get(pk=action.pk)
+    assert (stored.status, stored.owner) == (S.NEEDS_REVIEW, finance)
+    escalation = ActionEvent.objects.get(action=action, transition="escalate")
+    lookup = Attempt.objects.get(action=action, kind=AttemptKind.LOOKUP)
+    assert (escalation.actor_label, escalation.reason.split(" Assigned to ")[0]) == (
+        "system:reconciler",
+        "Sent 3 times with the same key and still nothing at the receiver (policy: 3).",
+    )
+    assert {k: escalation.evidence[k] for k in ("attempt_id", "verdict")} == {
+        "attempt_id": lookup.pk,
+        "verdict": LookupVerdict.NOT_FOUND,
+    }
+
+
+def test_a_not_found_below_the_policys_number_of_sends_is_sent_again(agent_actor: Actor, settings: Any) -> None:
+    settings.RECONCILE_MAX_FAILURES = 3
+    action = unknown(agent_actor)
+    Action.objects.filter(pk=action.pk).update(attempt_count=2, next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake)) == S.SUCCEEDED
+    assert fake.calls == ["find_refunds", "create_refund"]
