@@ -12,6 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions.engine.dispatch import submission_record
@@ -23,6 +25,7 @@ from actions.providers.base import AmbiguousError, LookupFailed
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
 from tests.actions.test_reconciliation import FakeReceiver, guarantees
+from tests.actions.test_settlement_decisions import last_action_update_columns
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ActionStatus
@@ -68,7 +71,14 @@ def test_inconclusive_lookups_up_to_the_policy_then_a_named_person(
     action = unknown(agent_actor)
     receiver = UnreachableLookups()
 
-    assert [one_pass(action, receiver), one_pass(action, receiver)] == ["inconclusive", "inconclusive"]
+    with CaptureQueriesContext(connection) as queries:
+        assert [one_pass(action, receiver), one_pass(action, receiver)] == ["inconclusive", "inconclusive"]
+    assert sorted(last_action_update_columns(queries)) == [
+        "lease_expires_at",
+        "lease_token",
+        "next_reconcile_at",
+        "reconcile_failures",
+    ]
     action.refresh_from_db()
     assert (action.status, action.reconcile_failures) == (S.UNKNOWN, 2)
     assert action.next_reconcile_at is not None and action.next_reconcile_at > timezone.now()

@@ -4,10 +4,13 @@ a resend safe, and only while the first attempt is inside it by the safety margi
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions.engine.dispatch import submission_record
@@ -19,6 +22,7 @@ from actions.providers.base import AmbiguousError
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
 from tests.actions.test_reconciliation import FakeReceiver, guarantees
+from tests.actions.test_settlement_decisions import assert_writes_only_the_poll_columns
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ActionStatus
@@ -106,7 +110,9 @@ def test_an_authoritative_not_found_inside_the_visibility_delay_waits(agent_acto
     action = unknown_sent_at(agent_actor, first=now - timedelta(hours=2), last=now - VISIBILITY + timedelta(seconds=1))
     fake = authoritative_receiver_without_retention()
 
-    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake), now=now) == "too_early"
+    with CaptureQueriesContext(connection) as queries:
+        assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake), now=now) == "too_early"
+    assert_writes_only_the_poll_columns(queries)
 
     assert fake.calls == ["find_refunds"], "nothing was sent again"
     action.refresh_from_db()
@@ -156,3 +162,24 @@ def test_a_published_task_reconciles_its_action_before_the_mark_passes(agent_act
         S.SUCCEEDED
     )
     assert fake.calls == ["find_refunds", "create_refund"]
+
+
+class TakenOverDuringTheSend(FakeReceiver):
+    """While the retry's call is in flight, its lease runs out and another worker takes the action."""
+
+    def create_refund(self, req):  # type: ignore[no-untyped-def]
+        Action.objects.filter(action_id=req.metadata["action_id"]).update(lease_token=uuid.uuid4())
+        return super().create_refund(req)
+
+
+def test_the_retrys_answer_is_fenced_by_the_retrys_own_lease(agent_actor: Actor) -> None:
+    now = timezone.now()
+    action = unknown_sent_at(agent_actor, first=now - timedelta(hours=2), last=now - timedelta(hours=2))
+    fake = TakenOverDuringTheSend(guarantees(keys=True, lookup=True, authoritative=True))
+
+    assert reconcile_action(action_pk=action.pk, receiver=RefundReceiver(fake), now=now) == "lease_lost"
+
+    stored = Action.objects.get(pk=action.pk)
+    assert stored.status == S.SUBMITTING, "the answer is the new holder's to record, or reconciliation's"
+    resend = Attempt.objects.filter(action=action, kind=AttemptKind.SUBMIT).order_by("-pk").first()
+    assert resend is not None and resend.held_lease is False and resend.outcome == Outcome.SUCCEEDED.value

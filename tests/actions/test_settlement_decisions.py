@@ -83,12 +83,16 @@ def action_updates(queries: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "actions_action"')]
 
 
+def last_action_update_columns(queries: CaptureQueriesContext) -> list[str]:
+    """The columns the last UPDATE of an action wrote, in order."""
+    [*_, last] = action_updates(queries)
+    return re.findall(r'"(\w+)" = ', last.split(" SET ", 1)[1].split(" WHERE ", 1)[0])
+
+
 def assert_writes_only_the_poll_columns(queries: CaptureQueriesContext) -> None:
     """A poll that changes nothing but the lease and the next poll writes only those columns: a
     whole-row save would also rewrite the money and the payload from a copy read earlier."""
-    [*_, poll] = action_updates(queries)
-    written = re.findall(r'"(\w+)" = ', poll.split(" SET ", 1)[1].split(" WHERE ", 1)[0])
-    assert written == ["lease_token", "lease_expires_at", "next_reconcile_at"], poll
+    assert last_action_update_columns(queries) == ["lease_token", "lease_expires_at", "next_reconcile_at"]
 
 
 def last_event(action: Action) -> ActionEvent:
