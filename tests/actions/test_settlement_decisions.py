@@ -116,7 +116,10 @@ def test_a_refund_still_pending_is_polled_again_and_keeps_its_reservation(agent_
     assert (action.lease_token, action.lease_expires_at) == (None, None), "the reconciler's lease is given back"
     base = settings.RECONCILE_BASE_BACKOFF_SECONDS
     assert action.next_reconcile_at is not None
-    assert now + timedelta(seconds=base) <= action.next_reconcile_at <= now + timedelta(seconds=base * 1.25 + 1)
+    # next_reconcile_time: the provider's lookup visibility delay, the base backoff, up to a quarter more jitter.
+    visibility = settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS
+    assert now + timedelta(seconds=base) <= action.next_reconcile_at
+    assert action.next_reconcile_at <= now + timedelta(seconds=visibility + base * 1.25 + 1)
     assert order_money(action) == (Decimal("0.00"), AMOUNT)
     assert ActionEvent.objects.filter(action=action).count() == events_before, "nothing happened to record"
     lookup = Attempt.objects.get(action=action, kind=AttemptKind.LOOKUP)
