@@ -6,21 +6,15 @@ the crash tests kill the worker somewhere else, or nowhere."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 
 from actions.engine import faults
-from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
-from actions.providers.base import AmbiguousError
 from actions.services import Actor
-from tests.actions.test_dispatcher_fence import claimed
-from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver, guarantees
+from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver, guarantees, unknown_and_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ActionStatus
@@ -37,16 +31,6 @@ def kill_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(faults.os, "kill", kill)
     yield
-
-
-def unknown_and_due(agent_actor: Actor) -> Action:
-    action, attempt, token = claimed(agent_actor)
-    timeout = AmbiguousError("read timed out", code="timeout")
-    submission_record(
-        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
-    )
-    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
-    return action
 
 
 @pytest.mark.parametrize(

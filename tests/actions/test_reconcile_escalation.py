@@ -16,15 +16,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
+from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict
 from actions.kinds.refund import RefundReceiver, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
-from actions.providers.base import AmbiguousError, LookupFailed
+from actions.providers.base import LookupFailed
 from actions.services import Actor
-from tests.actions.test_dispatcher_fence import claimed
-from tests.actions.test_reconciliation import FakeReceiver, guarantees
+from tests.actions.test_reconciliation import FakeReceiver, guarantees, unknown_and_due
 from tests.actions.test_settlement_decisions import last_action_update_columns
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,15 +47,6 @@ class UnreachableLookups:
         return iter(())
 
 
-def unknown(agent_actor: Actor) -> Action:
-    action, attempt, token = claimed(agent_actor)
-    timeout = AmbiguousError("read timed out", code="timeout")
-    submission_record(
-        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
-    )
-    return action
-
-
 def one_pass(action: Action, receiver: UnreachableLookups) -> str:
     Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
     return reconcile_action(action_pk=action.pk, receiver=receiver)
@@ -68,7 +57,7 @@ def test_inconclusive_lookups_up_to_the_policy_then_a_named_person(
 ) -> None:
     settings.RECONCILE_MAX_FAILURES = 3
     settings.RECONCILE_WINDOW_SECONDS = 24 * 3600
-    action = unknown(agent_actor)
+    action = unknown_and_due(agent_actor)
     receiver = UnreachableLookups()
 
     with CaptureQueriesContext(connection) as queries:
@@ -101,8 +90,8 @@ def test_only_this_actions_inconclusive_lookups_inside_the_window_count(
 ) -> None:
     settings.RECONCILE_MAX_FAILURES = 3
     settings.RECONCILE_WINDOW_SECONDS = 3600
-    action = unknown(agent_actor)
-    neighbour = unknown(agent_actor)
+    action = unknown_and_due(agent_actor)
+    neighbour = unknown_and_due(agent_actor)
     receiver = UnreachableLookups()
     # The neighbour's failed lookups are its own.
     for _ in range(3):
@@ -131,7 +120,7 @@ def test_a_not_found_after_the_policys_number_of_sends_goes_to_a_person_not_anot
     """Every send so far was answered ambiguously and left nothing: sending again would only
     repeat that, so the escalation policy applies to retries too."""
     settings.RECONCILE_MAX_FAILURES = 3
-    action = unknown(agent_actor)
+    action = unknown_and_due(agent_actor)
     Action.objects.filter(pk=action.pk).update(attempt_count=3, next_reconcile_at=timezone.now() - timedelta(seconds=1))
     fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
 
@@ -154,7 +143,7 @@ def test_a_not_found_after_the_policys_number_of_sends_goes_to_a_person_not_anot
 
 def test_a_not_found_below_the_policys_number_of_sends_is_sent_again(agent_actor: Actor, settings: Any) -> None:
     settings.RECONCILE_MAX_FAILURES = 3
-    action = unknown(agent_actor)
+    action = unknown_and_due(agent_actor)
     Action.objects.filter(pk=action.pk).update(attempt_count=2, next_reconcile_at=timezone.now() - timedelta(seconds=1))
     fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
 

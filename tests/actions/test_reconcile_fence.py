@@ -12,30 +12,18 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import _record, reconcile_action, reconcile_claim
-from actions.kinds.base import Answer, Lookup, LookupVerdict, Outcome
+from actions.kinds.base import Lookup, LookupVerdict, Outcome
 from actions.kinds.refund import refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Discrepancy, DiscrepancyKind
-from actions.providers.base import AmbiguousError, LookupFailed
+from actions.providers.base import LookupFailed
 from actions.services import Actor
-from tests.actions.test_dispatcher_fence import claimed
-from tests.actions.test_reconciliation import AMOUNT, guarantees, order_money
+from tests.actions.test_reconciliation import AMOUNT, guarantees, order_money, unknown_and_due
 from tests.actions.test_settlement_decisions import SettlingReceiver, refund_effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ActionStatus
 CONTRACT = refund_contract(guarantees(keys=True, lookup=True, authoritative=True))
-
-
-def unknown_and_due(agent_actor: Actor) -> Action:
-    action, attempt, token = claimed(agent_actor)
-    timeout = AmbiguousError("read timed out", code="timeout")
-    submission_record(
-        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
-    )
-    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
-    return action
 
 
 def test_a_reconciler_whose_lease_was_taken_over_keeps_its_answer_on_its_attempt_only(

@@ -21,6 +21,7 @@ from actions.kinds.base import Answer, Outcome
 from actions.models import Action, ActionStatus
 from actions.providers.base import AmbiguousError
 from actions.services import Actor, action_propose_refund
+from tests.actions.test_reconciliation import authorized_refund
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 from tests.factories import make_order, make_request
 
@@ -72,15 +73,7 @@ def test_only_actions_in_reconciliation_are_due_or_published(
     is not a reason to ask the receiver: polling stopped when it left UNKNOWN or SETTLING."""
     assert unknown_action.next_reconcile_at is not None
     now = unknown_action.next_reconcile_at + timedelta(seconds=1)
-    order = make_order(captured="100.00")
-    other = action_propose_refund(
-        order_number=order.number,
-        request_number=make_request(order).number,
-        amount="20.00",
-        currency="EUR",
-        reason_code="damaged",
-        proposer=agent_actor,
-    ).action
+    other = authorized_refund(agent_actor)
     Action.objects.filter(pk=other.pk).update(status=status, next_reconcile_at=unknown_action.next_reconcile_at)
     Action.objects.filter(pk=unknown_action.pk).update(status=ActionStatus.SETTLING)
 

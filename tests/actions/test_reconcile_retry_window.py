@@ -13,15 +13,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.base import Answer, Outcome
+from actions.kinds.base import Outcome
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
-from actions.providers.base import AmbiguousError
 from actions.services import Actor
-from tests.actions.test_dispatcher_fence import claimed
-from tests.actions.test_reconciliation import FakeReceiver, guarantees
+from tests.actions.test_reconciliation import FakeReceiver, guarantees, unknown_without_receiver
 from tests.actions.test_settlement_decisions import assert_writes_only_the_poll_columns
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,11 +33,7 @@ def margin(settings: Any) -> timedelta:
 
 
 def unknown_first_sent_at(agent_actor: Actor, first: datetime) -> Action:
-    action, attempt, token = claimed(agent_actor)
-    timeout = AmbiguousError("read timed out", code="timeout")
-    submission_record(
-        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
-    )
+    action = unknown_without_receiver(agent_actor)
     Action.objects.filter(pk=action.pk).update(first_attempt_at=first, last_attempt_at=first, next_reconcile_at=None)
     return action
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import execution_dispatch, submission_record
@@ -101,6 +102,14 @@ def unknown_without_receiver(proposer: Actor) -> Action:
     )
     action = Action.objects.get(pk=action.pk)
     assert action.status == S.UNKNOWN
+    return action
+
+
+def unknown_and_due(proposer: Actor) -> Action:
+    """UNKNOWN after a timeout, as ``unknown_without_receiver``, with its reconciliation due now."""
+    action = unknown_without_receiver(proposer)
+    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
+    action.refresh_from_db()
     return action
 
 

@@ -27,7 +27,7 @@ from actions.providers.base import AmbiguousError, LookupFailed, retry_after_sec
 from actions.providers.stripe_adapter import map_create_error, map_lookup_error
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed
-from tests.actions.test_reconciliation import authorized_refund, guarantees
+from tests.actions.test_reconciliation import authorized_refund, guarantees, unknown_and_due
 
 S = ActionStatus
 PAYMENTS = "provider"  # the refund contract's receiver name
@@ -317,19 +317,6 @@ def test_a_stripe_lookup_refused_with_429_carries_its_retry_after() -> None:
 
 
 # --- reconciliation's lookups take tokens too ------------------------------------------------------
-
-
-def unknown_and_due(agent_actor: Actor) -> Action:
-    """A refund whose send timed out: UNKNOWN, its reconciliation due now."""
-    action, attempt, token = claimed(agent_actor)
-    timeout = AmbiguousError("read timed out", code="timeout")
-    submission_record(
-        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=Answer(Outcome.UNKNOWN, error=timeout)
-    )
-    Action.objects.filter(pk=action.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
-    action.refresh_from_db()
-    assert action.status == S.UNKNOWN
-    return action
 
 
 @pytest.mark.django_db(transaction=True)
