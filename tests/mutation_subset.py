@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from typing import IO
 
 import pytest
 from django.core.management import call_command
@@ -24,7 +25,8 @@ DATABASE_SLOTS = 8
 # gross mutants; the targeted tests are there for the rest. (The workflows' stateful test keeps
 # its 20: it asserts that its examples reached a pause and a compensation, which 6 do not.)
 os.environ.setdefault("STATEFUL_MAX_EXAMPLES", "6")
-_held_slot: int | None = None  # the lock file stays open for the whole session
+_held_slot: int | None = None
+_slot_handle: IO[str] | None = None  # the lock file stays open (and locked) for the whole session
 
 PROCESS_FIXTURES = frozenset({"sandbox_process", "live_sandbox"})
 DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_setup"})
@@ -47,7 +49,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Take the first free database slot (an fcntl lock, released when the process ends) and
     point the test database at it: ``test_console_mutants_0``, ``_1``, ... Each slot is kept
     between mutants (--reuse-db). The fork server's collection touches no database."""
-    global _held_slot
+    global _held_slot, _slot_handle
     if session.config.option.collectonly or _held_slot is not None:
         return
     from django.conf import settings
@@ -60,8 +62,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         except OSError:
             handle.close()
             continue
-        _held_slot = slot
-        globals()["_slot_handle"] = handle
+        _held_slot, _slot_handle = slot, handle
         base = settings.DATABASES["default"].setdefault("TEST", {}).get("NAME") or "test_console"
         name = f"{base}_{slot}"
         settings.DATABASES["default"]["TEST"]["NAME"] = name
