@@ -16,6 +16,9 @@ import hashlib
 import hmac
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
@@ -65,13 +68,38 @@ def _event_payload(event: ActionEvent, event_id: str) -> dict[str, Any]:
     }
 
 
+# Inside one claim transaction of many actions (actions.engine.claim.submission_begin_batch),
+# each agent's webhook is read once rather than once per event.
+_hooks_read: ContextVar[dict[int, AgentWebhook | None] | None] = ContextVar("agent_webhooks_read", default=None)
+
+
+@contextmanager
+def agent_webhooks_read_once() -> Iterator[None]:
+    """Within this block (one transaction), read each agent's active webhook at most once."""
+    token = _hooks_read.set({})
+    try:
+        yield
+    finally:
+        _hooks_read.reset(token)
+
+
+def _active_hook(agent_id: int) -> AgentWebhook | None:
+    memo = _hooks_read.get()
+    if memo is not None and agent_id in memo:
+        return memo[agent_id]
+    hook = AgentWebhook.objects.filter(agent_id=agent_id, is_active=True).first()
+    if memo is not None:
+        memo[agent_id] = hook
+    return hook
+
+
 def webhook_outbox_write(event: ActionEvent) -> AgentWebhookDelivery | None:
     """Write the outbox row for one audit event, if it is a state change of an agent's action
     whose agent has an active webhook. Must run in the transaction that wrote the event."""
     action = event.action
     if event.from_state == event.to_state or action.proposed_by_agent_id is None:
         return None
-    hook = AgentWebhook.objects.filter(agent_id=action.proposed_by_agent_id, is_active=True).first()
+    hook = _active_hook(action.proposed_by_agent_id)
     if hook is None:
         return None
     event_id = f"evt_{event.pk}"

@@ -22,7 +22,15 @@ REJECTION_COMMIT_TASK = "actions.tasks.rejection_commit"
 
 
 def dispatch_enqueue(action_pk: int) -> None:
-    """Publish a dispatch for an authorized action."""
+    """Publish a dispatch for an authorized action.
+
+    Not with DISPATCH_PUBLISH off, the setting for a deployment that runs the dispatcher process
+    (actions.engine.dispatcher): it finds AUTHORIZED actions in the table itself, and a message
+    per action would only make a Celery worker race it for the claim. The AUTHORIZED sweep still
+    sends whatever no dispatcher took.
+    """
+    if not settings.DISPATCH_PUBLISH:
+        return
     app.send_task(DISPATCH_TASK, args=(action_pk,))
 
 

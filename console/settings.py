@@ -343,6 +343,14 @@ AUTO_APPROVAL_AGENT_DAILY_AMOUNTS: dict[str, Decimal] = env_decimal_map(
 LEASE_SECONDS: int = env_int("LEASE_SECONDS", 60)
 # How often beat sweeps AUTHORIZED rows (lost publishes) and expired leases.
 SWEEP_INTERVAL_SECONDS: int = env_int("SWEEP_INTERVAL_SECONDS", 10)
+# How many AUTHORIZED actions one claim transaction takes (the AUTHORIZED sweep and the
+# dispatcher process, actions.engine.dispatcher): one commit for the batch, each action with its
+# own lease. The sweep sends its batch one call after another, so it also keeps the batch small
+# enough for the last lease to outlast the calls before it (actions.engine.dispatch).
+DISPATCH_BATCH_SIZE: int = env_int("DISPATCH_BATCH_SIZE", 16)
+# Off where the dispatcher process runs (`manage.py dispatcher`): approvals then publish no
+# Celery dispatch per action, the dispatcher claims them from the table (actions.publish).
+DISPATCH_PUBLISH: bool = env_bool("DISPATCH_PUBLISH", True)
 # Escalation policy for UNKNOWN actions: this many failed reconciliations within the window
 # send the action to NEEDS_REVIEW with a named owner.
 RECONCILE_MAX_FAILURES: int = env_int("RECONCILE_MAX_FAILURES", 3)

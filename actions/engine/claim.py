@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -21,10 +22,12 @@ from actions.engine.leases import lease_take
 from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionStatus, Attempt
+from actions.outbox import agent_webhooks_read_once
 from actions.trail import Actor, action_transition
 from approvals.models import Approval
 from approvals.policy import (
     approval_redecide_by_policy,
+    approvals_in_force,
     group_chain_advance,
     group_chain_version,
     latest_approval_with_locked_action,
@@ -97,36 +100,93 @@ def submission_begin(
                 action = Action.objects.select_for_update(skip_locked=skip_locked).filter(pk=action_pk).first()
             if action is None or action.status != S.AUTHORIZED:
                 return Claim(outcome=ClaimOutcome.TAKEN, action=action)
-            failures = binding_failures(action, approval, now)
-            if failures:
-                raise _BindingFailed(failures)
-            assert approval is not None
-            # A member of a grouped decision reserves at the version its group has reached:
-            # the approved version plus one for each sibling that reserved before it.
-            approved_version = group_chain_version(approval)
-            failures = kind_for(action.kind).reserve(action, approved_version=approved_version)
-            if failures:
-                raise _BindingFailed(failures)
-            group_chain_advance(approval, reserved_at=approved_version)
-            lease = lease_take(
-                action=action,
-                transition="begin_submission",
-                actor=actor,
-                reason="Reserved; submitting to the receiver.",
-                evidence={
-                    "approval_id": approval.pk,
-                    "order_version": approved_version,
-                    "approved_version": approval.order_version,
-                    "group_id": approval.group_id,
-                    "attempt": action.attempt_count + 1,
-                },
-                now=now,
-            )
-            return Claim(outcome=ClaimOutcome.CLAIMED, action=action, attempt=lease.attempt, lease_token=lease.token)
+            return _claim_locked(action=action, approval=approval, actor=actor, now=now)
     except ConcurrentTransition:
         return Claim(outcome=ClaimOutcome.TAKEN)
     except _BindingFailed as stale:
         return _invalidate(action_pk=action_pk, failures=stale.failures, actor=actor, now=now)
+
+
+def submission_begin_batch(
+    *,
+    limit: int,
+    now: datetime | None = None,
+    actor: Actor | None = None,
+    authorized_before: datetime | None = None,
+    action_pks: Sequence[int] | None = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` AUTHORIZED actions in ONE transaction: one commit for all of them.
+
+    Each action is claimed exactly as ``submission_begin`` claims it (its binding checked, its
+    target reserved by its kind, its own lease, event and attempt), so intent is committed
+    before any of their calls and each call records under its own lease. Rows another worker
+    holds are skipped (SKIP LOCKED), never waited for. An action whose approval no longer holds
+    is left out of the batch and invalidated afterwards in its own transaction, exactly as a
+    single claim would: a kind's ``reserve`` that fails writes nothing, so the others' claims
+    are unaffected. Any other error rolls the whole batch back; nothing was sent yet.
+
+    ``authorized_before``: only actions authorized before then (the sweep's grace period, which
+    leaves fresh approvals to their own publish). ``action_pks``: only these (those whose
+    receivers had a token, when rate limits are on).
+    """
+    now = now or timezone.now()
+    actor = actor or Actor.system("dispatcher")
+    if limit <= 0 or (action_pks is not None and not action_pks):
+        return []
+    claims: list[Claim] = []
+    stale: list[tuple[int, list[dict[str, str]]]] = []
+    with transaction.atomic(durable=True), agent_webhooks_read_once():
+        candidates = Action.objects.select_for_update(skip_locked=True).filter(status=S.AUTHORIZED)
+        if authorized_before is not None:
+            candidates = candidates.filter(status_changed_at__lt=authorized_before)
+        if action_pks is not None:
+            candidates = candidates.filter(pk__in=list(action_pks))
+        actions = list(candidates.order_by("status_changed_at", "pk")[:limit])
+        approvals = approvals_in_force(action_pks=[action.pk for action in actions])
+        # Reserve in one fixed order of targets: two batches that hold actions on the same
+        # orders or bills then lock those rows in the same order and cannot deadlock.
+        actions.sort(key=lambda action: (action.order_id or 0, action.bill_id or 0, action.pk))
+        for action in actions:
+            try:
+                claims.append(_claim_locked(action=action, approval=approvals.get(action.pk), actor=actor, now=now))
+            except _BindingFailed as failed:
+                stale.append((action.pk, failed.failures))
+    for action_pk, failures in stale:
+        claims.append(_invalidate(action_pk=action_pk, failures=failures, actor=actor, now=now))
+    return claims
+
+
+def _claim_locked(*, action: Action, approval: Approval | None, actor: Actor, now: datetime) -> Claim:
+    """The claim of one AUTHORIZED action whose row the caller's transaction holds locked.
+
+    Raises _BindingFailed, having written nothing, when the approval no longer holds.
+    """
+    failures = binding_failures(action, approval, now)
+    if failures:
+        raise _BindingFailed(failures)
+    assert approval is not None
+    # A member of a grouped decision reserves at the version its group has reached:
+    # the approved version plus one for each sibling that reserved before it.
+    approved_version = group_chain_version(approval)
+    failures = kind_for(action.kind).reserve(action, approved_version=approved_version)
+    if failures:
+        raise _BindingFailed(failures)
+    group_chain_advance(approval, reserved_at=approved_version)
+    lease = lease_take(
+        action=action,
+        transition="begin_submission",
+        actor=actor,
+        reason="Reserved; submitting to the receiver.",
+        evidence={
+            "approval_id": approval.pk,
+            "order_version": approved_version,
+            "approved_version": approval.order_version,
+            "group_id": approval.group_id,
+            "attempt": action.attempt_count + 1,
+        },
+        now=now,
+    )
+    return Claim(outcome=ClaimOutcome.CLAIMED, action=action, attempt=lease.attempt, lease_token=lease.token)
 
 
 def _invalidate(*, action_pk: int, failures: list[dict[str, str]], actor: Actor, now: datetime) -> Claim:

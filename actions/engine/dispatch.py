@@ -22,9 +22,9 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from actions import permissions as perms
-from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.claim import ClaimOutcome, submission_begin, submission_begin_batch
 from actions.engine.faults import fault_point
-from actions.engine.throttle import dispatch_wait, throttle_pause
+from actions.engine.throttle import dispatch_wait, throttle_pause, throttling_enabled
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
@@ -390,12 +390,17 @@ def _submission_apply(
 def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_seconds: float | None = None) -> int:
     """Dispatch AUTHORIZED actions whose publish was lost (broker down, process died at commit).
 
-    Each claim uses SKIP LOCKED, so several sweepers and workers never wait on each other.
-    A grace period leaves fresh approvals to their own on-commit publish.
+    The claims skip locked rows (SKIP LOCKED), so several sweepers and workers never wait on
+    each other. A grace period leaves fresh approvals to their own on-commit publish. Without
+    rate limits, the actions are claimed in batches (``submission_begin_batch``: one commit per
+    batch) and each batch is sent before the next is claimed; with rate limits, each action
+    first takes its receiver's token and is claimed on its own.
     """
     now = now or timezone.now()
     budget = budget_seconds if budget_seconds is not None else settings.SWEEP_INTERVAL_SECONDS
     cutoff = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS / 2)
+    if not throttling_enabled():
+        return _sweep_authorized_in_batches(cutoff=cutoff, limit=limit, budget=budget)
     pks = list(
         Action.objects.filter(status=S.AUTHORIZED, status_changed_at__lt=cutoff)
         .order_by("status_changed_at")
@@ -410,6 +415,29 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
             continue  # its receiver's bucket is empty: a later sweep sends it
         if execution_dispatch(action_pk=pk, skip_locked=True) not in ("taken", "stale"):
             dispatched += 1
+    return dispatched
+
+
+def sweep_batch_size() -> int:
+    """How many actions the sweep claims per transaction. It sends them one after the other, so
+    the last one's lease must outlast the calls before it: each may take the provider timeout."""
+    fits_in_lease = settings.LEASE_SECONDS // max(settings.PROVIDER_TIMEOUT_SECONDS, 1) - 1
+    return max(1, min(settings.DISPATCH_BATCH_SIZE, fits_in_lease))
+
+
+def _sweep_authorized_in_batches(*, cutoff: datetime, limit: int, budget: float) -> int:
+    started = time.monotonic()
+    dispatched = 0
+    size = sweep_batch_size()
+    while dispatched < limit and time.monotonic() - started <= budget:
+        claims = submission_begin_batch(limit=min(size, limit - dispatched), authorized_before=cutoff)
+        claimed = [claim for claim in claims if claim.outcome == ClaimOutcome.CLAIMED]
+        for claim in claimed:
+            assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+            submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
+        dispatched += len(claimed)
+        if not claims:
+            break  # nothing left to claim (or every one left is locked by someone else)
     return dispatched
 
 

@@ -1,0 +1,188 @@
+"""The dispatcher process: many receiver calls in flight from one process, claims in batches.
+
+Why a process of its own: with a real receiver's latency (hundreds of ms), throughput is bounded
+by the calls in flight, not by the database. A solo Celery worker holds one call in flight; the
+threads pool holds C, but pays a broker message, a task and a claim transaction per action. The
+dispatcher claims up to ``batch_size`` AUTHORIZED actions in one transaction
+(``submission_begin_batch``: one commit for the batch, each action with its own lease, event and
+attempt), then hands each claim to one of ``concurrency`` threads, which calls the receiver and
+records the answer through the same service as every other dispatch (``submission_send_and_record``:
+the lease-fenced record, the fault points, the outcome table). It claims only as many actions as
+it has free threads, so a claimed action never waits for a thread while its lease runs.
+
+Threads rather than asyncio: the receivers' adapters (the stripe SDK, the accounting client, SMTP)
+and the ORM are synchronous; a network call releases the GIL, so threads give the concurrency
+without a second, async, copy of every adapter (measured: README, "Worker profiles").
+
+Nothing here is needed for correctness. The AUTHORIZED sweep still runs in the Celery beat, so an
+action is sent even when no dispatcher runs; a dispatcher killed with calls in flight leaves
+SUBMITTING rows whose leases expire to UNKNOWN and reconciliation, as a killed worker does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from django.db import connection
+
+from actions.engine.claim import Claim, ClaimOutcome, submission_begin_batch
+from actions.engine.dispatch import submission_send_and_record
+from actions.engine.throttle import throttle_wait, throttling_enabled
+from actions.kinds import kind_for
+from actions.models import Action, ActionStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DispatcherStats:
+    claimed: int = 0
+    stale: int = 0
+    recorded: dict[str, int] | None = None
+    claim_transactions: int = 0
+    errors: int = 0
+
+    def count(self, result: str) -> None:
+        if self.recorded is None:
+            self.recorded = {}
+        self.recorded[result] = self.recorded.get(result, 0) + 1
+
+
+class Dispatcher:
+    """Claim AUTHORIZED actions in batches and keep up to ``concurrency`` receiver calls in flight.
+
+    ``idle_seconds``: how long to wait before looking again when nothing was claimable (doubling
+    up to ``max_idle_seconds`` while the table stays empty, back to the start as soon as a claim
+    succeeds). A finished call wakes the claim loop at once, so a free thread is refilled
+    without waiting for the idle timer.
+    """
+
+    def __init__(
+        self,
+        *,
+        concurrency: int,
+        batch_size: int,
+        idle_seconds: float = 0.05,
+        max_idle_seconds: float = 1.0,
+        stop: threading.Event | None = None,
+    ) -> None:
+        if concurrency < 1 or batch_size < 1:
+            raise ValueError("concurrency and batch_size must be at least 1")
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.idle_seconds = idle_seconds
+        self.max_idle_seconds = max_idle_seconds
+        self.stop = stop or threading.Event()
+        self.stats = DispatcherStats()
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._peak_in_flight = 0
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self._peak_in_flight
+
+    def run(self, *, until: Callable[[], bool] | None = None) -> DispatcherStats:
+        """Dispatch until ``stop`` is set (or ``until()`` is true), then wait for the calls in flight."""
+        idle = self.idle_seconds
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="dispatch") as pool:
+            try:
+                while not self.stop.is_set() and not (until is not None and until()):
+                    free = self.concurrency - self._in_flight
+                    if free <= 0:
+                        self._wait(self.max_idle_seconds)
+                        continue
+                    claims = self._claim(min(free, self.batch_size))
+                    claimed = [claim for claim in claims if claim.outcome == ClaimOutcome.CLAIMED]
+                    for claim in claimed:
+                        self._start(pool, claim)
+                    if claimed:
+                        idle = self.idle_seconds
+                    elif not claims:
+                        # Nothing claimable: look again after the idle wait, or as soon as a
+                        # call finishes (its record may have made a workflow's next step due).
+                        self._wait(idle)
+                        idle = min(idle * 2, self.max_idle_seconds)
+            finally:
+                connection.close()
+        return self.stats
+
+    # --- the claim loop's thread -----------------------------------------------------------
+
+    def _claim(self, limit: int) -> list[Claim]:
+        try:
+            action_pks = self._with_tokens(limit) if throttling_enabled() else None
+            claims = submission_begin_batch(limit=limit, action_pks=action_pks)
+        except Exception:
+            # A deadlock with another batch, a dropped connection, a database restart: nothing
+            # was claimed (the batch rolled back). Log it, drop the connection, try again later.
+            self.stats.errors += 1
+            log.exception("dispatcher: a batch claim failed; nothing of it was claimed")
+            connection.close()
+            self._wait(self.max_idle_seconds)
+            return []
+        self.stats.claim_transactions += 1
+        self.stats.claimed += sum(1 for claim in claims if claim.outcome == ClaimOutcome.CLAIMED)
+        self.stats.stale += sum(1 for claim in claims if claim.outcome == ClaimOutcome.STALE)
+        return claims
+
+    def _with_tokens(self, limit: int) -> list[int]:
+        """With rate limits on, the actions whose receiver has a token now (taken before the claim,
+        as for every dispatch: an action that must wait stays AUTHORIZED with no lease)."""
+        ready = []
+        rows = (
+            Action.objects.filter(status=ActionStatus.AUTHORIZED)
+            .order_by("status_changed_at", "pk")
+            .values_list("pk", "kind")[:limit]
+        )
+        for pk, kind in rows:
+            if throttle_wait(kind_for(kind).contract().receiver) <= 0:
+                ready.append(pk)
+        return ready
+
+    def _start(self, pool: ThreadPoolExecutor, claim: Claim) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+        future = pool.submit(_send_and_record, claim)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future[str]) -> None:
+        # Runs in the pool thread that made the call; the stats are shared, hence the lock.
+        error = future.exception()
+        if error is not None:
+            log.error("dispatcher: a call's record failed; its lease expires to reconciliation", exc_info=error)
+        with self._lock:
+            if error is None:
+                self.stats.count(future.result())
+            else:
+                self.stats.errors += 1
+            self._in_flight -= 1
+        self._wake.set()
+
+    def _wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+
+def _send_and_record(claim: Claim) -> str:
+    """In a pool thread: the call and the record, on this thread's own database connection.
+
+    The connection is kept between calls (a pooled thread lives as long as the dispatcher), and
+    dropped after an error so the next call starts on a fresh one.
+    """
+    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    started = time.monotonic()
+    try:
+        return submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
+    except Exception:
+        connection.close()
+        raise
+    finally:
+        log.debug("action_id=%s sent and recorded in %.3f s", claim.action.action_id, time.monotonic() - started)

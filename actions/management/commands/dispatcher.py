@@ -1,0 +1,56 @@
+"""Run the dispatcher process: batched claims and many receiver calls in flight (README, "Worker profiles").
+
+    python manage.py dispatcher --concurrency 32 --batch 16
+
+It runs beside the Celery workers and beat, which still do everything else (reconciliation,
+the sweeps, workflows). SIGTERM or SIGINT stops the claiming; the calls in flight finish and are
+recorded before the process exits. Set DATABASE_POOL_MAX to at least concurrency + 2: each
+thread keeps one database connection for its records, and the claim loop one more.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from actions.engine.dispatcher import Dispatcher
+
+
+class Command(BaseCommand):
+    help = "Claim AUTHORIZED actions in batches and keep many receiver calls in flight."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--concurrency", type=int, default=16, help="receiver calls in flight at most")
+        parser.add_argument(
+            "--batch", type=int, default=settings.DISPATCH_BATCH_SIZE, help="actions claimed per transaction at most"
+        )
+        parser.add_argument(
+            "--idle", type=float, default=0.05, help="seconds before looking again when nothing was claimable"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        concurrency, batch = options["concurrency"], options["batch"]
+        if concurrency < 1 or batch < 1:
+            raise CommandError("--concurrency and --batch must be at least 1.")
+        pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+        if isinstance(pool, dict) and pool.get("max_size", 0) < concurrency + 1:
+            raise CommandError(
+                f"DATABASE_POOL_MAX is {pool.get('max_size')}: it must be at least --concurrency + 1 "
+                f"({concurrency + 1}), or the pool would silently cap the calls in flight."
+            )
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        dispatcher = Dispatcher(concurrency=concurrency, batch_size=batch, idle_seconds=options["idle"], stop=stop)
+        self.stdout.write(f"dispatcher ready: {concurrency} calls in flight at most, batches of {batch}", ending="\n")
+        self.stdout.flush()
+        stats = dispatcher.run()
+        self.stdout.write(
+            f"dispatcher stopped: {stats.claimed} claimed in {stats.claim_transactions} claim transactions, "
+            f"{stats.stale} stale, recorded {stats.recorded or {}}, {stats.errors} errors, "
+            f"{dispatcher.peak_in_flight} calls in flight at the peak"
+        )
