@@ -265,6 +265,43 @@ class WorkerPool:
             raise RuntimeError(f"worker {name} exited at start:\n{worker.log()}")
         return worker
 
+    def start_dispatcher(
+        self, *, fault_points: str = "", concurrency: int = 4, batch: int = 4, **overrides: str
+    ) -> Worker:
+        """A dispatcher process (``manage.py dispatcher``), killed like a worker at the end."""
+        name = f"d{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}"
+        log_path = self.tmp_path / f"dispatcher-{name}.log"
+        command = [
+            sys.executable,
+            "manage.py",
+            "dispatcher",
+            "--concurrency",
+            str(concurrency),
+            "--batch",
+            str(batch),
+            "--idle",
+            "0.02",
+        ]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                cwd=REPO_ROOT,
+                env=self.environment(fault_points, **overrides),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        dispatcher = Worker(name, process, log_path)
+        self.workers.append(dispatcher)
+        wait_until(
+            lambda: "dispatcher ready" in dispatcher.log() or not dispatcher.alive,
+            timeout=STARTUP_DEADLINE_SECONDS,
+            what=f"dispatcher {name}",
+        )
+        if not dispatcher.alive and "dispatcher ready" not in dispatcher.log():
+            raise RuntimeError(f"dispatcher {name} exited at start:\n{dispatcher.log()}")
+        return dispatcher
+
     def stop_all(self) -> None:
         for worker in self.workers:
             worker.kill()

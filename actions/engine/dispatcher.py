@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import connection
 
@@ -44,7 +44,8 @@ class DispatcherStats:
     claimed: int = 0
     stale: int = 0
     recorded: dict[str, int] | None = None
-    claim_transactions: int = 0
+    claim_transactions: int = 0  # including the ones that found nothing to claim
+    batch_sizes: list[int] = field(default_factory=list)  # the actions claimed by each non-empty one
     errors: int = 0
 
     def count(self, result: str) -> None:
@@ -110,6 +111,7 @@ class Dispatcher:
                         self._wait(idle)
                         idle = min(idle * 2, self.max_idle_seconds)
             finally:
+                _close_thread_connections(pool, self.concurrency)
                 connection.close()
         return self.stats
 
@@ -128,7 +130,10 @@ class Dispatcher:
             self._wait(self.max_idle_seconds)
             return []
         self.stats.claim_transactions += 1
-        self.stats.claimed += sum(1 for claim in claims if claim.outcome == ClaimOutcome.CLAIMED)
+        claimed = sum(1 for claim in claims if claim.outcome == ClaimOutcome.CLAIMED)
+        if claimed:
+            self.stats.batch_sizes.append(claimed)
+        self.stats.claimed += claimed
         self.stats.stale += sum(1 for claim in claims if claim.outcome == ClaimOutcome.STALE)
         return claims
 
@@ -186,3 +191,21 @@ def _send_and_record(claim: Claim) -> str:
         raise
     finally:
         log.debug("action_id=%s sent and recorded in %.3f s", claim.action.action_id, time.monotonic() - started)
+
+
+def _close_thread_connections(pool: ThreadPoolExecutor, threads: int) -> None:
+    """Close each pool thread's database connection before the threads end (a connection left to
+    the garbage collector stays open on the server until then). A Django connection can only be
+    closed by its own thread, so each thread gets one closing task; the barrier keeps any thread
+    from taking two."""
+    barrier = threading.Barrier(threads)
+
+    def close() -> None:
+        try:
+            barrier.wait(timeout=10)
+        except threading.BrokenBarrierError:
+            pass
+        connection.close()
+
+    for _ in range(threads):
+        pool.submit(close)
