@@ -21,6 +21,7 @@ SUBMITTING rows whose leases expire to UNKNOWN and reconciliation, as a killed w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -201,10 +202,8 @@ def _close_thread_connections(pool: ThreadPoolExecutor, threads: int) -> None:
     barrier = threading.Barrier(threads)
 
     def close() -> None:
-        try:
+        with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=10)
-        except threading.BrokenBarrierError:
-            pass
         connection.close()
 
     for _ in range(threads):

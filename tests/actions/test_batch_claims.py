@@ -176,7 +176,8 @@ def test_grouped_siblings_in_one_batch_both_reserve_along_their_version_chain(
 
 
 def test_a_batch_skips_rows_another_worker_holds_instead_of_waiting(
-    agent_actor: Actor, other_session: psycopg.Connection[Any]
+    agent_actor: Actor,
+    other_session: psycopg.Connection[Any],  # noqa: F811 -- the imported fixture
 ) -> None:
     held, free = authorized_refund(agent_actor), authorized_refund(agent_actor)
     other_session.execute("SELECT id FROM actions_action WHERE id = %s FOR UPDATE", [held.pk])
