@@ -122,7 +122,7 @@ def test_an_action_whose_approval_no_longer_holds_goes_stale_alone_and_the_rest_
     Approval.objects.filter(action=expired, decision=Decision.APPROVE).update(
         expires_at=timezone.now() - timedelta(seconds=1)
     )
-    Order.objects.filter(pk=changed.order_id).update(version=F("version") + 1)
+    Order.objects.filter(actions=changed).update(version=F("version") + 1)
 
     claims = {c.action.pk: c for c in submission_begin_batch(limit=10) if c.action}
 
@@ -136,8 +136,8 @@ def test_an_action_whose_approval_no_longer_holds_goes_stale_alone_and_the_rest_
         # transaction as the invalidation (approvals.policy.approval_redecide_by_policy).
         assert ActionEvent.objects.filter(action=stale, transition="invalidate").count() == 1
         assert not Attempt.objects.filter(action=stale).exists()
-        assert Order.objects.get(pk=stale.order_id).reserved_amount == Decimal("0")
-    assert Order.objects.get(pk=fine.order_id).reserved_amount == AMOUNT
+        assert Order.objects.get(actions=stale).reserved_amount == Decimal("0")
+    assert Order.objects.get(actions=fine).reserved_amount == AMOUNT
 
 
 def test_two_separate_approvals_on_one_order_in_one_batch_reserve_once_and_the_other_goes_stale(

@@ -130,7 +130,14 @@ def test_the_dispatcher_never_claims_more_than_it_has_free_threads(
     monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
     actions = [authorized_refund(agent_actor) for _ in range(5)]
     dispatcher = Dispatcher(concurrency=2, batch_size=16, idle_seconds=0.01)
-    thread = threading.Thread(target=lambda: (dispatcher.run(), connection.close()))
+
+    def loop() -> None:
+        try:
+            dispatcher.run()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=loop)
     thread.start()
     try:
         wait_until(lambda: len(seen) == 2, timeout=10, what="two calls in flight")
