@@ -7,8 +7,9 @@ dispatcher claims up to ``batch_size`` AUTHORIZED actions in one transaction
 (``submission_begin_batch``: one commit for the batch, each action with its own lease, event and
 attempt), then hands each claim to one of ``concurrency`` threads, which calls the receiver and
 records the answer through the same service as every other dispatch (``submission_send_and_record``:
-the lease-fenced record, the fault points, the outcome table). It claims only as many actions as
-it has free threads, so a claimed action never waits for a thread while its lease runs.
+the lease-fenced record, the fault points, the outcome table). It claims at most one batch ahead
+of its threads (at most one action per thread, and only while the lease outlasts that wait), so
+under load every claim is a full batch and a claimed action waits for at most one call.
 
 Threads rather than asyncio: the receivers' adapters (the stripe SDK, the accounting client, SMTP)
 and the ORM are synchronous; a network call releases the GIL, so threads give the concurrency
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection
 
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin_batch
@@ -81,14 +83,14 @@ class Dispatcher:
         self.max_idle_seconds = max_idle_seconds
         self.stop = stop or threading.Event()
         self.stats = DispatcherStats()
-        self._in_flight = 0
+        self._outstanding = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._peak_in_flight = 0
+        self._peak_outstanding = 0
 
     @property
-    def peak_in_flight(self) -> int:
-        return self._peak_in_flight
+    def peak_outstanding(self) -> int:
+        return self._peak_outstanding
 
     def run(self, *, until: Callable[[], bool] | None = None) -> DispatcherStats:
         """Dispatch until ``stop`` is set (or ``until()`` is true), then wait for the calls in flight."""
@@ -96,11 +98,11 @@ class Dispatcher:
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="dispatch") as pool:
             try:
                 while not self.stop.is_set() and not (until is not None and until()):
-                    free = self.concurrency - self._in_flight
-                    if free <= 0:
+                    limit = self._claimable()
+                    if limit <= 0:
                         self._wait(self.max_idle_seconds)
                         continue
-                    claims = self._claim(min(free, self.batch_size))
+                    claims = self._claim(limit)
                     claimed = [claim for claim in claims if claim.outcome == ClaimOutcome.CLAIMED]
                     for claim in claimed:
                         self._start(pool, claim)
@@ -118,10 +120,34 @@ class Dispatcher:
 
     # --- the claim loop's thread -----------------------------------------------------------
 
+    def _claimable(self) -> int:
+        """How many actions to claim now: 0 to wait for a call to finish.
+
+        Claimed actions are the ones sent (one per thread) plus at most one batch waiting for a
+        thread. Without that batch, a busy dispatcher would refill each freed thread with a claim
+        of one action, one commit each, and batching would buy nothing under load. A waiting
+        action's lease runs meanwhile, so the batch is at most one action per thread (each waits
+        for at most one call ahead of it, at most the provider timeout) and only while the lease
+        outlasts that wait and its own call with room to spare; otherwise none waits. A freed
+        thread with nothing waiting for it is refilled at once, with whatever is claimable.
+        """
+        waiting_room = self.prefetch
+        outstanding = self._outstanding
+        if outstanding < self.concurrency:
+            return self.concurrency + waiting_room - outstanding
+        free = self.concurrency + waiting_room - outstanding
+        return free if free >= min(self.batch_size, waiting_room) > 0 else 0
+
+    @property
+    def prefetch(self) -> int:
+        """Actions claimed ahead of a free thread (see ``_claimable``)."""
+        fits = settings.LEASE_SECONDS >= 3 * settings.PROVIDER_TIMEOUT_SECONDS
+        return min(self.batch_size, self.concurrency) if fits else 0
+
     def _claim(self, limit: int) -> list[Claim]:
         try:
             action_pks = self._with_tokens(limit) if throttling_enabled() else None
-            claims = submission_begin_batch(limit=limit, action_pks=action_pks)
+            claims = submission_begin_batch(limit=min(limit, self.batch_size), action_pks=action_pks)
         except Exception:
             # A deadlock with another batch, a dropped connection, a database restart: nothing
             # was claimed (the batch rolled back). Log it, drop the connection, try again later.
@@ -154,8 +180,8 @@ class Dispatcher:
 
     def _start(self, pool: ThreadPoolExecutor, claim: Claim) -> None:
         with self._lock:
-            self._in_flight += 1
-            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+            self._outstanding += 1
+            self._peak_outstanding = max(self._peak_outstanding, self._outstanding)
         future = pool.submit(_send_and_record, claim)
         future.add_done_callback(self._done)
 
@@ -169,7 +195,7 @@ class Dispatcher:
                 self.stats.count(future.result())
             else:
                 self.stats.errors += 1
-            self._in_flight -= 1
+            self._outstanding -= 1
         self._wake.set()
 
     def _wait(self, seconds: float) -> None:

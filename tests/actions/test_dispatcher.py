@@ -112,11 +112,23 @@ def test_the_dispatcher_holds_many_calls_in_flight_each_under_its_own_committed_
     assert dispatcher.stats.recorded == {S.SUCCEEDED: 8}
 
 
-def test_the_dispatcher_never_claims_more_than_it_has_free_threads(
-    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("lease_seconds", "claimed_at_most"),
+    [
+        # A 60 s lease outlasts a wait for one call and its own call (10 s each) with room to
+        # spare: one batch (at most one action per thread) waits claimed for a free thread.
+        (60, 4),
+        # A 20 s lease does not: no action is claimed before a thread is free to send it.
+        (20, 2),
+    ],
+)
+def test_the_dispatcher_claims_at_most_one_batch_ahead_of_its_threads_and_only_while_the_lease_allows(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch, settings: Any, lease_seconds: int, claimed_at_most: int
 ) -> None:
-    """A claimed action must not wait for a thread while its lease runs: with two threads busy,
-    the other actions stay AUTHORIZED (no lease, no attempt) until a thread is free."""
+    """A claimed action's lease runs while it waits for a thread: with both threads busy, at most
+    one batch of two waits claimed (or none, with a lease too short for the wait), and the other
+    actions stay AUTHORIZED with no lease and no attempt until a thread is free."""
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = lease_seconds, 10
     release = threading.Event()
     seen: list[str] = []
 
@@ -128,7 +140,7 @@ def test_the_dispatcher_never_claims_more_than_it_has_free_threads(
 
     receiver = Slow(guarantees=guarantees(keys=True, lookup=True, authoritative=True))
     monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
-    actions = [authorized_refund(agent_actor) for _ in range(5)]
+    actions = [authorized_refund(agent_actor) for _ in range(6)]
     dispatcher = Dispatcher(concurrency=2, batch_size=16, idle_seconds=0.01)
 
     def loop() -> None:
@@ -141,10 +153,11 @@ def test_the_dispatcher_never_claims_more_than_it_has_free_threads(
     thread.start()
     try:
         wait_until(lambda: len(seen) == 2, timeout=10, what="two calls in flight")
-        time.sleep(0.2)  # give a wrongly eager claim loop the chance to claim more
+        time.sleep(0.3)  # give a wrongly eager claim loop the chance to claim more
         statuses = sorted(Action.objects.filter(pk__in=[a.pk for a in actions]).values_list("status", flat=True))
-        assert statuses == sorted([S.SUBMITTING] * 2 + [S.AUTHORIZED] * 3)
-        assert Attempt.objects.filter(action__in=actions).count() == 2
+        assert statuses == sorted([S.SUBMITTING] * claimed_at_most + [S.AUTHORIZED] * (6 - claimed_at_most))
+        assert Attempt.objects.filter(action__in=actions).count() == claimed_at_most
+        assert len(seen) == 2, "a call started without a free thread"
     finally:
         release.set()
         wait_until(
@@ -154,7 +167,8 @@ def test_the_dispatcher_never_claims_more_than_it_has_free_threads(
         )
         dispatcher.stop.set()
         thread.join(timeout=10)
-    assert receiver.calls.count("create_refund") == 5
+    assert receiver.calls.count("create_refund") == 6
+    assert dispatcher.peak_outstanding == claimed_at_most
 
 
 def test_a_dispatcher_whose_claim_fails_claims_nothing_and_carries_on(

@@ -68,6 +68,8 @@ from typing import Any
 
 from celery import shared_task
 
+from tests.bench.dispatcher_profile import Completion, Dispatchers
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "console"  # settings.CELERY_TASK_DEFAULT_QUEUE
 UNACKED = "unacked"  # kombu's Redis transport keeps delivered, unacknowledged messages here
@@ -205,9 +207,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0,
         help="the sandbox answers each measured refund after this delay (its slow fault; default 0)",
     )
+    parser.add_argument(
+        "--dispatchers",
+        type=int,
+        default=0,
+        help="the dispatcher profile: this many `manage.py dispatcher` processes, each with --concurrency "
+        "calls in flight, do the dispatch and end-to-end phases (tests/bench/dispatcher_profile.py; default 0: "
+        "a Celery task per action)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=16, help="with --dispatchers: actions claimed per transaction (default 16)"
+    )
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="length of the idle baseline (default 5)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker and sandbox logs")
     args = parser.parse_args(argv)
+    if args.dispatchers < 0 or args.batch < 1:
+        parser.error("--dispatchers must not be negative and --batch must be at least 1")
     if min(args.actions, args.noops, args.repeat, args.workers, args.concurrency) < 1:
         parser.error("--actions, --noops, --repeat, --workers and --concurrency must be at least 1")
     if args.latency_ms < 0:
@@ -227,9 +242,17 @@ def configure_django(args: argparse.Namespace, workdir: Path) -> None:
     os.environ["CELERY_BROKER_URL"] = args.broker_url
     os.environ["CONSOLE_DATA_DIR"] = str(workdir)
     os.environ.setdefault("LOG_LEVEL", "WARNING")
+    # Thousands of auto-approved refunds by one agent in minutes: far past the policy's daily cap
+    # per agent (approvals.caps), which would leave all but the first 25 waiting for a manager.
+    os.environ["AUTO_APPROVAL_AGENT_DAILY_AMOUNTS"] = "EUR:1000000000"
     import django
 
     django.setup()
+    if args.dispatchers:
+        from django.conf import settings
+
+        # The dispatcher processes find the authorized actions themselves (DISPATCH_PUBLISH).
+        settings.DISPATCH_PUBLISH = False
 
 
 # --- PostgreSQL's own commit counter ---------------------------------------------------------------
@@ -280,6 +303,10 @@ class Workers:
     def __init__(self, *, args: argparse.Namespace, workdir: Path, env: dict[str, str]) -> None:
         self.log_paths: list[Path] = []
         self.processes: list[subprocess.Popen[bytes]] = []
+        # The dispatcher profile's processes and the database readings that tell when they are done.
+        self.dispatchers: Dispatchers | None = None
+        self.completion: Completion | None = None
+        self.completion_readings = 0
         for index in range(args.workers):
             log_path = workdir / f"worker-{index}-{uuid.uuid4().hex[:6]}.log"
             command = [
@@ -294,7 +321,7 @@ class Workers:
                 "--concurrency",
                 str(args.concurrency if args.pool != "solo" else 1),
                 "--loglevel",
-                "WARNING",
+                os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING"),
                 "--hostname",
                 f"bench{index}-{uuid.uuid4().hex[:6]}@%h",
                 "--without-gossip",
@@ -313,16 +340,23 @@ class Workers:
 
     @property
     def pids(self) -> list[int]:
-        return [process.pid for process in self.processes]
+        return [process.pid for process in self.processes] + (self.dispatchers.pids if self.dispatchers else [])
 
     def cpu_seconds(self) -> float:
         return process_tree_cpu(self.pids)
 
     @property
     def alive(self) -> bool:
-        return all(process.poll() is None for process in self.processes)
+        dispatchers_alive = self.dispatchers.alive if self.dispatchers else True
+        return dispatchers_alive and all(process.poll() is None for process in self.processes)
 
     def stop(self) -> None:
+        if self.dispatchers is not None:
+            self.dispatchers.stop()
+        if self.completion is not None:
+            self.completion_readings = self.completion.readings
+            self.completion.close()
+            self.completion = None
         for process in self.processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -334,7 +368,8 @@ class Workers:
                 process.wait(timeout=10)
 
     def log_tail(self) -> str:
-        return "\n".join(path.read_text(errors="replace")[-2000:] for path in self.log_paths if path.exists())
+        tail = "\n".join(path.read_text(errors="replace")[-2000:] for path in self.log_paths if path.exists())
+        return tail + ("\n" + self.dispatchers.log_tail() if self.dispatchers else "")
 
 
 def worker_environment(
@@ -533,7 +568,7 @@ class Repetition:
     worker_statements: int
     end_to_end_seconds: float
     proposing_seconds: float
-    run_commits: float = 0.0
+    run_commits: float = 0.0  # the dispatcher profile's completion readings already subtracted
 
     @property
     def noop_rate(self) -> float:
@@ -583,6 +618,16 @@ def start_warm_workers(
     workers = Workers(args=args, workdir=workdir, env=env)
     publish_noops(len(warm.orders))
     wait_drained(broker, workers=workers, timeout=120)
+    if args.dispatchers:
+        from django.db import connection
+
+        workers.dispatchers = Dispatchers(
+            count=args.dispatchers, concurrency=args.concurrency, batch=args.batch, workdir=workdir, env=env
+        )
+        workers.completion = Completion(connection.settings_dict)
+        propose_all(warm)
+        workers.completion.wait(label_of(warm), len(warm.orders), dispatchers=workers.dispatchers)
+        return workers
     propose_all(warm)
     wait_drained(broker, workers=workers)
     return workers
@@ -607,6 +652,9 @@ def run_repetition(
     noop_seconds = timed(lambda: publish_noops(args.noops), broker=broker, workers=workers)
     noop_cpu = workers.cpu_seconds() - cpu_before
 
+    dispatchers, completion = workers.dispatchers, workers.completion
+    if dispatchers is not None:
+        dispatchers.pause()  # the N actions wait authorized, as the Celery profile's N held-back messages
     with counting_statements() as proposal_statements:
         held = propose_held_back(held_back)
     if args.latency_ms:
@@ -615,7 +663,12 @@ def run_repetition(
     time.sleep(0.2)  # the warm-up's last task has written its statement count
     statements_before = worker_statements(counters)
     cpu_before = workers.cpu_seconds()
-    dispatch_seconds = timed(lambda: publish_dispatches(held), broker=broker, workers=workers)
+    if dispatchers is not None and completion is not None:
+        started = time.monotonic()
+        dispatchers.resume()
+        dispatch_seconds = completion.wait(label_of(held_back), n, dispatchers=dispatchers) - started
+    else:
+        dispatch_seconds = timed(lambda: publish_dispatches(held), broker=broker, workers=workers)
     dispatch_cpu = workers.cpu_seconds() - cpu_before
     time.sleep(0.2)
     statements = worker_statements(counters) - statements_before
@@ -627,7 +680,12 @@ def run_repetition(
         propose_all(end_to_end)
         proposing.append(time.monotonic() - started)
 
-    end_to_end_seconds = timed(propose_end_to_end, broker=broker, workers=workers)
+    if dispatchers is not None and completion is not None:
+        started = time.monotonic()
+        propose_end_to_end()
+        end_to_end_seconds = completion.wait(label_of(end_to_end), n, dispatchers=dispatchers) - started
+    else:
+        end_to_end_seconds = timed(propose_end_to_end, broker=broker, workers=workers)
     return workers, Repetition(
         n=n,
         noops=args.noops,
@@ -640,6 +698,11 @@ def run_repetition(
         end_to_end_seconds=end_to_end_seconds,
         proposing_seconds=proposing[0],
     )
+
+
+def label_of(fixture: Fixture) -> str:
+    """The label its orders' numbers start with (``seed``'s ``label``)."""
+    return str(fixture.orders[0].number).rsplit("-", 1)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -711,7 +774,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         measured = Measured(
             n=n,
             background_rate=background_rate,
-            lifecycle_commits=reading - last - background_rate * (read_at - last_read),
+            lifecycle_commits=reading
+            - last
+            - background_rate * (read_at - last_read)
+            - workers.completion_readings,
         )
         last, last_read = reading, read_at
 
@@ -735,7 +801,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers.stop()
             connection.close()
             reading, read_at = counter.quiescent()
-            repetition.run_commits = reading - last - background_rate * (read_at - last_read)
+            repetition.run_commits = (
+                reading - last - background_rate * (read_at - last_read) - workers.completion_readings
+            )
             last, last_read = reading, read_at
             measured.repetitions.append(repetition)
 
@@ -769,7 +837,12 @@ def _row(label: str, values: list[float], fmt: str, unit: str = "") -> str:
 def report(*, args: argparse.Namespace, database: str, measured: Measured, problems: list[str]) -> None:
     n = measured.n
     reps = measured.repetitions
-    if args.pool == "solo":
+    if args.dispatchers:
+        shape = (
+            f"{args.dispatchers} x dispatcher process ({args.concurrency} calls in flight, batches of {args.batch}); "
+            f"the no-ops on {args.workers} x celery {args.pool}"
+        )
+    elif args.pool == "solo":
         shape = f"{args.workers} x celery solo"
     else:
         shape = f"{args.workers} x celery {args.pool} (concurrency {args.concurrency})"
@@ -779,7 +852,7 @@ def report(*, args: argparse.Namespace, database: str, measured: Measured, probl
     rows = [
         _row("bare Celery: tasks/s", [rep.noop_rate for rep in reps], ".1f"),
         _row("bare Celery: CPU ms per task", [rep.noop_cpu_ms for rep in reps], ".2f", "(worker processes)"),
-        _row("console: actions/s", [rep.dispatch_rate for rep in reps], ".1f", "(acknowledged = recorded)"),
+        _row("console: actions/s", [rep.dispatch_rate for rep in reps], ".1f", "(recorded)"),
         _row("console: CPU ms per action", [rep.dispatch_cpu_ms for rep in reps], ".2f", "(worker processes)"),
         _row("console: statements per action", [rep.statements_per_action for rep in reps], ".2f", "(see below)"),
         _row("console: commits per action", commits, ".2f", "(xact_commit, lone reads included)"),

@@ -52,5 +52,5 @@ class Command(BaseCommand):
         self.stdout.write(
             f"dispatcher stopped: {stats.claimed} claimed in {stats.claim_transactions} claim transactions, "
             f"{stats.stale} stale, recorded {stats.recorded or {}}, {stats.errors} errors, "
-            f"{dispatcher.peak_in_flight} calls in flight at the peak"
+            f"{dispatcher.peak_outstanding} claimed and unrecorded at the peak"
         )
