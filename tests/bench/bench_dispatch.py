@@ -2,6 +2,7 @@
 
     python -m tests.bench.bench_dispatch --actions 300 --repeat 3
     python -m tests.bench.bench_dispatch --actions 300 --latency-ms 200 --pool threads --concurrency 16
+    python -m tests.bench.bench_dispatch --actions 300 --repeat 3 --dbos  # and DBOS (tests/bench/bench_dbos.py)
 
 Not a pytest test (pytest only collects ``test_*.py``): it measures and prints, and exits
 non-zero only when the run itself went wrong (an action not SUCCEEDED, a refund missing or
@@ -36,6 +37,10 @@ What is measured, per repetition, and printed with the min and the median over r
   (autovacuum, anything else), as a rate; and the workers' own life cycle (start, warm-up,
   stop) with no measured work, run once on its own.
 
+``--dbos`` adds, to every repetition, the same refund as a DBOS durable workflow against the same
+sandbox and PostgreSQL server (``tests/bench/bench_dbos.py``; it needs
+``tests/bench/requirements-bench.txt`` and is skipped with a message without it).
+
 ``--latency-ms`` makes the sandbox answer every measured refund after that delay (its ``slow``
 fault), as a real provider would; ``--pool threads --concurrency C`` is the worker profile for
 that case (README, "Worker profiles"): the database pool of each worker is sized to C + 2, as
@@ -68,6 +73,7 @@ from typing import Any
 
 from celery import shared_task
 
+from tests.bench import bench_dbos
 from tests.bench.dispatcher_profile import Completion, Dispatchers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -218,6 +224,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--batch", type=int, default=16, help="with --dispatchers: actions claimed per transaction (default 16)"
     )
+    parser.add_argument(
+        "--dbos",
+        action="store_true",
+        help="also run the refund as a DBOS workflow in every repetition (tests/bench/bench_dbos.py)",
+    )
+    parser.add_argument(
+        "--dbos-workers", type=int, default=None, help="DBOS processes (default: --dispatchers, else --workers)"
+    )
+    parser.add_argument(
+        "--dbos-threads",
+        type=int,
+        default=None,
+        help="threads per DBOS process (default: --concurrency with --pool threads or --dispatchers, else 1)",
+    )
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="length of the idle baseline (default 5)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker and sandbox logs")
     args = parser.parse_args(argv)
@@ -225,6 +245,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--dispatchers must not be negative and --batch must be at least 1")
     if min(args.actions, args.noops, args.repeat, args.workers, args.concurrency) < 1:
         parser.error("--actions, --noops, --repeat, --workers and --concurrency must be at least 1")
+    # DBOS gets the console's shape: as many processes and calls in flight per process.
+    args.dbos_workers = args.dbos_workers or args.dispatchers or args.workers
+    args.dbos_threads = args.dbos_threads or (args.concurrency if args.pool == "threads" or args.dispatchers else 1)
     if args.latency_ms < 0:
         parser.error("--latency-ms must not be negative")
     if not args.database_url.startswith(("postgres://", "postgresql://")):
@@ -242,9 +265,11 @@ def configure_django(args: argparse.Namespace, workdir: Path) -> None:
     os.environ["CELERY_BROKER_URL"] = args.broker_url
     os.environ["CONSOLE_DATA_DIR"] = str(workdir)
     os.environ.setdefault("LOG_LEVEL", "WARNING")
-    # Thousands of auto-approved refunds by one agent in minutes: far past the policy's daily cap
-    # per agent (approvals.caps), which would leave all but the first 25 waiting for a manager.
-    os.environ["AUTO_APPROVAL_AGENT_DAILY_AMOUNTS"] = "EUR:1000000000"
+    # The benchmark's one agent proposes every refund of the run; the agent's daily cap on
+    # auto-approved amounts (issue 15, EUR 250 by default) would leave all but the first 25 to a
+    # manager. The cap is still checked on every proposal (its statements are counted), it is only
+    # set out of reach.
+    os.environ.setdefault("AUTO_APPROVAL_AGENT_DAILY_AMOUNTS", "EUR:1000000000")
     import django
 
     django.setup()
@@ -731,6 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counters.mkdir()
     workers: Workers | None = None
     counter: CommitCounter | None = None
+    dbos: bench_dbos.DbosBench | None = None
     database_created = False
     ok = False
     session = requests.Session()
@@ -759,6 +785,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             pool_max=max(10, args.concurrency + 2) if args.pool == "threads" else 10,
         )
         connection.close()
+        if args.dbos and (reason := bench_dbos.unavailable()):
+            print(reason, flush=True)
+        elif args.dbos:
+            print("DBOS: its databases, schema and orders ...", flush=True)
+            dbos = bench_dbos.DbosBench(
+                settings_dict=connection.settings_dict,
+                workdir=workdir,
+                sandbox=sandbox,
+                sandbox_url=sandbox_process.url,
+                n=n,
+                repeat=args.repeat,
+                workers=args.dbos_workers,
+                threads=args.dbos_threads,
+                latency_ms=args.latency_ms,
+                cpu_seconds=process_tree_cpu,
+            )
+            print("DBOS: idle baseline and its processes' life cycle alone ...", flush=True)
+            dbos.baselines(args.idle_seconds)
 
         print(f"idle baseline: {args.idle_seconds:.0f} s with nothing connected ...", flush=True)
         idle_start, idle_started = counter.quiescent()
@@ -806,9 +850,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             last, last_read = reading, read_at
             measured.repetitions.append(repetition)
+            if dbos is not None:
+                print(f"repetition {rep}/{args.repeat}: DBOS, {n} refund workflows ...", flush=True)
+                dbos.run_repetition(rep)
 
         problems = verify([fixture for _, *pair in fixtures for fixture in pair], sandbox)
-        report(args=args, database=counter.database, measured=measured, problems=problems)
+        problems += dbos.verify() if dbos is not None else []
+        report(args=args, database=counter.database, measured=measured, problems=problems, dbos=dbos)
         ok = not problems
         return 0 if ok else 1
     finally:
@@ -816,6 +864,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers.stop()
             if not ok:
                 print(f"--- worker logs (tail) ---\n{workers.log_tail()}")
+        if dbos is not None:
+            if not ok:
+                print(f"--- DBOS logs (tail) ---\n{dbos.log_tail()}")
+            dbos.close()
         sandbox_process.stop()
         session.close()
         if counter is not None:
@@ -834,7 +886,14 @@ def _row(label: str, values: list[float], fmt: str, unit: str = "") -> str:
     return f"  {label:<30}{cells}{min(values):>10{fmt}}{statistics.median(values):>10{fmt}}  {unit}"
 
 
-def report(*, args: argparse.Namespace, database: str, measured: Measured, problems: list[str]) -> None:
+def report(
+    *,
+    args: argparse.Namespace,
+    database: str,
+    measured: Measured,
+    problems: list[str],
+    dbos: bench_dbos.DbosBench | None = None,
+) -> None:
     n = measured.n
     reps = measured.repetitions
     if args.dispatchers:
@@ -859,6 +918,8 @@ def report(*, args: argparse.Namespace, database: str, measured: Measured, probl
         _row("ratio to bare Celery", [rep.ratio for rep in reps], ".3f", "(actions/s / tasks/s)"),
         _row("end to end: refunds/s", [rep.end_to_end_rate for rep in reps], ".1f", "(proposed one by one here)"),
     ]
+    if dbos is not None:
+        rows += dbos.rows(_row, [rep.dispatch_rate for rep in reps])
     proposal = statistics.median(rep.proposal_statements / n for rep in reps)
     worker = statistics.median(rep.worker_statements / n for rep in reps)
     table = "\n".join(rows)
@@ -878,12 +939,14 @@ Effect console: dispatch benchmark, N = {n} actions and {args.noops} no-ops per 
   ({", ".join(f"{rep.run_commits:.0f}" for rep in reps)}), over the 2N = {2 * n} refunds of each repetition.
 """
     )
+    if dbos is not None:
+        print(f"{dbos.notes()}\n")
     if problems:
         print(f"FAILED: {len(problems)} problems, e.g.:")
         for problem in problems[:10]:
             print(f"  {problem}")
     else:
-        count = 2 * n * len(reps)
+        count = 2 * n * len(reps) + (len(dbos.orders) if dbos is not None else 0)
         print(f"verified: {count} refunds SUCCEEDED, one refund each at the sandbox, every order's money adds up")
 
 
