@@ -68,6 +68,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from actions.agents import INVOICE_ADJUSTMENT_SCOPE, agent_create, agent_token_issue
 from actions.chaos_workflows import WorkflowChaos, workflow_report_lines
+from actions.engine.dispatcher import DISPATCHER_PROCESS
 from actions.engine.invariants import EffectsReport, check_effects
 from actions.engine.resolutions import (
     ReviewRefused,
@@ -143,6 +144,11 @@ class ChaosConfig:
     # 0 runs refunds only and starts no accounting sandbox.
     adjustment_share: float = 0.4
     workers: int = 3
+    # The concurrent profile: this many dispatcher processes (manage.py dispatcher) beside the
+    # workers, killed like them, each with this many calls in flight; approvals then publish no
+    # Celery dispatch (DISPATCH_PUBLISH=0). 0 dispatches through Celery tasks only.
+    dispatchers: int = 0
+    dispatcher_concurrency: int = 8
     kill_every_seconds: float = 5.0
     create_fault_probability: float = 0.04  # per mode, on refund creation
     lookup_fault_probability: float = 0.03  # per mode, on lookups
@@ -199,6 +205,7 @@ class ChaosReport:
     kills: int = 0
     self_kills: int = 0
     worker_exits: int = 0  # workers that exited without being killed by the run (replaced)
+    dispatcher_claims: int = 0  # actions claimed by the dispatcher processes (the concurrent profile)
     postgres_restarts: int = 0
     redis_flushes: int = 0
     redis_restarts: int = 0
@@ -282,6 +289,9 @@ class ChaosReport:
             f"  states           {states}",
             f"  kills            {self.kills} workers by the run, {self.self_kills} at worker fault points, "
             f"{self.worker_exits} other worker exits",
+            f"  dispatchers      {self.config.get('dispatchers', 0)} process(es) with "
+            f"{self.config.get('dispatcher_concurrency', 0)} calls in flight each; "
+            f"{self.dispatcher_claims} claims by them",
             f"  postgres         {self.postgres_restarts} restart(s); redis {self.redis_flushes} flush(es), "
             f"{self.redis_restarts} restart(s)",
             "  provider faults  " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults_fired.items())),
@@ -419,6 +429,7 @@ class ChaosRun:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
         self.report = ChaosReport(config=vars(config).copy())
         self.workers: list[Process] = []
+        self.dispatchers: list[Process] = []
         self.worker_numbers = itertools.count(1)
         self.others: list[Process] = []
         self.sandbox_url = ""
@@ -458,6 +469,7 @@ class ChaosRun:
             "RECONCILE_MAX_FAILURES": str(c.reconcile_max_failures),
             "API_RATE_LIMIT_PER_MINUTE": "1000000",
             "CONSOLE_FAULT_POINTS": fault_points,
+            "DISPATCH_PUBLISH": "0" if c.dispatchers else "1",
             "EMAIL_BACKEND": "actions.providers.mail.backend.EmailBackend",
             "EMAIL_HOST": "127.0.0.1",
             "EMAIL_PORT": str(self.mail_smtp_port),
@@ -653,6 +665,41 @@ class ChaosRun:
         )
         self.workers.append(process)
         return process
+
+    def start_dispatcher(self, *, with_faults: bool = True) -> Process:
+        """A dispatcher process: batched claims, many calls in flight, the workers' fault points
+        (one kill takes every call it has in flight down with it)."""
+        p = self.config.worker_fault_probability
+        points = ",".join(f"{name}@{p}" for name in WORKER_FAULT_POINTS) if with_faults and p > 0 else ""
+        name = f"dispatcher{next(self.worker_numbers)}"
+        concurrency = self.config.dispatcher_concurrency
+        process = Process(
+            name,
+            [
+                sys.executable,
+                "manage.py",
+                "dispatcher",
+                "--concurrency",
+                str(concurrency),
+                "--batch",
+                str(concurrency),
+                "--idle",
+                "0.05",
+            ],
+            self.environment(fault_points=points),
+            self.workdir / f"{name}.log",
+        )
+        self.dispatchers.append(process)
+        return process
+
+    def _replace(self, process: Process, *, with_faults: bool) -> None:
+        """Start a fresh process of the same kind in place of one that died or was killed."""
+        if process in self.dispatchers:
+            self.dispatchers.remove(process)
+            self.start_dispatcher(with_faults=with_faults)
+        else:
+            self.workers.remove(process)
+            self.start_worker(with_faults=with_faults)
 
     def start_beat(self) -> None:
         self.others.append(
@@ -1100,6 +1147,8 @@ class ChaosRun:
             self.configure_faults(on=True)
             for _ in range(self.config.workers):
                 self.start_worker()
+            for _ in range(self.config.dispatchers):
+                self.start_dispatcher()
             self.start_beat()
 
             proposer = threading.Thread(target=self.propose_all, args=(proposals,), daemon=True)
@@ -1138,11 +1187,10 @@ class ChaosRun:
                 self.approve_waiting()
                 self._reap(with_faults=True)
                 if time.monotonic() >= next_kill and self.workers:
-                    victim = self.rng.choice(self.workers)
+                    victim = self.rng.choice(self.workers + self.dispatchers)
                     victim.kill()
-                    self.workers.remove(victim)
                     self.report.kills += 1
-                    self.start_worker()
+                    self._replace(victim, with_faults=True)
                     next_kill = time.monotonic() + self.config.kill_every_seconds
                 total, _final = self.counts()
                 if self.config.restart_postgres and not restarted and total >= self.config.actions // 3:
@@ -1168,11 +1216,14 @@ class ChaosRun:
             mail_fired = _http("GET", f"{self.mail_url}/faults").get("fired", {})
             self.report.mail_faults_fired = {str(k): int(v) for k, v in mail_fired.items()}
             self.configure_faults(on=False)
-            for worker in self.workers:
+            for worker in [*self.workers, *self.dispatchers]:
                 worker.kill()
             self.workers.clear()
+            self.dispatchers.clear()
             for _ in range(self.config.workers):
                 self.start_worker(with_faults=False)
+            for _ in range(self.config.dispatchers):
+                self.start_dispatcher(with_faults=False)
             deadline = time.monotonic() + self.config.drain_deadline_seconds
             while time.monotonic() < deadline:
                 self.approve_waiting()
@@ -1187,7 +1238,9 @@ class ChaosRun:
             self.report.seconds = time.monotonic() - started
             # Each pool child a fault point killed left a line in its worker's log.
             self.report.self_kills += sum(
-                log.read_text(errors="replace").count("fault point ") for log in self.workdir.glob("worker*.log")
+                log.read_text(errors="replace").count("fault point ")
+                for pattern in ("worker*.log", "dispatcher*.log")
+                for log in self.workdir.glob(pattern)
             )
             provider = StripeProvider(
                 api_key="sk_test_chaos",
@@ -1195,6 +1248,11 @@ class ChaosRun:
                 timeout_seconds=30,
                 key_retention=timedelta(seconds=self.config.key_retention_seconds),
                 lookup_visibility_delay=timedelta(seconds=self.config.visibility_delay_seconds),
+            )
+            self.report.dispatcher_claims = _db_retry(
+                lambda: ActionEvent.objects.filter(
+                    transition="begin_submission", actor_label=DISPATCHER_PROCESS.label
+                ).count()
             )
             self.report.reached_review = _db_retry(
                 lambda: ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW)
@@ -1245,7 +1303,7 @@ class ChaosRun:
             self.report.workflows = self.workflow_chaos.audit(ledger, workflow_resolutions)
             return self.report
         finally:
-            for process in [*self.workers, *self.others]:
+            for process in [*self.workers, *self.dispatchers, *self.others]:
                 process.stop()
 
     def _emails_resolve(self) -> None:
@@ -1425,11 +1483,10 @@ class ChaosRun:
         _wait_for(lambda: timezone.now() >= settled_at, timeout=60, what="the provider's list to catch up")
 
     def _reap(self, *, with_faults: bool) -> None:
-        for worker in list(self.workers):
+        for worker in [*self.workers, *self.dispatchers]:
             if not worker.alive:
-                self.workers.remove(worker)
                 self.report.worker_exits += 1
-                self.start_worker(with_faults=with_faults)
+                self._replace(worker, with_faults=with_faults)
 
 
 def _interleave(base: list[Any], extra: list[Any]) -> list[Any]:

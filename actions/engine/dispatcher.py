@@ -38,8 +38,13 @@ from actions.engine.dispatch import submission_send_and_record
 from actions.engine.throttle import throttle_wait, throttling_enabled
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
+from actions.trail import Actor
 
 log = logging.getLogger(__name__)
+
+# Who claimed, in the audit trail: a person reading it can tell the dispatcher process's batched
+# claims from a Celery task's ("system:dispatcher").
+DISPATCHER_PROCESS = Actor.system("dispatcher-process")
 
 
 @dataclass
@@ -147,7 +152,9 @@ class Dispatcher:
     def _claim(self, limit: int) -> list[Claim]:
         try:
             action_pks = self._with_tokens(limit) if throttling_enabled() else None
-            claims = submission_begin_batch(limit=min(limit, self.batch_size), action_pks=action_pks)
+            claims = submission_begin_batch(
+                limit=min(limit, self.batch_size), action_pks=action_pks, actor=DISPATCHER_PROCESS
+            )
         except Exception:
             # A deadlock with another batch, a dropped connection, a database restart: nothing
             # was claimed (the batch rolled back). Log it, drop the connection, try again later.

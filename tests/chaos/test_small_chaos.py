@@ -29,8 +29,17 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     flush, audited against each sandbox's own ledger, per kind."""
     settings.CELERY_BROKER_URL = broker_url
     # 300 actions as before the adjustments joined: 180 refunds and 120 adjustments.
+    # Two Celery workers and a dispatcher process (issue 18's concurrent profile: batched claims,
+    # four calls in flight), all three killed at random and at their fault points.
     config = ChaosConfig(
-        actions=300, adjustment_share=0.4, workers=3, kill_every_seconds=4.0, drain_deadline_seconds=300, seed=7
+        actions=300,
+        adjustment_share=0.4,
+        workers=2,
+        dispatchers=1,
+        dispatcher_concurrency=4,
+        kill_every_seconds=4.0,
+        drain_deadline_seconds=300,
+        seed=7,
     )
     assert config.adjustments * 3 >= config.actions, "issue 12: at least a third of the actions are adjustments"
 
@@ -61,6 +70,7 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     assert sum(report.accounting_faults_fired.values()) > 0, "the accounting sandbox injected no fault"
     assert report.audit.ok, [str(v) for v in report.audit.violations]
     assert report.kills > 0 and report.postgres_restarts == 1 and report.redis_flushes == 1
+    assert report.dispatcher_claims > 0, "the dispatcher process claimed nothing"
     assert sum(report.faults_fired.values()) > 0, "the provider injected no fault"
     # Supplier emails (issue 13): every one proposed, none sent twice without a person's decision
     # (audit.ok above), and every ambiguous send held for a named person.

@@ -37,6 +37,18 @@ class Command(BaseCommand):
             help="share of --actions that are invoice adjustments (issue 12 asks for at least 1/3; 0: refunds only)",
         )
         parser.add_argument("--workers", type=int, default=defaults.workers)
+        parser.add_argument(
+            "--dispatchers",
+            type=int,
+            default=defaults.dispatchers,
+            help="the concurrent profile: dispatcher processes beside the workers (0: Celery dispatch only)",
+        )
+        parser.add_argument(
+            "--dispatcher-concurrency",
+            type=int,
+            default=defaults.dispatcher_concurrency,
+            help="calls in flight per dispatcher process (also its batch size)",
+        )
         parser.add_argument("--kill-every", type=float, default=defaults.kill_every_seconds, help="seconds")
         parser.add_argument(
             "--create-faults",
@@ -101,6 +113,8 @@ class Command(BaseCommand):
             actions=options["actions"],
             adjustment_share=options["adjustment_share"],
             workers=options["workers"],
+            dispatchers=options["dispatchers"],
+            dispatcher_concurrency=options["dispatcher_concurrency"],
             kill_every_seconds=options["kill_every"],
             create_fault_probability=options["create_faults"],
             lookup_fault_probability=options["lookup_faults"],
