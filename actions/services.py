@@ -28,6 +28,7 @@ from actions.models import (
     ReasonCode,
     RefundRequest,
 )
+from actions.outbox import agent_webhooks_read_once
 from actions.providers.base import validate_idempotency_key
 from actions.providers.money import currency_exponent
 from actions.refusals import Refused
@@ -390,17 +391,20 @@ def proposal_record(
         Action.objects.filter(pk=action.pk).update(created_at=now)
         action.created_at = now
 
-    event_record(
-        action=action,
-        transition="propose" if not policy_reasons else "reject_proposal",
-        from_state="",
-        actor=proposer,
-        reason="; ".join(r["message"] for r in policy_reasons) or reason or "Validation passed.",
-        evidence=event_evidence,
-        now=now,
-    )
-    if auto_policy and action.status == S.PROPOSED:
-        approval_apply_auto_policy(action=action, now=now)
+    # The proposal's event and the policy's approval event are two state changes of one agent's
+    # action in one transaction: its webhook is read once for both.
+    with agent_webhooks_read_once():
+        event_record(
+            action=action,
+            transition="propose" if not policy_reasons else "reject_proposal",
+            from_state="",
+            actor=proposer,
+            reason="; ".join(r["message"] for r in policy_reasons) or reason or "Validation passed.",
+            evidence=event_evidence,
+            now=now,
+        )
+        if auto_policy and action.status == S.PROPOSED:
+            approval_apply_auto_policy(action=action, now=now)
     return ProposalResult(action=action, created=True)
 
 

@@ -41,7 +41,17 @@ class Cap:
 
 def cap_for(*, scope: str, currency: str) -> Cap:
     """The cap for a scope and currency: the admin's row if there is one, else the settings'."""
-    row = AutoApprovalCap.objects.filter(scope=scope, currency=currency).first()
+    return caps_for(currency=currency)[scope]
+
+
+def caps_for(*, currency: str) -> dict[str, Cap]:
+    """The caps of every scope for a currency, in one read (the policy checks both on every
+    auto-approval)."""
+    rows = {row.scope: row for row in AutoApprovalCap.objects.filter(currency=currency)}
+    return {scope: _cap(scope=scope, currency=currency, row=rows.get(scope)) for scope in CapScope.values}
+
+
+def _cap(*, scope: str, currency: str, row: AutoApprovalCap | None) -> Cap:
     if row is not None:
         return Cap(row.max_amount, row.max_count, timedelta(hours=row.window_hours))
     if scope == CapScope.TARGET:
@@ -71,7 +81,8 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
     currency = action.currency
     amount = action.amount
 
-    target = cap_for(scope=CapScope.TARGET, currency=currency)
+    caps = caps_for(currency=currency)
+    target = caps[CapScope.TARGET]
     # The target is the order of a refund or the bill of an invoice adjustment: many small
     # credit notes on one bill add up just as many small refunds on one order do.
     if action.order_id is not None:
@@ -108,7 +119,7 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
             )
 
     if action.proposed_by_agent_id is not None:
-        agent_cap = cap_for(scope=CapScope.AGENT, currency=currency)
+        agent_cap = caps[CapScope.AGENT]
         if agent_cap.max_amount is None:
             return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
         total = _auto_approved(since=now - agent_cap.window, until=now, exclude=action).filter(
