@@ -11,7 +11,6 @@ thread keeps one database connection for its records, and the claim loop one mor
 from __future__ import annotations
 
 import signal
-import threading
 from typing import Any
 
 from django.conf import settings
@@ -42,10 +41,9 @@ class Command(BaseCommand):
                 f"DATABASE_POOL_MAX is {pool.get('max_size')}: it must be at least --concurrency + 1 "
                 f"({concurrency + 1}), or the pool would silently cap the calls in flight."
             )
-        stop = threading.Event()
+        dispatcher = Dispatcher(concurrency=concurrency, batch_size=batch, idle_seconds=options["idle"])
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
-        dispatcher = Dispatcher(concurrency=concurrency, batch_size=batch, idle_seconds=options["idle"], stop=stop)
+            signal.signal(signum, lambda *_: dispatcher.shutdown())
         self.stdout.write(f"dispatcher ready: {concurrency} calls in flight at most, batches of {batch}", ending="\n")
         self.stdout.flush()
         stats = dispatcher.run()
