@@ -2,17 +2,24 @@
 
 A person pastes what they have: an order number ("4821"), a customer's name or email, a ticket
 ("T-1001"), an action id, a provider's reference (``re_...`` for a refund, ``ch_...`` for the
-charge it was drawn from), a supplier bill's number or the supplier's name. Every term is a
-case-insensitive substring match.
+charge it was drawn from), a supplier bill's number or the supplier's name.
 
-Speed at scale: on PostgreSQL the searched columns carry trigram GIN indexes (migration
-``0017_search_indexes``), which serve ``UPPER(col) LIKE UPPER('%term%')``, the SQL Django writes
-for ``icontains``. Each table is searched by its own query on its own columns: a join or an IN
-(subquery) inside one big OR would make PostgreSQL read the whole actions table. Actions are then
-fetched by the matching orders, requests and bills through their foreign-key indexes.
-``tests/actions/test_search.py`` shows the plan; ``manage.py search_bench`` measures it at 1M
-actions. Terms shorter than three characters have no trigram and are not searched (named, not
-an error).
+Exactly first, then any part of it. A term that is exactly an identifier something holds (an
+order's number, a customer's email, a ticket, a bill's number, an action id, an action's
+number, a provider reference) finds what holds it, and the actions hanging off it, by btree
+equality: the cost of that does not grow with the history (migration ``0018_search_exact_indexes``
+adds the case-insensitive ones). Only when that shows the person nothing is the term matched as a
+case-insensitive substring of every searched column. The term's shape decides which columns
+are asked: a ``re_...`` is only ever a refund's reference, an email only a customer's.
+
+Speed of the substring search: on PostgreSQL the searched columns carry trigram GIN indexes
+(migration ``0017_search_indexes``), which serve ``UPPER(col) LIKE UPPER('%term%')``, the SQL
+Django writes for ``icontains``. Each table is searched by its own query on its own columns: a join
+or an IN (subquery) inside one big OR would make PostgreSQL read the whole actions table. Actions
+are then fetched by the matching orders, requests and bills through their foreign-key indexes. A
+trigram scan reads every row sharing the term's trigrams, so a common name ("Grace Hopper") costs
+more as the history grows; ``tests/bench/bench_scale.py`` measures it. Terms shorter than three
+characters have no trigram and are not searched (named, not an error), except an action's number.
 
 Who sees what: people who can open an action's page (managers, finance, accounts payable,
 admins) find every action, order and bill. Anybody else who may propose (an agent's owner) finds
@@ -21,7 +28,7 @@ only the actions they are accountable for, and no orders or bills. Nobody else f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db.models import Q, QuerySet
@@ -72,6 +79,20 @@ def visible_actions(user: Any) -> QuerySet[Action]:
     return Action.objects.none()
 
 
+def action_number(term: str) -> int | None:
+    """The action's number a term of digits names, or None.
+
+    ``str.isdigit`` also accepts digits that ``int`` refuses (superscripts such as "²"), and a
+    pasted 30-digit number is no primary key: both are no match, never an error page."""
+    if not term.isdigit():
+        return None
+    try:
+        number = int(term)
+    except ValueError:
+        return None
+    return number if 0 < number <= MAX_ACTION_NUMBER else None
+
+
 def action_condition(term: str) -> Q:
     """The actions whose own searchable columns contain ``term``: the query the trigram index
     indexes ``action_id_trgm_idx`` and ``action_provider_ref_trgm_idx`` serve."""
@@ -85,15 +106,31 @@ def action_condition(term: str) -> Q:
         # ("ref", "und", "ord"...) are in every action id, which makes a trigram scan slow.
         return Q(action_id__startswith=term)
     condition = Q(action_id__icontains=term) | Q(provider_reference__icontains=term)
-    if term.isdigit():
-        condition |= Q(pk=int(term))
+    number = action_number(term)
+    if number is not None:
+        condition |= Q(pk=number)
     return condition
+
+
+def exact_action_condition(term: str) -> Q | None:
+    """The actions whose own identifier columns hold exactly ``term``, each by a btree: a
+    refund's reference (``action_provider_ref_idx``) or an action id (its unique index). None
+    when no such column can hold a term of this shape. (An action's number is apart: see
+    ``Lookup.number``.)"""
+    shape = _shape(term)
+    if shape == "refund_reference":
+        return Q(provider_reference=term)
+    if shape == "action_id":
+        return Q(action_id=term)
+    return None
 
 
 # Provider references name what they are by their prefix: a refund's (``re_``, ``pyr_``) lives on
 # the action, a charge's (``ch_``, ``py_``, ``pi_``) on the order.
 ACTION_REFERENCE_PREFIXES = ("re_", "pyr_")
 CHARGE_REFERENCE_PREFIXES = ("ch_", "py_", "pi_")
+# The largest primary key PostgreSQL's bigint holds: a longer number names no action.
+MAX_ACTION_NUMBER = 2**63 - 1
 
 
 def _shape(term: str) -> str:
@@ -110,7 +147,8 @@ def _shape(term: str) -> str:
 
 
 def matching_orders(term: str) -> QuerySet[Order]:
-    """Orders by number, customer name or email, or the provider's charge (``ch_...``).
+    """Orders by any part of their number, customer name or email, or the provider's charge
+    (``ch_...``).
 
     A term that says what it is (an email, a charge) is looked for in that column only: fewer
     index scans, and no order matched by accident by a refund's reference."""
@@ -129,11 +167,32 @@ def matching_orders(term: str) -> QuerySet[Order]:
     )
 
 
+def exact_orders(term: str) -> QuerySet[Order]:
+    """Orders whose charge, customer email or number is ``term``, each by a btree: the charge
+    as the provider spells it (``order_charge_ref_idx``), the email and the number in any case
+    (``order_email_upper_idx``, ``order_number_upper_idx``)."""
+    shape = _shape(term)
+    if shape == "charge_reference":
+        return Order.objects.filter(charge_reference=term)
+    if shape == "email":
+        return Order.objects.filter(customer_email__iexact=term)
+    if shape == "any":
+        return Order.objects.filter(number__iexact=term)
+    return Order.objects.none()
+
+
 def matching_requests(term: str) -> QuerySet[RefundRequest]:
-    """Refund requests by their ticket (the external reference)."""
+    """Refund requests by any part of their ticket (the external reference)."""
     if _shape(term) != "any":
         return RefundRequest.objects.none()
     return RefundRequest.objects.filter(external_reference__icontains=term)
+
+
+def exact_requests(term: str) -> QuerySet[RefundRequest]:
+    """Refund requests whose ticket is ``term``, in any case (``refund_request_ref_upper_idx``)."""
+    if _shape(term) != "any":
+        return RefundRequest.objects.none()
+    return RefundRequest.objects.filter(external_reference__iexact=term)
 
 
 def matching_bills(term: str) -> QuerySet[Bill]:
@@ -144,23 +203,107 @@ def matching_bills(term: str) -> QuerySet[Bill]:
     )
 
 
-def search_actions(term: str, base: QuerySet[Action] | None = None) -> QuerySet[Action]:
-    """Actions matching ``term`` on their own columns or through their order, ticket or bill.
+def exact_bills(term: str) -> QuerySet[Bill]:
+    """Bills whose number is ``term`` in any case (``bill_number_upper_idx``), or whose
+    accounting reference is ``term`` as the accounting system spells it."""
+    if _shape(term) != "any":
+        return Bill.objects.none()
+    return Bill.objects.filter(Q(number__iexact=term) | Q(accounting_reference=term))
 
-    The orders, requests and bills are found first, by their own indexed queries, and their
-    primary keys put in the condition: each part of the OR is then an index scan."""
-    base = Action.objects.all() if base is None else base
-    condition = action_condition(term)
-    order_pks = list(matching_orders(term).order_by().values_list("pk", flat=True)[:TARGET_LIMIT])
-    if order_pks:
-        condition |= Q(order_id__in=order_pks)
-    request_pks = list(matching_requests(term).order_by().values_list("pk", flat=True)[:TARGET_LIMIT])
+
+@dataclass(frozen=True)
+class Lookup:
+    """One way of matching a term on every searched table: exactly, or by any part of it.
+
+    The querysets are not run here: ``found`` runs each at most once. ``number`` is an action's
+    number the term may be, found by the primary key alongside what holds the term; unlike the
+    rest it never decides that the exact lookup found something (see ``_holds_the_term``)."""
+
+    exact: bool
+    actions: Q | None
+    orders: QuerySet[Order]
+    requests: QuerySet[RefundRequest]
+    bills: QuerySet[Bill]
+    number: int | None = None
+
+
+def lookup_exact(term: str) -> Lookup:
+    return Lookup(
+        exact=True,
+        actions=exact_action_condition(term),
+        orders=exact_orders(term),
+        requests=exact_requests(term),
+        bills=exact_bills(term),
+        number=action_number(term) if _shape(term) == "any" else None,
+    )
+
+
+def lookup_containing(term: str) -> Lookup:
+    return Lookup(
+        exact=False,
+        actions=action_condition(term),
+        orders=matching_orders(term),
+        requests=matching_requests(term),
+        bills=matching_bills(term),
+    )
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one lookup found: the newest matching orders and bills (up to ``TARGET_LIMIT``,
+    each read once for both its own section and the actions it leads to), and the query for
+    the actions, or None when nothing can lead to one."""
+
+    orders: list[Order]
+    bills: list[Bill]
+    actions: QuerySet[Action] | None
+    request_pks: frozenset[int] = frozenset()
+    number: int | None = None
+
+
+def found(lookup: Lookup, base: QuerySet[Action]) -> Found:
+    """Runs ``lookup``: the orders, tickets and bills first, each by its own indexed query, then
+    their primary keys go into the actions' condition, so each part of the OR is an index scan
+    (a join or an IN (subquery) inside one big OR would make PostgreSQL read the whole actions
+    table).
+
+    The orders followed to their actions are the newest ones: the same query then serves the
+    orders' section, instead of a second scan of the same trigram indexes."""
+    orders = list(lookup.orders.order_by("-paid_at", "-pk")[:TARGET_LIMIT])
+    request_pks = list(lookup.requests.order_by().values_list("pk", flat=True)[:TARGET_LIMIT])
+    bills = list(lookup.bills.order_by("-issued_at", "-pk")[:TARGET_LIMIT])
+    parts = [lookup.actions] if lookup.actions is not None else []
+    if orders:
+        parts.append(Q(order_id__in=[order.pk for order in orders]))
     if request_pks:
-        condition |= Q(refund_request_id__in=request_pks)
-    bill_pks = list(matching_bills(term).order_by().values_list("pk", flat=True)[:TARGET_LIMIT])
-    if bill_pks:
-        condition |= Q(bill_id__in=bill_pks)
-    return base.filter(condition)
+        parts.append(Q(refund_request_id__in=request_pks))
+    if bills:
+        parts.append(Q(bill_id__in=[bill.pk for bill in bills]))
+    if lookup.number is not None:
+        parts.append(Q(pk=lookup.number))
+    what = Found(orders=orders, bills=bills, actions=None, request_pks=frozenset(request_pks), number=lookup.number)
+    if not parts:
+        # Nothing can lead to an action: no query to send.
+        return what
+    condition = parts[0]
+    for part in parts[1:]:
+        condition |= part
+    return replace(what, actions=base.filter(condition))
+
+
+def search_actions(term: str, base: QuerySet[Action] | None = None) -> QuerySet[Action]:
+    """Actions matching ``term`` on their own columns or through their order, ticket or bill:
+    exactly if any of ``base`` does (see ``search``), else by any part of the term."""
+    base = Action.objects.all() if base is None else base
+    lookup = lookup_exact(term)
+    # Decided without the action's number, as in ``search``: see ``_holds_the_term``.
+    holding = found(replace(lookup, number=None), base).actions
+    if holding is not None and holding.exists():
+        exact = found(lookup, base).actions
+        assert exact is not None
+        return exact
+    containing = found(lookup_containing(term), base).actions
+    return containing if containing is not None else base.none()
 
 
 @dataclass(frozen=True)
@@ -187,6 +330,9 @@ class SearchResults:
     more_bills: bool = False
     # Whether the person sees everything, or only their own proposals (said on the page).
     everything: bool = True
+    # Whether these are exact matches (the term is an identifier something holds whole), or
+    # matches of any part of the term.
+    exact: bool = False
 
     @property
     def searched(self) -> bool:
@@ -206,32 +352,74 @@ def clean_term(raw: str) -> tuple[str, str]:
         return "", "The search may not contain control characters."
     if len(term) > MAX_TERM_LENGTH:
         return term[:MAX_TERM_LENGTH], f"That is too long to search for: at most {MAX_TERM_LENGTH} characters."
-    if len(term) < MIN_TERM_LENGTH and not term.isdigit():
+    if len(term) < MIN_TERM_LENGTH and action_number(term) is None:
         return term, f"Type at least {MIN_TERM_LENGTH} characters (or an action's number)."
     return term, ""
 
 
 def search(*, user: Any, raw: str) -> SearchResults:
+    """Searches for ``raw`` as ``user`` may see it: exactly first, then by any part of it.
+
+    A term that is exactly an order's number, a customer's email, a ticket, a bill's number, an
+    action id, an action's number or a provider reference finds what holds it (and the actions
+    that hang off it) through btree indexes, whose cost does not grow with the history. Only when
+    the exact lookup shows this person nothing is the term looked for as a part, by the trigram
+    indexes, whose cost grows with the number of rows that share the term's trigrams.
+
+    Whether to fall back is decided on what this person would be shown (an agent's owner: their
+    own actions only), so the answer says nothing about rows they may not see."""
     term, problem = clean_term(raw)
     everything = may_search_everything(user)
     results = SearchResults(term=term, problem=problem, everything=everything)
     if not term or problem:
         return results
+    visible = visible_actions(user)
     if len(term) < MIN_TERM_LENGTH:
         # A short number is an action's number: too short for the substring indexes.
-        matched = visible_actions(user).filter(pk=int(term))
-    else:
-        matched = search_actions(term, visible_actions(user))
-    actions = list(
-        matched.select_related("order", "bill", "refund_request").order_by("-created_at", "-pk")[: SECTION_LIMIT + 1]
+        number = action_number(term)
+        short = visible.filter(pk=number) if number is not None else visible.none()
+        _show(results, Found(orders=[], bills=[], actions=short), user)
+        return results
+    for lookup in (lookup_exact(term), lookup_containing(term)):
+        what = found(lookup, visible)
+        _show(results, what, user)
+        results.exact = lookup.exact
+        if not lookup.exact or _holds_the_term(results, what):
+            break
+    return results
+
+
+def _holds_the_term(results: SearchResults, what: Found) -> bool:
+    """Whether the exact lookup showed something that holds the term, rather than only the
+    action whose number it happens to be: at scale every run of digits is some action's number,
+    and that alone must not hide the orders and tickets that contain those digits ("482" for
+    order 4821)."""
+    if results.orders or results.bills:
+        return True
+    order_pks = {order.pk for order in what.orders}
+    bill_pks = {bill.pk for bill in what.bills}
+    return any(
+        action.pk != what.number
+        or action.order_id in order_pks
+        or action.refund_request_id in what.request_pks
+        or action.bill_id in bill_pks
+        for action in (hit.action for hit in results.actions)
     )
+
+
+def _show(results: SearchResults, what: Found, user: Any) -> None:
+    actions: list[Action] = []
+    if what.actions is not None:
+        actions = list(
+            what.actions.select_related("order", "bill", "refund_request").order_by("-created_at", "-pk")[
+                : SECTION_LIMIT + 1
+            ]
+        )
     results.more_actions = len(actions) > SECTION_LIMIT
     results.actions = [ActionHit(action, action_url(action, user)) for action in actions[:SECTION_LIMIT]]
-    if everything and len(term) >= MIN_TERM_LENGTH:
-        orders = list(matching_orders(term).order_by("-paid_at", "-pk")[: SECTION_LIMIT + 1])
-        results.more_orders = len(orders) > SECTION_LIMIT
-        results.orders = [OrderHit(order, order_url(order, user)) for order in orders[:SECTION_LIMIT]]
-        bills = list(matching_bills(term).order_by("-issued_at", "-pk")[: SECTION_LIMIT + 1])
-        results.more_bills = len(bills) > SECTION_LIMIT
-        results.bills = bills[:SECTION_LIMIT]
-    return results
+    if results.everything:
+        # Orders and bills are for the people who see everything (see the module's docstring).
+        results.more_orders = len(what.orders) > SECTION_LIMIT
+        results.orders = [OrderHit(order, order_url(order, user)) for order in what.orders[:SECTION_LIMIT]]
+        results.more_bills = len(what.bills) > SECTION_LIMIT
+        results.bills = what.bills[:SECTION_LIMIT]
