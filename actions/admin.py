@@ -82,7 +82,7 @@ from actions.models import (
     SupplierContact,
 )
 from actions.models.actions import UNRESOLVED_STATUSES
-from actions.search import MIN_TERM_LENGTH, search_actions
+from actions.search import MIN_TERM_LENGTH, action_number, search_actions
 from actions.services import ActionRefused, Actor, action_cancel
 from actions.text import validate_plain_text
 from approvals.services import DecisionRefused, action_reopen
@@ -438,7 +438,8 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
             return queryset, False
         if len(term) < MIN_TERM_LENGTH:
             # Too short for the substring indexes: an exact action id or number only.
-            exact = Q(action_id=term) | (Q(pk=int(term)) if term.isdigit() else Q())
+            number = action_number(term)  # None for "²", which isdigit() accepts and int() refuses
+            exact = Q(action_id=term) | (Q(pk=number) if number is not None else Q())
             return queryset.filter(exact), False
         return search_actions(term, queryset), False
 

@@ -331,3 +331,13 @@ def test_the_planner_chooses_the_trigram_indexes_by_itself_at_200000_actions() -
     assert "order_customer_email_trgm_idx" in _plan(matching_orders(terms["customer email"])[:200])
     assert "action_provider_ref_idx" in _plan(search_actions(terms["refund reference (re_...)"])[:51])
     assert "order_email_upper_idx" in _plan(exact_orders(terms["customer email"])[:200])
+
+
+@pytest.mark.parametrize("term", ["²", "7", "99999999999999999999"])
+def test_the_admins_action_search_takes_a_short_or_odd_number_without_an_error(
+    client: Client, world: dict[str, Any], term: str
+) -> None:
+    """Bad input gets a page, never a 500: "²" is a digit to isdigit() and not to int()."""
+    client.force_login(make_user("adam.admin", "admin", is_staff=True))
+    response = client.get(reverse("admin:actions_action_changelist"), {"q": term})
+    assert response.status_code == 200
