@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from console.celery import app
 
@@ -34,21 +34,10 @@ def dispatch_enqueue(action_pk: int) -> None:
     app.send_task(DISPATCH_TASK, args=(action_pk,))
 
 
-# Where the dispatcher process listens (actions.engine.dispatcher) when DISPATCH_PUBLISH is off.
-DISPATCH_CHANNEL = "console_dispatch"
-
-
 def dispatch_enqueue_on_commit(action_pk: int) -> None:
     """Publish once the authorization is committed; a publish lost between commit and broker is
     picked up by the AUTHORIZED sweep.
-
-    With DISPATCH_PUBLISH off (a dispatcher process claims from the table), a NOTIFY in the
-    authorization's own transaction instead: PostgreSQL delivers it to the listening dispatcher
-    at the commit, and never for a transaction that rolls back.
     """
-    if not settings.DISPATCH_PUBLISH and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {DISPATCH_CHANNEL}")
     # The name is looked up at commit time, so a test's replacement is the one called.
     transaction.on_commit(lambda: dispatch_enqueue(action_pk))
 

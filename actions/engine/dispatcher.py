@@ -30,7 +30,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import psycopg
 from django.conf import settings
 from django.db import connection
 
@@ -39,7 +38,6 @@ from actions.engine.dispatch import submission_send_and_record
 from actions.engine.throttle import throttle_wait, throttling_enabled
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.publish import DISPATCH_CHANNEL
 from actions.trail import Actor
 
 log = logging.getLogger(__name__)
@@ -107,8 +105,6 @@ class Dispatcher:
     def run(self, *, until: Callable[[], bool] | None = None) -> DispatcherStats:
         """Dispatch until ``stop`` is set (or ``until()`` is true), then wait for the calls in flight."""
         idle = self.idle_seconds
-        listening = threading.Event()
-        listener = self._listen_in_background(listening)
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="dispatch") as pool:
             try:
                 while not self.stop.is_set() and not (until is not None and until()):
@@ -126,48 +122,17 @@ class Dispatcher:
                     if len(claims) < asked:
                         # The table had nothing more to claim just now: look again after the
                         # idle wait, or at once when a call finishes (its record may make a
-                        # workflow's next step due) or an approval commits (its NOTIFY), rather
-                        # than with an empty claim transaction straight away.
+                        # workflow's next step due), rather than with an empty claim straight
+                        # away. Not woken by LISTEN/NOTIFY: measured, the listening backend reads
+                        # the notification queue in a transaction of its own for every wake, one
+                        # more commit per action than this poll costs (README, "Worker profiles").
                         self._wait(idle)
                         if not claimed:
                             idle = min(idle * 2, self.max_idle_seconds)
             finally:
-                listening.clear()
-                if listener is not None:
-                    listener.join(timeout=5)
                 _close_thread_connections(pool, self.concurrency)
                 connection.close()
         return self.stats
-
-    def _listen_in_background(self, listening: threading.Event) -> threading.Thread | None:
-        """On PostgreSQL, wake the claim loop as soon as an approval commits: approvals NOTIFY
-        ``DISPATCH_CHANNEL`` in their transaction when DISPATCH_PUBLISH is off (actions.publish),
-        and PostgreSQL delivers it at the commit. The idle poll stays as the safety net: a
-        listener that cannot connect only makes the dispatcher slower to notice new work."""
-        if connection.vendor != "postgresql":
-            return None
-        listening.set()
-        thread = threading.Thread(target=self._listen, args=(listening,), name="dispatch-listen", daemon=True)
-        thread.start()
-        return thread
-
-    def _listen(self, listening: threading.Event) -> None:
-        db = connection.settings_dict
-        try:
-            with psycopg.connect(
-                dbname=db["NAME"],
-                user=db.get("USER") or None,
-                password=db.get("PASSWORD") or None,
-                host=db.get("HOST") or None,
-                port=db.get("PORT") or None,
-                autocommit=True,
-            ) as listen:
-                listen.execute(f"LISTEN {DISPATCH_CHANNEL}")
-                while listening.is_set() and not self.stop.is_set():
-                    for _ in listen.notifies(timeout=0.5, stop_after=1):
-                        self._wake.set()
-        except psycopg.Error:
-            log.warning("dispatcher: cannot LISTEN for approvals; finding them by polling only", exc_info=True)
 
     # --- the claim loop's thread -----------------------------------------------------------
 

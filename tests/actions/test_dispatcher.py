@@ -202,35 +202,3 @@ def test_the_dispatcher_refuses_settings_that_would_cap_it_silently() -> None:
     with pytest.raises(ValueError):
         Dispatcher(concurrency=4, batch_size=0)
 
-
-def test_an_idle_dispatcher_is_woken_by_the_approvals_commit_not_by_its_next_poll(
-    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch, settings: Any
-) -> None:
-    """With DISPATCH_PUBLISH off, an approval NOTIFYs the dispatcher in its own transaction: an
-    idle dispatcher whose next look is 30 s away sends the action within seconds."""
-    settings.DISPATCH_PUBLISH = False
-    receiver = FakeReceiver(guarantees=guarantees(keys=True, lookup=True, authoritative=True))
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
-    dispatcher = Dispatcher(concurrency=2, batch_size=2, idle_seconds=30, max_idle_seconds=30)
-
-    def loop() -> None:
-        try:
-            dispatcher.run()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=loop)
-    thread.start()
-    try:
-        wait_until(lambda: dispatcher.stats.claim_transactions >= 1, timeout=10, what="the dispatcher's first look")
-        time.sleep(0.5)  # it is now in its 30 s idle wait, listening
-        action = authorized_refund(agent_actor)
-        wait_until(
-            lambda: Action.objects.filter(pk=action.pk, status=S.SUCCEEDED).exists(),
-            timeout=8,
-            what="the action to be sent after its approval's NOTIFY",
-        )
-    finally:
-        dispatcher.shutdown()  # ends the idle wait now rather than in 30 s
-        thread.join(timeout=15)
-    assert len(receiver.refunds) == 1

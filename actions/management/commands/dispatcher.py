@@ -44,11 +44,16 @@ class Command(BaseCommand):
         dispatcher = Dispatcher(concurrency=concurrency, batch_size=batch, idle_seconds=options["idle"])
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: dispatcher.shutdown())
-        self.stdout.write(f"dispatcher ready: {concurrency} calls in flight at most, batches of {batch}", ending="\n")
+        self.stdout.write(
+            f"dispatcher ready: {concurrency} calls in flight at most, batches of {batch}, "
+            f"{dispatcher.prefetch} claimed ahead of a free thread at most "
+            f"(LEASE_SECONDS {settings.LEASE_SECONDS}, PROVIDER_TIMEOUT_SECONDS {settings.PROVIDER_TIMEOUT_SECONDS})"
+        )
         self.stdout.flush()
         stats = dispatcher.run()
         self.stdout.write(
             f"dispatcher stopped: {stats.claimed} claimed in {stats.claim_transactions} claim transactions, "
             f"{stats.stale} stale, recorded {stats.recorded or {}}, {stats.errors} errors, "
+            f"{len(stats.batch_sizes)} non-empty claims of at most {max(stats.batch_sizes, default=0)}, "
             f"{dispatcher.peak_outstanding} claimed and unrecorded at the peak"
         )
