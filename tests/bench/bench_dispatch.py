@@ -672,57 +672,62 @@ def run_repetition(
 ) -> tuple[Workers, Repetition]:
     n = args.actions
     workers = start_warm_workers(args=args, workdir=workdir, env=env, broker=broker, warm=warm)
+    # A repetition that fails midway must not leave its workers (and dispatchers) running
+    # against a database that is about to be dropped.
+    try:
+        cpu_before = workers.cpu_seconds()
+        noop_seconds = timed(lambda: publish_noops(args.noops), broker=broker, workers=workers)
+        noop_cpu = workers.cpu_seconds() - cpu_before
 
-    cpu_before = workers.cpu_seconds()
-    noop_seconds = timed(lambda: publish_noops(args.noops), broker=broker, workers=workers)
-    noop_cpu = workers.cpu_seconds() - cpu_before
+        dispatchers, completion = workers.dispatchers, workers.completion
+        if dispatchers is not None:
+            dispatchers.pause()  # the N actions wait authorized, as the Celery profile's N held-back messages
+        with counting_statements() as proposal_statements:
+            held = propose_held_back(held_back)
+        if args.latency_ms:
+            # Every measured refund (the held-back ones, then the end-to-end ones) answers late.
+            sandbox.fault(mode="slow", sleep_seconds=args.latency_ms / 1000, times=2 * n)
+        time.sleep(0.2)  # the warm-up's last task has written its statement count
+        statements_before = worker_statements(counters)
+        cpu_before = workers.cpu_seconds()
+        if dispatchers is not None and completion is not None:
+            started = time.monotonic()
+            dispatchers.resume()
+            dispatch_seconds = completion.wait(label_of(held_back), n, dispatchers=dispatchers) - started
+        else:
+            dispatch_seconds = timed(lambda: publish_dispatches(held), broker=broker, workers=workers)
+        dispatch_cpu = workers.cpu_seconds() - cpu_before
+        time.sleep(0.2)
+        statements = worker_statements(counters) - statements_before
 
-    dispatchers, completion = workers.dispatchers, workers.completion
-    if dispatchers is not None:
-        dispatchers.pause()  # the N actions wait authorized, as the Celery profile's N held-back messages
-    with counting_statements() as proposal_statements:
-        held = propose_held_back(held_back)
-    if args.latency_ms:
-        # Every measured refund (the held-back ones, then the end-to-end ones) answers late.
-        sandbox.fault(mode="slow", sleep_seconds=args.latency_ms / 1000, times=2 * n)
-    time.sleep(0.2)  # the warm-up's last task has written its statement count
-    statements_before = worker_statements(counters)
-    cpu_before = workers.cpu_seconds()
-    if dispatchers is not None and completion is not None:
-        started = time.monotonic()
-        dispatchers.resume()
-        dispatch_seconds = completion.wait(label_of(held_back), n, dispatchers=dispatchers) - started
-    else:
-        dispatch_seconds = timed(lambda: publish_dispatches(held), broker=broker, workers=workers)
-    dispatch_cpu = workers.cpu_seconds() - cpu_before
-    time.sleep(0.2)
-    statements = worker_statements(counters) - statements_before
+        proposing: list[float] = []
 
-    proposing: list[float] = []
+        def propose_end_to_end() -> None:
+            started = time.monotonic()
+            propose_all(end_to_end)
+            proposing.append(time.monotonic() - started)
 
-    def propose_end_to_end() -> None:
-        started = time.monotonic()
-        propose_all(end_to_end)
-        proposing.append(time.monotonic() - started)
-
-    if dispatchers is not None and completion is not None:
-        started = time.monotonic()
-        propose_end_to_end()
-        end_to_end_seconds = completion.wait(label_of(end_to_end), n, dispatchers=dispatchers) - started
-    else:
-        end_to_end_seconds = timed(propose_end_to_end, broker=broker, workers=workers)
-    return workers, Repetition(
-        n=n,
-        noops=args.noops,
-        noop_seconds=noop_seconds,
-        noop_cpu=noop_cpu,
-        dispatch_seconds=dispatch_seconds,
-        dispatch_cpu=dispatch_cpu,
-        proposal_statements=proposal_statements[0],
-        worker_statements=statements,
-        end_to_end_seconds=end_to_end_seconds,
-        proposing_seconds=proposing[0],
-    )
+        if dispatchers is not None and completion is not None:
+            started = time.monotonic()
+            propose_end_to_end()
+            end_to_end_seconds = completion.wait(label_of(end_to_end), n, dispatchers=dispatchers) - started
+        else:
+            end_to_end_seconds = timed(propose_end_to_end, broker=broker, workers=workers)
+        return workers, Repetition(
+            n=n,
+            noops=args.noops,
+            noop_seconds=noop_seconds,
+            noop_cpu=noop_cpu,
+            dispatch_seconds=dispatch_seconds,
+            dispatch_cpu=dispatch_cpu,
+            proposal_statements=proposal_statements[0],
+            worker_statements=statements,
+            end_to_end_seconds=end_to_end_seconds,
+            proposing_seconds=proposing[0],
+        )
+    except BaseException:
+        workers.stop()
+        raise
 
 
 def label_of(fixture: Fixture) -> str:
