@@ -8,6 +8,7 @@ the lease, so nobody and nothing re-interprets an approval against new data.
 from __future__ import annotations
 
 import enum
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from approvals.policy import (
     latest_approval_with_locked_action,
 )
 
+log = logging.getLogger(__name__)
 S = ActionStatus
 
 
@@ -135,24 +137,60 @@ def submission_begin_batch(
         return []
     claims: list[Claim] = []
     stale: list[tuple[int, list[dict[str, str]]]] = []
-    with transaction.atomic(durable=True), agent_webhooks_read_once():
-        candidates = Action.objects.select_for_update(skip_locked=True).filter(status=S.AUTHORIZED)
-        if authorized_before is not None:
-            candidates = candidates.filter(status_changed_at__lt=authorized_before)
-        if action_pks is not None:
-            candidates = candidates.filter(pk__in=list(action_pks))
-        actions = list(candidates.order_by("status_changed_at", "pk")[:limit])
-        approvals = approvals_in_force(action_pks=[action.pk for action in actions])
-        # Reserve in one fixed order of targets: two batches that hold actions on the same
-        # orders or bills then lock those rows in the same order and cannot deadlock.
-        actions.sort(key=lambda action: (action.order_id or 0, action.bill_id or 0, action.pk))
-        for action in actions:
-            try:
-                claims.append(_claim_locked(action=action, approval=approvals.get(action.pk), actor=actor, now=now))
-            except _BindingFailed as failed:
-                stale.append((action.pk, failed.failures))
+    candidate_pks: list[int] = []
+    try:
+        with transaction.atomic(durable=True), agent_webhooks_read_once():
+            candidates = Action.objects.select_for_update(skip_locked=True).filter(status=S.AUTHORIZED)
+            if authorized_before is not None:
+                candidates = candidates.filter(status_changed_at__lt=authorized_before)
+            if action_pks is not None:
+                candidates = candidates.filter(pk__in=list(action_pks))
+            actions = list(candidates.order_by("status_changed_at", "pk")[:limit])
+            candidate_pks = [action.pk for action in actions]
+            approvals = approvals_in_force(action_pks=candidate_pks)
+            # Reserve in one fixed order of targets (order, bill, supplier): two batches that hold
+            # actions on the same targets lock those rows in the same order. A wait between a
+            # batch and a grouped claim (the group's row, then the order) can still deadlock;
+            # PostgreSQL then aborts one of them, which claims nothing and is tried again.
+            actions.sort(key=_target_order)
+            for action in actions:
+                try:
+                    claims.append(
+                        _claim_locked(action=action, approval=approvals.get(action.pk), actor=actor, now=now)
+                    )
+                except _BindingFailed as failed:
+                    stale.append((action.pk, failed.failures))
+    except Exception:
+        if not candidate_pks:
+            raise  # the batch's read itself failed (a dropped connection): nothing to fall back on
+        # One action's claim failed for a reason that is no binding (a kind's hook raising, a
+        # missing row): the batch rolled back whole. Claim its actions one by one instead, so
+        # that one bad action holds up only itself, not every batch after it (oldest first, it
+        # would be in all of them).
+        log.exception("batch claim of %d actions failed; claiming them one by one", len(candidate_pks))
+        return _claim_one_by_one(candidate_pks, actor=actor, now=now)
     for action_pk, failures in stale:
-        claims.append(_invalidate(action_pk=action_pk, failures=failures, actor=actor, now=now))
+        try:
+            claims.append(_invalidate(action_pk=action_pk, failures=failures, actor=actor, now=now))
+        except Exception:
+            # The batch's claims are committed and must reach their sender; this action stays
+            # AUTHORIZED (its invalidation rolled back) and the next claim invalidates it.
+            log.exception("action %s: invalidation after a batch claim failed; it stays AUTHORIZED", action_pk)
+    return claims
+
+
+def _target_order(action: Action) -> tuple[int, int, str, int]:
+    supplier = action.payload.get("supplier") if isinstance(action.payload, dict) else None
+    return (action.order_id or 0, action.bill_id or 0, str(supplier or ""), action.pk)
+
+
+def _claim_one_by_one(action_pks: list[int], *, actor: Actor, now: datetime) -> list[Claim]:
+    claims = []
+    for action_pk in action_pks:
+        try:
+            claims.append(submission_begin(action_pk=action_pk, now=now, actor=actor, skip_locked=True))
+        except Exception:
+            log.exception("action %s: its claim failed; it stays AUTHORIZED, tried again by the next claim", action_pk)
     return claims
 
 

@@ -420,9 +420,11 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
 
 def sweep_batch_size() -> int:
     """How many actions the sweep claims per transaction. It sends them one after the other, so
-    the last one's lease must outlast the calls before it: each may take the provider timeout."""
-    fits_in_lease = settings.LEASE_SECONDS // max(settings.PROVIDER_TIMEOUT_SECONDS, 1) - 1
-    return max(1, min(settings.DISPATCH_BATCH_SIZE, fits_in_lease))
+    the last one's lease, and the sweep task's own soft time limit, must outlast the calls
+    before it: each may take the provider timeout."""
+    window = min(settings.LEASE_SECONDS, getattr(settings, "CELERY_TASK_SOFT_TIME_LIMIT", settings.LEASE_SECONDS))
+    fits = window // max(settings.PROVIDER_TIMEOUT_SECONDS, 1) - 1
+    return max(1, min(settings.DISPATCH_BATCH_SIZE, fits))
 
 
 def _sweep_authorized_in_batches(*, cutoff: datetime, limit: int, budget: float) -> int:
@@ -434,7 +436,12 @@ def _sweep_authorized_in_batches(*, cutoff: datetime, limit: int, budget: float)
         claimed = [claim for claim in claims if claim.outcome == ClaimOutcome.CLAIMED]
         for claim in claimed:
             assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
-            submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
+            try:
+                submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
+            except Exception:
+                # The rest of the batch holds committed leases too: send them. This one's lease
+                # expires to UNKNOWN and reconciliation, as after a crash.
+                log.exception("action_id=%s: its send or record failed", claim.action.action_id)
         dispatched += len(claimed)
         if not claims:
             break  # nothing left to claim (or every one left is locked by someone else)

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,7 +54,10 @@ class DispatcherStats:
     stale: int = 0
     recorded: dict[str, int] | None = None
     claim_transactions: int = 0  # including the ones that found nothing to claim
-    batch_sizes: list[int] = field(default_factory=list)  # the actions claimed by each non-empty one
+    # The actions claimed by each of the last 1,000 non-empty ones (a long-lived process keeps
+    # no more), and how many there were in all.
+    batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
+    batches: int = 0
     errors: int = 0
 
     def count(self, result: str) -> None:
@@ -169,7 +173,8 @@ class Dispatcher:
         except Exception:
             # A deadlock with another batch, a dropped connection, a database restart: nothing
             # was claimed (the batch rolled back). Log it, drop the connection, try again later.
-            self.stats.errors += 1
+            with self._lock:
+                self.stats.errors += 1
             log.exception("dispatcher: a batch claim failed; nothing of it was claimed")
             connection.close()
             self._wait(self.max_idle_seconds)
@@ -178,6 +183,7 @@ class Dispatcher:
         claimed = sum(1 for claim in claims if claim.outcome == ClaimOutcome.CLAIMED)
         if claimed:
             self.stats.batch_sizes.append(claimed)
+            self.stats.batches += 1
         self.stats.claimed += claimed
         self.stats.stale += sum(1 for claim in claims if claim.outcome == ClaimOutcome.STALE)
         return claims
@@ -229,6 +235,7 @@ def _send_and_record(claim: Claim) -> str:
     """
     assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
     started = time.monotonic()
+    _drop_connection_if_dead()
     try:
         return submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
     except Exception:
@@ -236,6 +243,22 @@ def _send_and_record(claim: Claim) -> str:
         raise
     finally:
         log.debug("action_id=%s sent and recorded in %.3f s", claim.action.action_id, time.monotonic() - started)
+
+
+# A thread's connection unused for this long is checked before its next call: a database
+# restart or failover meanwhile would otherwise surface only at the record, after the receiver
+# had answered. Busier threads skip the check (its round trip would cost every call).
+CONNECTION_CHECK_AFTER_IDLE_SECONDS = 5.0
+_last_use = threading.local()
+
+
+def _drop_connection_if_dead() -> None:
+    now = time.monotonic()
+    idle_since = getattr(_last_use, "at", now)
+    _last_use.at = now
+    idle = now - idle_since > CONNECTION_CHECK_AFTER_IDLE_SECONDS
+    if idle and connection.connection is not None and not connection.is_usable():
+        connection.close()
 
 
 def _close_thread_connections(pool: ThreadPoolExecutor, threads: int) -> None:

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from actions.models import ActionStatus, AgentWebhook, AgentWebhookDelivery
+from actions.models import ActionEvent, ActionStatus, AgentWebhook, AgentWebhookDelivery
 from actions.services import Actor, action_propose_refund
 from approvals.models import AutoApprovalCap, CapScope
 from tests.factories import make_order, make_request
@@ -61,6 +61,32 @@ def test_an_agent_with_a_webhook_still_gets_both_state_changes_of_one_proposal(a
 def test_an_admins_cap_row_still_overrides_the_settings_for_its_scope_only(agent_actor: Actor) -> None:
     AutoApprovalCap.objects.create(scope=CapScope.AGENT, currency="EUR", max_amount=Decimal("15.00"), window_hours=24)
     assert propose(agent_actor).status == S.AUTHORIZED
-    # 10 + 10 passes the agent's cap of 15; the per-order cap (settings) is not what held it.
+    # 10 + 10 passes the agent's cap of 15 (each on an order of its own, far under the per-order
+    # cap of the settings): the agent's row is what holds it, and the hold says so.
     held = propose(agent_actor)
     assert held.status == S.PROPOSED
+    reasons = " ".join(ActionEvent.objects.filter(action=held).values_list("reason", flat=True))
+    assert "cap for this agent" in reasons and "15.00 EUR" in reasons
+
+
+def test_an_admins_agent_cap_row_does_not_cap_an_order(agent_actor: Actor) -> None:
+    """The agent scope's row applies to the agent only: two refunds on one order under the
+    settings' per-order cap (EUR 50, two approvals) are both approved although the agent's row
+    is lower than their sum would be on the order."""
+    AutoApprovalCap.objects.create(scope=CapScope.AGENT, currency="EUR", max_amount=Decimal("100.00"), window_hours=24)
+    AutoApprovalCap.objects.create(scope=CapScope.TARGET, currency="EUR", max_amount=Decimal("15.00"), window_hours=24)
+    order = make_order(captured="100.00")
+    first, second = make_request(order), make_request(order)
+    statuses = [
+        action_propose_refund(
+            order_number=order.number,
+            request_number=request.number,
+            amount="10.00",
+            currency="EUR",
+            reason_code="damaged",
+            proposer=agent_actor,
+        ).action.status
+        for request in (first, second)
+    ]
+    # The target's row (15) holds the second on this order; the agent's (100) would not have.
+    assert statuses == [S.AUTHORIZED, S.PROPOSED]

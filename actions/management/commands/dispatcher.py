@@ -4,7 +4,7 @@
 
 It runs beside the Celery workers and beat, which still do everything else (reconciliation,
 the sweeps, workflows). SIGTERM or SIGINT stops the claiming; the calls in flight finish and are
-recorded before the process exits. Set DATABASE_POOL_MAX to at least concurrency + 2: each
+recorded before the process exits. Set DATABASE_POOL_MAX to at least concurrency + 1: each
 thread keeps one database connection for its records, and the claim loop one more.
 """
 
@@ -42,8 +42,11 @@ class Command(BaseCommand):
                 f"({concurrency + 1}), or the pool would silently cap the calls in flight."
             )
         dispatcher = Dispatcher(concurrency=concurrency, batch_size=batch, idle_seconds=options["idle"])
+        # Only the flag: the handler runs in the claim loop's own thread, which may be inside the
+        # wake event's lock (not reentrant) when the signal lands. The idle wait ends within a
+        # second by itself.
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: dispatcher.shutdown())
+            signal.signal(signum, lambda *_: dispatcher.stop.set())
         self.stdout.write(
             f"dispatcher ready: {concurrency} calls in flight at most, batches of {batch}, "
             f"{dispatcher.prefetch} claimed ahead of a free thread at most "
