@@ -183,6 +183,11 @@ class Worker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def wait_killed_at_fault_point(self) -> None:
+        """Wait for this process to die at the fault point it was started with, by SIGKILL."""
+        wait_until(lambda: not self.alive, timeout=30, what=f"{self.name} to die at its fault point")
+        assert self.process.returncode == -9, f"{self.name} exited with {self.process.returncode}, not SIGKILL"
+
 
 class WorkerPool:
     """Celery workers for one test, on a broker database nobody else uses during the test."""

@@ -64,19 +64,26 @@ class GatedReceiver(FakeReceiver):
                 self.inside -= 1
 
 
-def run_until_drained(dispatcher: Dispatcher, actions: list[Action], *, deadline: float = 30.0) -> threading.Thread:
-    def drained() -> bool:
-        pks = [a.pk for a in actions]
-        return not Action.objects.filter(pk__in=pks, status__in=[S.AUTHORIZED, S.SUBMITTING]).exists()
+def in_a_thread(dispatcher: Dispatcher, *, until: Any = None) -> threading.Thread:
+    """Run the dispatcher's claim loop in a thread of its own, as its process's main thread."""
 
     def loop() -> None:
         try:
-            dispatcher.run(until=drained)
+            dispatcher.run(until=until)
         finally:
             connection.close()
 
     thread = threading.Thread(target=loop)
     thread.start()
+    return thread
+
+
+def run_until_drained(dispatcher: Dispatcher, actions: list[Action], *, deadline: float = 30.0) -> threading.Thread:
+    def drained() -> bool:
+        pks = [a.pk for a in actions]
+        return not Action.objects.filter(pk__in=pks, status__in=[S.AUTHORIZED, S.SUBMITTING]).exists()
+
+    thread = in_a_thread(dispatcher, until=drained)
     thread.join(timeout=deadline)
     dispatcher.stop.set()
     thread.join(timeout=10)
@@ -142,15 +149,7 @@ def test_the_dispatcher_claims_at_most_one_batch_ahead_of_its_threads_and_only_w
     monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
     actions = [authorized_refund(agent_actor) for _ in range(6)]
     dispatcher = Dispatcher(concurrency=2, batch_size=16, idle_seconds=0.01)
-
-    def loop() -> None:
-        try:
-            dispatcher.run()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=loop)
-    thread.start()
+    thread = in_a_thread(dispatcher)
     try:
         wait_until(lambda: len(seen) == 2, timeout=10, what="two calls in flight")
         time.sleep(0.3)  # give a wrongly eager claim loop the chance to claim more

@@ -44,11 +44,6 @@ def fast_policy(settings: Any, workers: WorkerPool) -> None:
     workers.extra_env["DISPATCH_PUBLISH"] = "0"
 
 
-def _wait_dead(worker: Any) -> None:
-    wait_until(lambda: not worker.alive, timeout=30, what=f"{worker.name} to die at its fault point")
-    assert worker.process.returncode == -9, f"{worker.name} exited with {worker.process.returncode}, not SIGKILL"
-
-
 @pytest.mark.parametrize("outcome", OUTCOMES)
 @pytest.mark.parametrize("window", WINDOWS)
 def test_a_dispatcher_killed_with_a_batch_in_flight_leaves_one_effect_each_and_a_clean_audit(
@@ -80,13 +75,13 @@ def test_a_dispatcher_killed_with_a_batch_in_flight_leaves_one_effect_each_and_a
 
     first_fault = "after_provider_answer" if window == "during_reconciliation" else window
     first = workers.start_dispatcher(fault_points=first_fault, concurrency=BATCH, batch=BATCH)
-    _wait_dead(first)
+    first.wait_killed_at_fault_point()
     # The whole batch was claimed in one transaction before the first call.
     claimed = Action.objects.filter(pk__in=[a.pk for a in actions]).exclude(status=ActionStatus.AUTHORIZED).count()
     assert claimed == BATCH, f"{claimed} of {BATCH} claimed when the dispatcher died"
     if window == "during_reconciliation":
         reconciler = workers.start(fault_points="during_reconciliation", beat=True)
-        _wait_dead(reconciler)
+        reconciler.wait_killed_at_fault_point()
 
     workers.start(beat=True)
     workers.start_dispatcher()
