@@ -228,7 +228,6 @@ class WorkerPool:
 
     def start(self, *, fault_points: str = "", beat: bool = False, **overrides: str) -> Worker:
         name = f"w{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}"
-        log_path = self.tmp_path / f"worker-{name}.log"
         command = [
             sys.executable,
             "-m",
@@ -248,34 +247,13 @@ class WorkerPool:
         ]
         if beat:
             command += ["--beat", "--schedule", str(self.tmp_path / f"beat-{name}")]
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                command,
-                cwd=REPO_ROOT,
-                env=self.environment(fault_points, **overrides),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # A process group of its own, so that kill() also reaches the embedded beat.
-                start_new_session=True,
-            )
-        worker = Worker(name, process, log_path)
-        self.workers.append(worker)
-        wait_until(
-            lambda: "ready" in worker.log() or not worker.alive, timeout=STARTUP_DEADLINE_SECONDS, what=f"worker {name}"
-        )
-        # A worker started with a fault point may take a task and die at it within milliseconds
-        # of "ready", before this poll sees it alive: that is the kill the test asked for, not a
-        # failed start.
-        if not worker.alive and "ready" not in worker.log():
-            raise RuntimeError(f"worker {name} exited at start:\n{worker.log()}")
-        return worker
+        return self._launch(name, command, ready="ready", env=self.environment(fault_points, **overrides))
 
     def start_dispatcher(
         self, *, fault_points: str = "", concurrency: int = 4, batch: int = 4, **overrides: str
     ) -> Worker:
         """A dispatcher process (``manage.py dispatcher``), killed like a worker at the end."""
         name = f"d{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}"
-        log_path = self.tmp_path / f"dispatcher-{name}.log"
         command = [
             sys.executable,
             "manage.py",
@@ -287,25 +265,32 @@ class WorkerPool:
             "--idle",
             "0.02",
         ]
+        return self._launch(name, command, ready="dispatcher ready", env=self.environment(fault_points, **overrides))
+
+    def _launch(self, name: str, command: list[str], *, ready: str, env: dict[str, str]) -> Worker:
+        """Start ``command`` and wait until its log says ``ready``."""
+        log_path = self.tmp_path / f"worker-{name}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command,
                 cwd=REPO_ROOT,
-                env=self.environment(fault_points, **overrides),
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                # A process group of its own, so that kill() also reaches the embedded beat.
                 start_new_session=True,
             )
-        dispatcher = Worker(name, process, log_path)
-        self.workers.append(dispatcher)
+        worker = Worker(name, process, log_path)
+        self.workers.append(worker)
         wait_until(
-            lambda: "dispatcher ready" in dispatcher.log() or not dispatcher.alive,
-            timeout=STARTUP_DEADLINE_SECONDS,
-            what=f"dispatcher {name}",
+            lambda: ready in worker.log() or not worker.alive, timeout=STARTUP_DEADLINE_SECONDS, what=f"process {name}"
         )
-        if not dispatcher.alive and "dispatcher ready" not in dispatcher.log():
-            raise RuntimeError(f"dispatcher {name} exited at start:\n{dispatcher.log()}")
-        return dispatcher
+        # A process started with a fault point may take work and die at it within milliseconds
+        # of being ready, before this poll sees it alive: that is the kill the test asked for,
+        # not a failed start.
+        if not worker.alive and ready not in worker.log():
+            raise RuntimeError(f"{name} exited at start:\n{worker.log()}")
+        return worker
 
     def stop_all(self) -> None:
         for worker in self.workers:

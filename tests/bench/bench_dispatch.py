@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -75,6 +74,7 @@ from celery import shared_task
 
 from tests.bench import bench_dbos
 from tests.bench.dispatcher_profile import Completion, Dispatchers
+from tests.bench.sessions import logs_tail, sessions_stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "console"  # settings.CELERY_TASK_DEFAULT_QUEUE
@@ -382,18 +382,10 @@ class Workers:
             self.completion_readings = self.completion.readings
             self.completion.close()
             self.completion = None
-        for process in self.processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        sessions_stop(self.processes)
 
     def log_tail(self) -> str:
-        tail = "\n".join(path.read_text(errors="replace")[-2000:] for path in self.log_paths if path.exists())
+        tail = logs_tail(self.log_paths)
         return tail + ("\n" + self.dispatchers.log_tail() if self.dispatchers else "")
 
 

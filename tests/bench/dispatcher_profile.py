@@ -30,6 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.bench.sessions import logs_tail, sessions_stop
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY = "dispatcher ready"
 
@@ -91,18 +93,10 @@ class Dispatchers:
 
     def stop(self) -> None:
         self.resume()
-        for process in self.processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        sessions_stop(self.processes)
 
     def log_tail(self) -> str:
-        return "\n".join(path.read_text(errors="replace")[-2000:] for path in self.log_paths if path.exists())
+        return logs_tail(self.log_paths)
 
 
 class Completion:
