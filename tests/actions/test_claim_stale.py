@@ -12,8 +12,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.models import ActionEvent
+from actions.engine import faults
+from actions.engine.claim import ClaimOutcome, _invalidate, submission_begin
+from actions.models import Action, ActionEvent, ActionStatus
 from actions.services import Actor
 from tests.actions.test_reconciliation import authorized_refund
 
@@ -42,3 +43,65 @@ def test_a_claim_after_the_approval_expired_returns_stale_with_the_action_and_th
     assert event.reason == "The approval no longer holds: " + claim.failures[0]["message"]
     assert event.evidence == {"failed_bindings": claim.failures}
     assert event.created_at == later
+
+
+def test_invalidating_an_action_that_already_left_authorized_is_taken_and_changes_nothing(
+    agent_actor: Actor,
+) -> None:
+    """Between the claim's check and the invalidation's lock, another worker claimed the action:
+    the invalidation reports TAKEN with the action as it found it, and writes nothing."""
+    action = authorized_refund(agent_actor)
+    Action.objects.filter(pk=action.pk).update(status=ActionStatus.SUBMITTING)
+
+    claim = _invalidate(
+        action_pk=action.pk,
+        failures=[{"binding": "expiry", "message": "The approval expired."}],
+        actor=Actor.system("dispatcher"),
+        now=timezone.now(),
+    )
+
+    assert claim.outcome == ClaimOutcome.TAKEN
+    assert claim.action is not None and (claim.action.pk, claim.action.status) == (action.pk, ActionStatus.SUBMITTING)
+    assert not ActionEvent.objects.filter(action=action, transition="invalidate").exists()
+
+
+def test_every_failed_binding_is_in_the_stale_reason_one_sentence_after_another(agent_actor: Actor) -> None:
+    action = authorized_refund(agent_actor)
+    failures = [
+        {"binding": "expiry", "message": "The approval expired."},
+        {"binding": "amount", "message": "Approved amount 5.00 differs from 6.00."},
+    ]
+
+    claim = _invalidate(action_pk=action.pk, failures=failures, actor=Actor.system("dispatcher"), now=timezone.now())
+
+    assert claim.outcome == ClaimOutcome.STALE
+    event = ActionEvent.objects.get(action=action, transition="invalidate")
+    assert event.reason == (
+        "The approval no longer holds: The approval expired. Approved amount 5.00 differs from 6.00."
+    )
+
+
+class Killed(Exception):
+    """The worker would have been killed here."""
+
+
+def test_a_kill_during_invalidation_comes_after_the_stale_transition_inside_its_transaction(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash test (tests/faults/test_invalidation_crash.py) kills a real worker at
+    ``during_invalidation``; here the kill is an exception, and the transaction it interrupts
+    rolls the STALE back: the action stays AUTHORIZED for the next claim."""
+
+    def kill(pid: int, sig: int) -> None:
+        assert Action.objects.get(pk=action.pk).status == ActionStatus.STALE  # inside the transaction
+        raise Killed()
+
+    monkeypatch.setattr(faults.os, "kill", kill)
+    monkeypatch.setenv("CONSOLE_FAULT_POINTS", "during_invalidation")
+    action = authorized_refund(agent_actor)
+
+    with pytest.raises(Killed):
+        submission_begin(action_pk=action.pk, now=timezone.now() + timedelta(days=2))
+
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.AUTHORIZED
+    assert not ActionEvent.objects.filter(action=action, transition="invalidate").exists()
