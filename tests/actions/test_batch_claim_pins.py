@@ -19,10 +19,10 @@ from django.utils import timezone
 
 from actions.engine import claim as claim_module
 from actions.engine.claim import ClaimOutcome, submission_begin_batch
-from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionEvent, ActionStatus
 from actions.services import Actor
+from tests.actions.test_batch_claims import no_publish, poison_reserve  # noqa: F401 -- an autouse fixture
 from tests.actions.test_reconciliation import authorized_refund
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 
@@ -30,26 +30,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = ActionStatus
 
 
-@pytest.fixture(autouse=True)
-def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
-
-
 def _begin_event(action: Action) -> ActionEvent:
     return ActionEvent.objects.get(action=action, transition="begin_submission")
-
-
-def _poison_reserve(monkeypatch: pytest.MonkeyPatch, poison: Action) -> None:
-    """The poison action's kind hook raises (no binding failure): in the batch and one by one."""
-    refund_kind = type(kind_for(poison.kind))
-    real_reserve = refund_kind.reserve
-
-    def reserve(self: Any, action: Action, *, approved_version: int | None) -> Any:
-        if action.pk == poison.pk:
-            raise RuntimeError("a hook that raises")
-        return real_reserve(self, action, approved_version=approved_version)
-
-    monkeypatch.setattr(refund_kind, "reserve", reserve)
 
 
 def test_a_batch_without_an_actor_is_the_dispatchers(agent_actor: Actor) -> None:
@@ -105,7 +87,7 @@ def test_a_failed_batch_is_claimed_one_by_one_with_the_batchs_actor_and_time_and
     agent_actor: Actor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     poison, *others = [authorized_refund(agent_actor) for _ in range(3)]
-    _poison_reserve(monkeypatch, poison)
+    poison_reserve(monkeypatch, poison)
     actor = Actor.system("dispatcher-process")
     when = timezone.now() - timedelta(seconds=5)
 

@@ -39,6 +39,19 @@ def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
 
 
+def poison_reserve(monkeypatch: pytest.MonkeyPatch, poison: Action) -> None:
+    """The poison action's kind hook raises (no binding failure): in the batch and one by one."""
+    refund_kind = type(kind_for(poison.kind))
+    real_reserve = refund_kind.reserve
+
+    def reserve(self: Any, action: Action, *, approved_version: int | None) -> Any:
+        if action.pk == poison.pk:
+            raise RuntimeError("a hook that raises")
+        return real_reserve(self, action, approved_version=approved_version)
+
+    monkeypatch.setattr(refund_kind, "reserve", reserve)
+
+
 def test_a_batch_claims_each_action_with_its_own_lease_attempt_event_and_reservation(agent_actor: Actor) -> None:
     """Invariants 3, 5 and 9: each claimed action holds its own lease and attempt, its order
     reserves exactly its amount, and every transition has its event."""
@@ -108,15 +121,7 @@ def test_one_action_whose_claim_raises_holds_up_only_itself(
     raising) rolls its batch back, and the batch's other actions are then claimed one by one;
     oldest first, it would otherwise be in every batch and nothing would ever be sent."""
     poison, *others = [authorized_refund(agent_actor) for _ in range(3)]
-    refund_kind = type(kind_for(poison.kind))
-    real_reserve = refund_kind.reserve
-
-    def reserve(self: Any, action: Action, *, approved_version: int | None) -> Any:
-        if action.pk == poison.pk:
-            raise RuntimeError("a hook that raises")
-        return real_reserve(self, action, approved_version=approved_version)
-
-    monkeypatch.setattr(refund_kind, "reserve", reserve)
+    poison_reserve(monkeypatch, poison)
 
     claims = submission_begin_batch(limit=10)
 
