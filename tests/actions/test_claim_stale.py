@@ -12,7 +12,6 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from actions.engine import faults
 from actions.engine.claim import ClaimOutcome, _invalidate, submission_begin
 from actions.models import Action, ActionEvent, ActionStatus
 from actions.services import Actor
@@ -79,29 +78,3 @@ def test_every_failed_binding_is_in_the_stale_reason_one_sentence_after_another(
     assert event.reason == (
         "The approval no longer holds: The approval expired. Approved amount 5.00 differs from 6.00."
     )
-
-
-class Killed(Exception):
-    """The worker would have been killed here."""
-
-
-def test_a_kill_during_invalidation_comes_after_the_stale_transition_inside_its_transaction(
-    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The crash test (tests/faults/test_invalidation_crash.py) kills a real worker at
-    ``during_invalidation``; here the kill is an exception, and the transaction it interrupts
-    rolls the STALE back: the action stays AUTHORIZED for the next claim."""
-
-    def kill(pid: int, sig: int) -> None:
-        assert Action.objects.get(pk=action.pk).status == ActionStatus.STALE  # inside the transaction
-        raise Killed()
-
-    monkeypatch.setattr(faults.os, "kill", kill)
-    monkeypatch.setenv("CONSOLE_FAULT_POINTS", "during_invalidation")
-    action = authorized_refund(agent_actor)
-
-    with pytest.raises(Killed):
-        submission_begin(action_pk=action.pk, now=timezone.now() + timedelta(days=2))
-
-    assert Action.objects.get(pk=action.pk).status == ActionStatus.AUTHORIZED
-    assert not ActionEvent.objects.filter(action=action, transition="invalidate").exists()

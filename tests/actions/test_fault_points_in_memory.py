@@ -6,15 +6,24 @@ the crash tests kill the worker somewhere else, or nowhere."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from actions.engine import faults
+from actions.engine.claim import submission_begin
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.services import Actor
-from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver, guarantees, unknown_and_due
+from tests.actions.test_reconciliation import (
+    NO_LOOKUP_NO_KEYS,
+    FakeReceiver,
+    authorized_refund,
+    guarantees,
+    unknown_and_due,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ActionStatus
@@ -88,3 +97,25 @@ def test_without_a_receiver_the_actions_own_kind_answers(agent_actor: Actor, mon
     assert escalation.reason.startswith("The receiver has no lookup: only a person can find out what happened. ")
     assert escalation.evidence == {"attempt_id": lookup.pk, "verdict": "no_lookup", "owner": None}  # no finance here
     assert fake.calls == [], "a receiver with no lookup is not asked"
+
+
+def test_a_kill_during_invalidation_comes_after_the_stale_transition_inside_its_transaction(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch, dispatched: list[int]
+) -> None:
+    """The crash test (tests/faults/test_invalidation_crash.py) kills a real worker at
+    ``during_invalidation``; here the kill is an exception, and the transaction it interrupts
+    rolls the STALE back: the action stays AUTHORIZED for the next claim."""
+
+    def kill(pid: int, sig: int) -> None:
+        assert Action.objects.get(pk=action.pk).status == S.STALE  # inside the transaction
+        raise Killed()
+
+    monkeypatch.setattr(faults.os, "kill", kill)
+    monkeypatch.setenv("CONSOLE_FAULT_POINTS", "during_invalidation")
+    action = authorized_refund(agent_actor)
+
+    with pytest.raises(Killed):
+        submission_begin(action_pk=action.pk, now=timezone.now() + timedelta(days=2))
+
+    assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
+    assert not ActionEvent.objects.filter(action=action, transition="invalidate").exists()
