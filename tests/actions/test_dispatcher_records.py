@@ -14,9 +14,11 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.db import connection
 from django.utils import timezone
 
 from actions.engine.dispatch import submission_record, sweep_expired_leases
@@ -28,6 +30,7 @@ from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyM
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed, receiver_refund
 from tests.actions.test_reconciliation import AMOUNT, guarantees
+from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 from tests.factories import make_user
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -267,6 +270,26 @@ def test_the_lease_sweep_hands_an_expired_lease_to_reconciliation_after_the_visi
         f"The lease expired at {lease_expires_at:%H:%M:%S} with no recorded outcome; "
         "reconciliation will ask the receiver before anything else."
     )
+
+
+def test_the_lease_sweep_skips_a_row_a_worker_is_recording_instead_of_waiting_for_it(
+    agent_actor: Actor,
+    other_session: psycopg.Connection[Any],  # noqa: F811 -- the imported fixture
+) -> None:
+    """SKIP LOCKED: a worker recording its answer holds the row; the sweep takes the other expired
+    lease and leaves that one (``lock_timeout`` turns a wait into an error here), so a slow record
+    never holds up every other expiry."""
+    recording, _, _ = claimed(agent_actor)
+    other, _, _ = claimed(agent_actor)
+    assert recording.lease_expires_at is not None and other.lease_expires_at is not None
+    other_session.execute("SELECT id FROM actions_action WHERE id = %s FOR UPDATE", [recording.pk])
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '2s'")
+
+    assert sweep_expired_leases(now=max(recording.lease_expires_at, other.lease_expires_at) + timedelta(seconds=1)) == 1
+
+    assert Action.objects.get(pk=recording.pk).status == S.SUBMITTING
+    assert Action.objects.get(pk=other.pk).status == S.UNKNOWN
 
 
 def test_the_lease_sweep_leaves_a_reconcilers_expired_lease_to_reconciliation(agent_actor: Actor) -> None:

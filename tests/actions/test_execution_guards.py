@@ -5,11 +5,13 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
+from actions.engine import dispatch
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import submission_send_and_record, sweep_expired_leases
 from actions.kinds.base import Answer, Effect, Outcome
@@ -142,3 +144,46 @@ def test_a_worker_that_lost_its_lease_during_the_call_keeps_the_answer_on_its_at
 
 def effect_raw() -> dict[str, Any]:
     return {"id": "re_late", "status": "succeeded"}
+
+
+def test_a_call_is_made_when_the_lease_outlasts_it_by_exactly_the_provider_timeout(
+    agent_actor: Actor, settings: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The margin is the provider timeout: a lease that ends exactly one timeout from now still
+    covers the call; a microsecond less does not, and the operator's log says which action."""
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    claims: list[Any] = []
+    for _ in range(2):
+        order = make_order(captured="100.00")
+        request = make_request(order)
+        action = action_propose_refund(
+            order_number=order.number,
+            request_number=request.number,
+            amount="20.00",
+            currency="EUR",
+            reason_code="damaged",
+            proposer=agent_actor,
+        ).action
+        claim = submission_begin(action_pk=action.pk)
+        assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+        assert claim.action.lease_expires_at is not None
+        claims.append(claim)
+    margin = timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
+
+    def send_at(claim: Any, now: Any) -> str:
+        monkeypatch.setattr(dispatch, "timezone", SimpleNamespace(now=lambda: now))
+        return submission_send_and_record(
+            action=claim.action,
+            attempt=claim.attempt,
+            lease_token=claim.lease_token,
+            receiver=AnsweringReceiver(lambda action: None),  # type: ignore[arg-type]
+        )
+
+    exactly, short = claims
+    assert send_at(exactly, exactly.action.lease_expires_at - margin) == ActionStatus.SUCCEEDED
+    assert send_at(short, short.action.lease_expires_at - margin + timedelta(microseconds=1)) == "lease_too_short"
+    assert Action.objects.get(pk=short.action.pk).status == ActionStatus.SUBMITTING
+    assert (
+        f"action_id={short.action.action_id} lease nearly expired before the receiver call; not sending"
+        in caplog.messages
+    )

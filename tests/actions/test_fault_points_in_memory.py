@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from actions.engine import faults
 from actions.engine.claim import submission_begin
+from actions.engine.dispatch import submission_send_and_record
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
@@ -119,3 +120,50 @@ def test_a_kill_during_invalidation_comes_after_the_stale_transition_inside_its_
 
     assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
     assert not ActionEvent.objects.filter(action=action, transition="invalidate").exists()
+
+
+# The dispatcher's three points: after the committed claim and before the call; after the
+# receiver answered and before the record; after the record committed.
+DISPATCH_POINTS = {
+    "before_provider_call": ([], S.SUBMITTING, False),
+    "after_provider_answer": (["create_refund"], S.SUBMITTING, False),
+    "after_record": (["create_refund"], S.SUCCEEDED, True),
+}
+
+
+@pytest.mark.parametrize("point", sorted(DISPATCH_POINTS))
+def test_a_kill_in_the_dispatch_leaves_what_was_committed_before_that_point(
+    agent_actor: Actor, kill_at: None, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """Killed before the call, nothing was sent; killed after the answer, the receiver has it but
+    the console does not (the lease expires to UNKNOWN, reconciliation asks); killed after the
+    record, it is all there."""
+    monkeypatch.setenv("CONSOLE_FAULT_POINTS", point)
+    calls, status, answered = DISPATCH_POINTS[point]
+    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
+    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+
+    with pytest.raises(Killed):
+        submission_send_and_record(
+            action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
+        )
+
+    assert fake.calls == calls
+    assert Action.objects.get(pk=claim.action.pk).status == status
+    assert (Attempt.objects.get(pk=claim.attempt.pk).finished_at is not None) == answered
+
+
+def test_other_fault_points_leave_a_dispatch_alone(
+    agent_actor: Actor, kill_at: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONSOLE_FAULT_POINTS", "during_reconciliation,during_invalidation")
+    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
+    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+
+    result = submission_send_and_record(
+        action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
+    )
+
+    assert result == S.SUCCEEDED

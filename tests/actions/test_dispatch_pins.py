@@ -1,0 +1,62 @@
+"""Pins for edges of ``actions.engine.dispatch`` that the scenario tests pass through without
+looking: written against the survivors of ``make mutate MODULE=actions.engine.dispatch``
+(tests/MUTATION.md, sixth batch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from actions.engine import dispatch
+from actions.engine.dispatch import receiver_send
+from actions.kinds.base import Answer, Outcome
+from actions.models import Action
+from actions.services import Actor
+from tests.actions.test_reconciliation import authorized_refund
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+class Answering:
+    def __init__(self) -> None:
+        self.sent: list[Action] = []
+
+    def send(self, action: Action) -> Answer:
+        self.sent.append(action)
+        return Answer(Outcome.UNKNOWN, error=TimeoutError("read timed out"))
+
+
+def test_a_receiver_call_inside_a_transaction_is_refused_before_it_is_made(
+    agent_actor: Actor, dispatched: list[int]
+) -> None:
+    """Intent before effect: a call made with a transaction open would hold its row locks for as
+    long as the receiver takes, and commit the intent only after the effect."""
+    action = authorized_refund(agent_actor)
+    receiver = Answering()
+
+    with transaction.atomic(), pytest.raises(AssertionError) as refused:
+        receiver_send(action=action, receiver=receiver)  # type: ignore[arg-type]
+
+    assert str(refused.value) == "a network call must not run inside a transaction"
+    assert receiver.sent == []
+
+
+def test_without_a_receiver_the_actions_own_kind_sends_it(
+    agent_actor: Actor, dispatched: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    action = authorized_refund(agent_actor)
+    receiver = Answering()
+    asked_for: list[Any] = []
+
+    def receiver_for(of: Action) -> Answering:
+        asked_for.append(of)
+        return receiver
+
+    monkeypatch.setattr(dispatch, "receiver_for", receiver_for)
+
+    answer = receiver_send(action=action)
+
+    assert answer.outcome == Outcome.UNKNOWN
+    assert asked_for == [action] and receiver.sent == [action]
