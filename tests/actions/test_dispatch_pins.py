@@ -4,17 +4,20 @@ looking: written against the survivors of ``make mutate MODULE=actions.engine.di
 
 from __future__ import annotations
 
+from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from actions.engine import dispatch
 from actions.engine.claim import submission_begin
-from actions.engine.dispatch import receiver_send, submission_send_and_record
+from actions.engine.dispatch import next_reconcile_time, receiver_send, submission_send_and_record
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund import RefundReceiver, refund_contract
 from actions.models import Action, ActionStatus
 from actions.services import Actor
 from tests.actions.test_reconciliation import FakeReceiver, authorized_refund, guarantees
@@ -85,3 +88,40 @@ def test_the_lease_holders_record_reads_nothing_back_when_it_has_its_claims_copy
     action_reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and '"actions_action"' in q["sql"]]
     assert action_reads == []
     assert not [q["sql"] for q in queries if "FOR UPDATE" in q["sql"]]
+
+
+@pytest.mark.parametrize(("failures", "doublings"), [(0, 0), (1, 1), (3, 3), (6, 6), (7, 6), (20, 6)])
+def test_reconciliation_backs_off_by_doubling_up_to_64_times_with_a_quarter_of_jitter(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, failures: int, doublings: int
+) -> None:
+    """After the receiver's visibility delay: the base backoff doubled per failed pass, at most six
+    times, plus up to a quarter of it at random (so that a crowd of UNKNOWN actions spreads out)."""
+    settings.RECONCILE_BASE_BACKOFF_SECONDS = 10
+    drawn: list[tuple[float, float]] = []
+
+    def uniform(low: float, high: float) -> float:
+        drawn.append((low, high))
+        return high
+
+    monkeypatch.setattr(dispatch, "random", SimpleNamespace(uniform=uniform))
+    now = timezone.now()
+    contract = refund_contract(guarantees(keys=True, lookup=True, authoritative=True, visibility=timedelta(seconds=5)))
+    action = SimpleNamespace(reconcile_failures=failures, kind="refund")
+
+    due = next_reconcile_time(action=action, now=now, contract=contract)  # type: ignore[arg-type]
+
+    base = 10 * 2**doublings
+    assert drawn == [(0, base * 0.25)]
+    assert due == now + timedelta(seconds=5 + base + base * 0.25)
+
+
+def test_a_negative_visibility_delay_counts_as_none(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    settings.RECONCILE_BASE_BACKOFF_SECONDS = 10
+    monkeypatch.setattr(dispatch, "random", SimpleNamespace(uniform=lambda low, high: low))
+    now = timezone.now()
+    early = guarantees(keys=True, lookup=True, authoritative=True, visibility=timedelta(seconds=-30))
+    action = SimpleNamespace(reconcile_failures=0)
+
+    due = next_reconcile_time(action=action, now=now, contract=refund_contract(early))  # type: ignore[arg-type]
+
+    assert due == now + timedelta(seconds=10)
