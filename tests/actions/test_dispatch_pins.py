@@ -4,10 +4,13 @@ looking: written against the survivors of ``make mutate MODULE=actions.engine.di
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -15,12 +18,13 @@ from django.utils import timezone
 
 from actions.engine import dispatch
 from actions.engine.claim import submission_begin
-from actions.engine.dispatch import next_reconcile_time, receiver_send, submission_send_and_record
+from actions.engine.dispatch import execution_dispatch, next_reconcile_time, receiver_send, submission_send_and_record
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, refund_contract
 from actions.models import Action, ActionStatus
 from actions.services import Actor
 from tests.actions.test_reconciliation import FakeReceiver, authorized_refund, guarantees
+from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -125,3 +129,47 @@ def test_a_negative_visibility_delay_counts_as_none(monkeypatch: pytest.MonkeyPa
     due = next_reconcile_time(action=action, now=now, contract=refund_contract(early))  # type: ignore[arg-type]
 
     assert due == now + timedelta(seconds=10)
+
+
+def test_a_dispatch_message_waits_for_a_row_lock_rather_than_dropping_the_action(
+    agent_actor: Actor,
+    dispatched: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    other_session: psycopg.Connection[Any],  # noqa: F811 -- the imported fixture
+) -> None:
+    """The task's dispatch (``skip_locked=False``, the default) waits for a transaction that holds
+    the action's row and then claims it if it is still AUTHORIZED: a message that skipped the row
+    instead would leave the action to the next sweep. (The sweeps do skip: another sweep or
+    worker is already on it.)"""
+    action = authorized_refund(agent_actor)
+    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+    monkeypatch.setattr(dispatch, "receiver_for", lambda of: RefundReceiver(fake))
+    other_session.execute("SELECT id FROM actions_action WHERE id = %s FOR UPDATE", [action.pk])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (claimer,) = cursor.fetchone()
+    released: list[bool] = []
+
+    def release_once_the_claim_waits() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            row = other_session.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [claimer]
+            ).fetchone()
+            if row is not None and row[0] == "Lock":
+                other_session.rollback()
+                released.append(True)
+                return
+            time.sleep(0.01)
+        other_session.rollback()
+
+    releaser = threading.Thread(target=release_once_the_claim_waits)
+    releaser.start()
+    try:
+        result = execution_dispatch(action_pk=action.pk)
+    finally:
+        releaser.join()
+
+    assert released == [True], "the claim never waited for the lock"
+    assert result == ActionStatus.SUCCEEDED
+    assert fake.calls == ["create_refund"]
