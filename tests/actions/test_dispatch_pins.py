@@ -21,7 +21,8 @@ from actions.engine.claim import submission_begin
 from actions.engine.dispatch import execution_dispatch, next_reconcile_time, receiver_send, submission_send_and_record
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, refund_contract
-from actions.models import Action, ActionStatus
+from actions.models import Action, ActionEvent, ActionStatus
+from actions.providers.base import AmbiguousError
 from actions.services import Actor
 from tests.actions.test_reconciliation import FakeReceiver, authorized_refund, guarantees
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
@@ -173,3 +174,33 @@ def test_a_dispatch_message_waits_for_a_row_lock_rather_than_dropping_the_action
     assert released == [True], "the claim never waited for the lock"
     assert result == ActionStatus.SUCCEEDED
     assert fake.calls == ["create_refund"]
+
+
+def test_an_unknown_answer_from_a_receiver_nobody_can_ask_goes_to_a_person_at_once_saying_why(
+    agent_actor: Actor, dispatched: list[int], finance: Any
+) -> None:
+    """DESIGN.md section 4, SUBMITTING -> NEEDS_REVIEW: no lookup and no keys, so no reconciliation
+    pass could ever tell; the event says so, with the answer and the attempt as evidence."""
+    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
+    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    fake = FakeReceiver(guarantees(keys=False, lookup=False, authoritative=False))
+    fake.create_error = AmbiguousError("read timed out", code="timeout")
+
+    result = submission_send_and_record(
+        action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
+    )
+
+    assert result == ActionStatus.NEEDS_REVIEW
+    event = ActionEvent.objects.get(action=claim.action, transition="escalate")
+    assert event.actor_label == "system:dispatcher"
+    assert event.reason == (
+        "The outcome is unknown (AmbiguousError: read timed out (code=timeout)) and the receiver has no lookup and "
+        "no idempotency keys: only a person can find out what happened. Assigned to fiona.finance "
+        "(the owner group's member with the fewest open items)."
+    )
+    assert event.evidence == {
+        "answer": "AmbiguousError: read timed out (code=timeout)",
+        "source": "submission",
+        "attempt_id": claim.attempt.pk,
+        "owner": "fiona.finance",
+    }
