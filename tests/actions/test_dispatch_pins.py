@@ -18,14 +18,21 @@ from django.utils import timezone
 
 from actions.engine import dispatch
 from actions.engine.claim import submission_begin
-from actions.engine.dispatch import execution_dispatch, next_reconcile_time, receiver_send, submission_send_and_record
+from actions.engine.dispatch import (
+    execution_dispatch,
+    next_reconcile_time,
+    receiver_send,
+    submission_record,
+    submission_send_and_record,
+)
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus
-from actions.providers.base import AmbiguousError
+from actions.providers.base import AmbiguousError, IdempotencyMismatchError
 from actions.services import Actor
 from tests.actions.test_reconciliation import FakeReceiver, authorized_refund, guarantees
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
+from tests.factories import make_user
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -204,3 +211,30 @@ def test_an_unknown_answer_from_a_receiver_nobody_can_ask_goes_to_a_person_at_on
         "attempt_id": claim.attempt.pk,
         "owner": "fiona.finance",
     }
+
+
+def test_an_answer_that_needs_a_person_reads_the_row_first_and_keeps_the_owner_finance_set_meanwhile(
+    agent_actor: Actor, dispatched: list[int], finance: Any
+) -> None:
+    """The record's fast path trusts the claim's copy of the action; an escalation does not, because
+    it picks the person from the row as it is now: an owner finance assigned during the call stays
+    the owner, rather than the group's least busy member."""
+    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
+    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    assigned = make_user("gus.finance", "finance")
+    Action.objects.filter(pk=claim.action.pk).update(owner=assigned)
+    answer = Answer(Outcome.NEEDS_REVIEW, error=IdempotencyMismatchError("key reused", code="idempotency_error"))
+
+    result = submission_record(
+        action_pk=claim.action.pk,
+        attempt_pk=claim.attempt.pk,
+        lease_token=claim.lease_token,
+        answer=answer,
+        action=claim.action,
+    )
+
+    assert result == ActionStatus.NEEDS_REVIEW
+    assert Action.objects.get(pk=claim.action.pk).owner == assigned
+    assert ActionEvent.objects.get(action=claim.action, transition="escalate").reason.endswith(
+        "Assigned to gus.finance (already its owner)."
+    )
