@@ -80,23 +80,31 @@ def test_without_a_receiver_the_actions_own_kind_sends_it(
     assert asked_for == [action] and receiver.sent == [action]
 
 
+@pytest.mark.parametrize(
+    ("lookup", "timed_out", "status"),
+    [(True, False, ActionStatus.SUCCEEDED), (False, False, ActionStatus.SUCCEEDED), (True, True, ActionStatus.UNKNOWN)],
+    ids=["answered", "answered-by-a-receiver-nobody-can-ask", "timed-out-reconcilable"],
+)
 def test_the_lease_holders_record_reads_nothing_back_when_it_has_its_claims_copy(
-    agent_actor: Actor, dispatched: list[int]
+    agent_actor: Actor, dispatched: list[int], lookup: bool, timed_out: bool, status: str
 ) -> None:
     """Issue 18: the record's UPDATE is fenced on the status and the lease token, so the action it
     was claimed with is enough; reading the row again under a lock would cost one more statement
-    and one more lock per action. (Without the copy, or for an answer a person must see, it does
-    read under the lock: tests/actions/test_dispatcher_fence.py.)"""
+    and one more lock per action. Only an answer a person must see reads the row first (below,
+    and tests/actions/test_dispatcher_fence.py): not a success, even from a receiver that cannot
+    be asked, and not a timeout that reconciliation can still resolve."""
     claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
     assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
-    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+    fake = FakeReceiver(guarantees(keys=lookup, lookup=lookup, authoritative=lookup))
+    if timed_out:
+        fake.create_error = AmbiguousError("read timed out", code="timeout")
 
     with CaptureQueriesContext(connection) as queries:
         result = submission_send_and_record(
             action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
         )
 
-    assert result == ActionStatus.SUCCEEDED
+    assert result == status
     action_reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and '"actions_action"' in q["sql"]]
     assert action_reads == []
     assert not [q["sql"] for q in queries if "FOR UPDATE" in q["sql"]]
@@ -213,8 +221,9 @@ def test_an_unknown_answer_from_a_receiver_nobody_can_ask_goes_to_a_person_at_on
     }
 
 
+@pytest.mark.parametrize("answer_kind", ["key-mismatch", "timeout-nobody-can-ask"])
 def test_an_answer_that_needs_a_person_reads_the_row_first_and_keeps_the_owner_finance_set_meanwhile(
-    agent_actor: Actor, dispatched: list[int], finance: Any
+    agent_actor: Actor, dispatched: list[int], finance: Any, answer_kind: str
 ) -> None:
     """The record's fast path trusts the claim's copy of the action; an escalation does not, because
     it picks the person from the row as it is now: an owner finance assigned during the call stays
@@ -223,13 +232,18 @@ def test_an_answer_that_needs_a_person_reads_the_row_first_and_keeps_the_owner_f
     assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
     assigned = make_user("gus.finance", "finance")
     Action.objects.filter(pk=claim.action.pk).update(owner=assigned)
-    answer = Answer(Outcome.NEEDS_REVIEW, error=IdempotencyMismatchError("key reused", code="idempotency_error"))
+    if answer_kind == "key-mismatch":
+        answer = Answer(Outcome.NEEDS_REVIEW, error=IdempotencyMismatchError("key reused", code="idempotency_error"))
+    else:
+        answer = Answer(Outcome.UNKNOWN, error=AmbiguousError("read timed out", code="timeout"))
+    contract = RefundReceiver(FakeReceiver(guarantees(keys=False, lookup=False, authoritative=False))).contract
 
     result = submission_record(
         action_pk=claim.action.pk,
         attempt_pk=claim.attempt.pk,
         lease_token=claim.lease_token,
         answer=answer,
+        contract=contract,
         action=claim.action,
     )
 
