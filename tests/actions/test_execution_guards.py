@@ -17,6 +17,7 @@ from actions.engine.dispatch import submission_send_and_record, sweep_expired_le
 from actions.kinds.base import Answer, Effect, Outcome
 from actions.models import Action, ActionStatus, Attempt
 from actions.services import Actor, action_propose_refund
+from tests.actions.test_reconciliation import authorized_refund
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -154,17 +155,7 @@ def test_a_call_is_made_when_the_lease_outlasts_it_by_exactly_the_provider_timeo
     monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
     claims: list[Any] = []
     for _ in range(2):
-        order = make_order(captured="100.00")
-        request = make_request(order)
-        action = action_propose_refund(
-            order_number=order.number,
-            request_number=request.number,
-            amount="20.00",
-            currency="EUR",
-            reason_code="damaged",
-            proposer=agent_actor,
-        ).action
-        claim = submission_begin(action_pk=action.pk)
+        claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
         assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
         assert claim.action.lease_expires_at is not None
         claims.append(claim)
