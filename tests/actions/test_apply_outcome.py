@@ -24,10 +24,11 @@ from actions.engine.dispatch import apply_outcome
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import answer_from_refund
-from actions.models import Action, ActionEvent, ActionStatus, Order, Remedy
+from actions.models import Action, ActionEvent, ActionStatus, Remedy
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError, RefundStatus
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed, expire_lease, receiver_refund
+from tests.actions.test_dispatcher_records import money
 from tests.actions.test_reconciliation import AMOUNT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -81,11 +82,6 @@ def last_event(action: Action) -> ActionEvent:
     event = ActionEvent.objects.filter(action=action).order_by("pk").last()
     assert event is not None
     return event
-
-
-def money(action: Action) -> tuple[Decimal, Decimal]:
-    order = Order.objects.get(actions=action)
-    return order.refunded_amount, order.reserved_amount
 
 
 def assert_event(action: Action, *, transition: str, reason: str, answer: Answer, now: datetime) -> None:

@@ -17,7 +17,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions.engine import dispatch
-from actions.engine.claim import submission_begin
 from actions.engine.dispatch import (
     execution_dispatch,
     next_reconcile_time,
@@ -30,6 +29,7 @@ from actions.kinds.refund import RefundReceiver, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus
 from actions.providers.base import AmbiguousError, IdempotencyMismatchError
 from actions.services import Actor
+from tests.actions.test_dispatcher_fence import claimed
 from tests.actions.test_reconciliation import FakeReceiver, authorized_refund, guarantees
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 from tests.factories import make_user
@@ -93,15 +93,14 @@ def test_the_lease_holders_record_reads_nothing_back_when_it_has_its_claims_copy
     and one more lock per action. Only an answer a person must see reads the row first (below,
     and tests/actions/test_dispatcher_fence.py): not a success, even from a receiver that cannot
     be asked, and not a timeout that reconciliation can still resolve."""
-    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
-    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    action, attempt, token = claimed(agent_actor)
     fake = FakeReceiver(guarantees(keys=lookup, lookup=lookup, authoritative=lookup))
     if timed_out:
         fake.create_error = AmbiguousError("read timed out", code="timeout")
 
     with CaptureQueriesContext(connection) as queries:
         result = submission_send_and_record(
-            action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
+            action=action, attempt=attempt, lease_token=token, receiver=RefundReceiver(fake)
         )
 
     assert result == status
@@ -196,17 +195,16 @@ def test_an_unknown_answer_from_a_receiver_nobody_can_ask_goes_to_a_person_at_on
 ) -> None:
     """DESIGN.md section 4, SUBMITTING -> NEEDS_REVIEW: no lookup and no keys, so no reconciliation
     pass could ever tell; the event says so, with the answer and the attempt as evidence."""
-    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
-    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    action, attempt, token = claimed(agent_actor)
     fake = FakeReceiver(guarantees(keys=False, lookup=False, authoritative=False))
     fake.create_error = AmbiguousError("read timed out", code="timeout")
 
     result = submission_send_and_record(
-        action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
+        action=action, attempt=attempt, lease_token=token, receiver=RefundReceiver(fake)
     )
 
     assert result == ActionStatus.NEEDS_REVIEW
-    event = ActionEvent.objects.get(action=claim.action, transition="escalate")
+    event = ActionEvent.objects.get(action=action, transition="escalate")
     assert event.actor_label == "system:dispatcher"
     assert event.reason == (
         "The outcome is unknown (AmbiguousError: read timed out (code=timeout)) and the receiver has no lookup and "
@@ -216,7 +214,7 @@ def test_an_unknown_answer_from_a_receiver_nobody_can_ask_goes_to_a_person_at_on
     assert event.evidence == {
         "answer": "AmbiguousError: read timed out (code=timeout)",
         "source": "submission",
-        "attempt_id": claim.attempt.pk,
+        "attempt_id": attempt.pk,
         "owner": "fiona.finance",
     }
 
@@ -228,10 +226,9 @@ def test_an_answer_that_needs_a_person_reads_the_row_first_and_keeps_the_owner_f
     """The record's fast path trusts the claim's copy of the action; an escalation does not, because
     it picks the person from the row as it is now: an owner finance assigned during the call stays
     the owner, rather than the group's least busy member."""
-    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
-    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    action, attempt, token = claimed(agent_actor)
     assigned = make_user("gus.finance", "finance")
-    Action.objects.filter(pk=claim.action.pk).update(owner=assigned)
+    Action.objects.filter(pk=action.pk).update(owner=assigned)
     if answer_kind == "key-mismatch":
         answer = Answer(Outcome.NEEDS_REVIEW, error=IdempotencyMismatchError("key reused", code="idempotency_error"))
     else:
@@ -239,16 +236,16 @@ def test_an_answer_that_needs_a_person_reads_the_row_first_and_keeps_the_owner_f
     contract = RefundReceiver(FakeReceiver(guarantees(keys=False, lookup=False, authoritative=False))).contract
 
     result = submission_record(
-        action_pk=claim.action.pk,
-        attempt_pk=claim.attempt.pk,
-        lease_token=claim.lease_token,
+        action_pk=action.pk,
+        attempt_pk=attempt.pk,
+        lease_token=token,
         answer=answer,
         contract=contract,
-        action=claim.action,
+        action=action,
     )
 
     assert result == ActionStatus.NEEDS_REVIEW
-    assert Action.objects.get(pk=claim.action.pk).owner == assigned
-    assert ActionEvent.objects.get(action=claim.action, transition="escalate").reason.endswith(
+    assert Action.objects.get(pk=action.pk).owner == assigned
+    assert ActionEvent.objects.get(action=action, transition="escalate").reason.endswith(
         "Assigned to gus.finance (already its owner)."
     )

@@ -18,6 +18,7 @@ from actions.engine.reconcile import reconcile_action
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.services import Actor
+from tests.actions.test_dispatcher_fence import claimed
 from tests.actions.test_reconciliation import (
     NO_LOOKUP_NO_KEYS,
     FakeReceiver,
@@ -140,30 +141,26 @@ def test_a_kill_in_the_dispatch_leaves_what_was_committed_before_that_point(
     record, it is all there."""
     monkeypatch.setenv("CONSOLE_FAULT_POINTS", point)
     calls, status, answered = DISPATCH_POINTS[point]
-    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
-    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    action, attempt, token = claimed(agent_actor)
     fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
 
     with pytest.raises(Killed):
-        submission_send_and_record(
-            action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
-        )
+        submission_send_and_record(action=action, attempt=attempt, lease_token=token, receiver=RefundReceiver(fake))
 
     assert fake.calls == calls
-    assert Action.objects.get(pk=claim.action.pk).status == status
-    assert (Attempt.objects.get(pk=claim.attempt.pk).finished_at is not None) == answered
+    assert Action.objects.get(pk=action.pk).status == status
+    assert (Attempt.objects.get(pk=attempt.pk).finished_at is not None) == answered
 
 
 def test_other_fault_points_leave_a_dispatch_alone(
     agent_actor: Actor, kill_at: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CONSOLE_FAULT_POINTS", "during_reconciliation,during_invalidation")
-    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
-    assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
+    action, attempt, token = claimed(agent_actor)
     fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
 
     result = submission_send_and_record(
-        action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=RefundReceiver(fake)
+        action=action, attempt=attempt, lease_token=token, receiver=RefundReceiver(fake)
     )
 
     assert result == S.SUCCEEDED

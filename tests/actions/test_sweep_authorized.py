@@ -25,7 +25,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from actions.engine import dispatch
-from actions.engine.claim import submission_begin
 from actions.engine.dispatch import action_escalate, sweep_authorized, sweep_batch_size
 from actions.kinds import kind_for
 from actions.kinds.refund import RefundReceiver
@@ -33,6 +32,7 @@ from actions.models import Action, ActionStatus, Attempt
 from actions.providers.base import CreateRefund, ProviderRefund
 from actions.services import Actor
 from approvals.models import Approval, Decision
+from tests.actions.test_dispatcher_fence import claimed
 from tests.actions.test_reconciliation import FakeReceiver, authorized_refund, guarantees
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 from tests.factories import make_user
@@ -81,11 +81,16 @@ def receiver(monkeypatch: pytest.MonkeyPatch, clock: Clock, dispatched: list[int
     return fake
 
 
+@pytest.fixture
+def lease_window(settings: Any) -> None:
+    """A 60 s lease and time limit with a 10 s provider timeout: batches of up to 5 fit."""
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 60, 10, 60
+
+
 @pytest.fixture(params=["batched", "throttled"])
-def path(request: pytest.FixtureRequest, settings: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+def path(request: pytest.FixtureRequest, settings: Any, monkeypatch: pytest.MonkeyPatch, lease_window: None) -> str:
     """Both paths of the sweep. Throttled: a rate limit is configured, and every receiver has a
     token (``dispatch_wait`` answers 0; the buckets themselves are tests/actions/test_throttle.py's)."""
-    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 60, 10, 60
     settings.DISPATCH_BATCH_SIZE = 1
     if request.param == "throttled":
         settings.RECEIVER_RATE_LIMITS = {"a receiver": "100/second"}
@@ -189,11 +194,11 @@ def test_a_send_that_raises_is_logged_and_the_rest_of_the_batch_is_still_sent(
     receiver: OneSecondReceiver,
     settings: Any,
     caplog: pytest.LogCaptureFixture,
+    lease_window: None,
 ) -> None:
     """Batched path: the claims of a batch are all committed before the first send, so one send
     that raises must not strand the others; its own lease expires to reconciliation."""
     settings.RECEIVER_RATE_LIMITS = {}
-    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 60, 10, 60
     settings.DISPATCH_BATCH_SIZE = 3
     broken, fine = aged(agent_actor, 2)
     receiver.raise_for = {broken.action_id}
@@ -279,12 +284,10 @@ def test_an_escalation_goes_to_the_kinds_own_owner_group_when_none_is_configured
     monkeypatch.setattr(refund_kind, "owner_group", "refund desk")
     desk = make_user("rita.refunds")
     desk.groups.add(Group.objects.create(name="refund desk"))
-    action = authorized_refund(agent_actor)
-    claim = submission_begin(action_pk=action.pk)
-    assert claim.action is not None
+    action, _, _ = claimed(agent_actor)
     with transaction.atomic():
         owner = action_escalate(
-            action=claim.action, actor=Actor.system("test"), now=timezone.now(), reason="Look.", evidence={}
+            action=action, actor=Actor.system("test"), now=timezone.now(), reason="Look.", evidence={}
         )
 
     assert owner == desk and owner != finance
