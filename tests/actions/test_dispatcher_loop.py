@@ -1,0 +1,338 @@
+"""The dispatcher process's claim loop, piece by piece (``actions.engine.dispatcher``, issue 20).
+
+tests/actions/test_dispatcher.py proves the loop end to end (calls in flight, the batch ahead of
+the threads, a failed claim). These pin the parts its survivors showed unprotected: how much the
+loop asks for at each moment, its idle back-off, what it counts, a record that raises, the
+throttled claim, and the connections it checks and closes. The loop's arithmetic is tested with
+its claim and its threads replaced, so those tests need no database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models import F
+
+from actions.engine import dispatcher as module
+from actions.engine.claim import Claim, ClaimOutcome
+from actions.engine.dispatcher import Dispatcher, DispatcherStats
+from actions.models import Action, ActionStatus, Attempt, Order
+from actions.services import Actor
+from tests.actions.test_dispatcher import run_until_drained
+from tests.actions.test_reconciliation import FakeReceiver, authorized_refund, guarantees
+from tests.processes import wait_until
+
+S = ActionStatus
+CLAIMED = Claim(ClaimOutcome.CLAIMED)
+
+
+# --- how much the loop asks for (no database) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "batch_size", "lease_seconds", "outstanding", "claimable"),
+    [
+        # A lease that outlasts the wait (60 s, at least three 10 s timeouts): threads free, plus one batch ahead.
+        (4, 2, 60, 0, 6),
+        (4, 2, 60, 3, 3),
+        # Every thread busy: a full batch ahead is claimable, a part of one is not.
+        (4, 2, 60, 4, 2),
+        (4, 2, 60, 5, 0),
+        (4, 2, 60, 6, 0),
+        # The batch ahead is at most one action per thread (min(batch, concurrency)).
+        (2, 16, 60, 2, 2),
+        (2, 16, 60, 3, 0),
+        # The lease exactly three provider timeouts long still fits.
+        (4, 2, 30, 4, 2),
+        # A lease too short for the wait: nothing claimed ahead of a free thread.
+        (4, 2, 29, 0, 4),
+        (4, 2, 29, 3, 1),
+        (4, 2, 29, 4, 0),
+    ],
+)
+def test_the_loop_claims_for_its_free_threads_and_one_batch_ahead_while_the_lease_allows(
+    settings: Any, concurrency: int, batch_size: int, lease_seconds: int, outstanding: int, claimable: int
+) -> None:
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = lease_seconds, 10
+    dispatcher = Dispatcher(concurrency=concurrency, batch_size=batch_size)
+    dispatcher._outstanding = outstanding
+    assert dispatcher._claimable() == claimable
+
+
+def test_the_batch_ahead_is_one_action_per_thread_and_only_with_a_lease_three_timeouts_long(settings: Any) -> None:
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 30, 10
+    assert Dispatcher(concurrency=3, batch_size=8).prefetch == 3
+    assert Dispatcher(concurrency=8, batch_size=3).prefetch == 3
+    settings.LEASE_SECONDS = 29
+    assert Dispatcher(concurrency=3, batch_size=8).prefetch == 0
+
+
+class ScriptedLoop:
+    """Replaces the loop's claim, its threads and its waits: each claim answers the next entry of
+    ``script`` (a number of CLAIMED claims), and the loop stops after ``rounds`` claims or waits."""
+
+    def __init__(self, dispatcher: Dispatcher, monkeypatch: pytest.MonkeyPatch, script: list[int], rounds: int) -> None:
+        self.events: list[tuple[str, float]] = []
+        self.script = iter(script)
+        self.rounds = rounds
+        self.dispatcher = dispatcher
+        monkeypatch.setattr(dispatcher, "_claim", self.claim)
+        monkeypatch.setattr(dispatcher, "_wait", lambda seconds: self.events.append(("wait", seconds)))
+        monkeypatch.setattr(dispatcher, "_start", lambda pool, claim: self.events.append(("start", 0)))
+
+    def claim(self, limit: int) -> list[Claim]:
+        self.events.append(("claim", limit))
+        return [CLAIMED] * next(self.script, 0)
+
+    def run(self) -> list[tuple[str, float]]:
+        self.dispatcher.run(until=lambda: len(self.events) >= self.rounds)
+        return self.events
+
+
+def test_an_empty_table_is_looked_at_again_after_an_idle_wait_that_doubles_up_to_its_cap(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 60, 10
+    dispatcher = Dispatcher(concurrency=2, batch_size=4, idle_seconds=0.05, max_idle_seconds=0.3)
+    waits = [seconds for what, seconds in ScriptedLoop(dispatcher, monkeypatch, [], rounds=12).run() if what == "wait"]
+    assert waits == [0.05, 0.1, 0.2, 0.3, 0.3, 0.3]
+
+
+def test_a_claim_that_finds_work_resets_the_idle_wait_and_a_full_batch_claims_again_at_once(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No batch ahead (the lease is too short), so the loop asks for its free threads only.
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 20, 10
+    dispatcher = Dispatcher(concurrency=8, batch_size=2, idle_seconds=0.05, max_idle_seconds=1.0)
+    events = ScriptedLoop(dispatcher, monkeypatch, [0, 0, 1, 0, 2, 2, 0], rounds=16).run()
+    assert events[:16] == [
+        ("claim", 2),
+        ("wait", 0.05),
+        ("claim", 2),
+        ("wait", 0.1),
+        # One found: sent, then the short wait again (the table had no more just now), not 0.2.
+        ("claim", 2),
+        ("start", 0),
+        ("wait", 0.05),
+        ("claim", 2),
+        ("wait", 0.05),
+        # Full batches: claimed again straight away, with no wait between them.
+        ("claim", 2),
+        ("start", 0),
+        ("start", 0),
+        ("claim", 2),
+        ("start", 0),
+        ("start", 0),
+        ("claim", 2),
+    ]
+
+
+def test_the_loop_asks_for_at_most_a_batch_and_waits_its_longest_when_nothing_is_claimable(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 60, 10
+    dispatcher = Dispatcher(concurrency=3, batch_size=2, idle_seconds=0.05, max_idle_seconds=0.7)
+    dispatcher._outstanding = 1  # 2 threads free and a batch of 2 ahead: 4 claimable, a batch is 2
+    assert ScriptedLoop(dispatcher, monkeypatch, [], rounds=2).run() == [("claim", 2), ("wait", 0.05)]
+
+    dispatcher = Dispatcher(concurrency=3, batch_size=2, idle_seconds=0.05, max_idle_seconds=0.7)
+    dispatcher._outstanding = 5  # every thread busy and a batch waiting
+    assert ScriptedLoop(dispatcher, monkeypatch, [], rounds=2).run() == [("wait", 0.7), ("wait", 0.7)]
+
+
+def test_shutdown_stops_the_loop_and_ends_an_idle_wait_at_once() -> None:
+    dispatcher = Dispatcher(concurrency=1, batch_size=1)
+    dispatcher.shutdown()
+    assert dispatcher.stop.is_set()
+    assert dispatcher._wake.is_set(), "an idle wait would run to its timer"
+
+
+def test_a_finished_call_is_counted_frees_its_thread_and_wakes_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    dispatcher = Dispatcher(concurrency=2, batch_size=2)
+    dispatcher._outstanding = 2
+    answered: Future[str] = Future()
+    answered.set_result(S.SUCCEEDED)
+    dispatcher._done(answered)
+    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (1, {S.SUCCEEDED: 1}, 0)
+    assert dispatcher._wake.is_set()
+
+    dispatcher._wake.clear()
+    failed: Future[str] = Future()
+    failed.set_exception(RuntimeError("connection lost at the record"))
+    with caplog.at_level(logging.ERROR, logger=module.__name__):
+        dispatcher._done(failed)
+    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (0, {S.SUCCEEDED: 1}, 1)
+    assert dispatcher._wake.is_set()
+    [record] = caplog.records
+    assert "lease expires to reconciliation" in record.getMessage()
+    assert record.exc_info is not None and "connection lost at the record" in str(record.exc_info[1])
+
+
+def test_the_stats_count_each_result_from_nothing() -> None:
+    stats = DispatcherStats()
+    assert stats.recorded is None
+    for result in (S.SUCCEEDED, S.UNKNOWN, S.SUCCEEDED):
+        stats.count(result)
+    assert stats.recorded == {S.SUCCEEDED: 2, S.UNKNOWN: 1}
+
+
+class FakeConnection:
+    def __init__(self, *, open_: bool, usable: bool) -> None:
+        self.connection = object() if open_ else None
+        self.usable = usable
+        self.checked = 0
+        self.closed = 0
+
+    def is_usable(self) -> bool:
+        self.checked += 1
+        return self.usable
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize(
+    ("idle", "open_", "usable", "checked", "closed"),
+    [
+        (5.5, True, False, 1, 1),  # idle, and the server went away: dropped before the call
+        (5.5, True, True, 1, 0),  # idle and healthy: kept
+        (4.5, True, False, 0, 0),  # busy: not checked (the round trip would cost every call)
+        (5.5, False, False, 0, 0),  # no connection yet: nothing to check
+    ],
+)
+def test_a_threads_connection_idle_for_five_seconds_is_checked_and_dropped_if_dead(
+    monkeypatch: pytest.MonkeyPatch, idle: float, open_: bool, usable: bool, checked: int, closed: int
+) -> None:
+    fake = FakeConnection(open_=open_, usable=usable)
+    monkeypatch.setattr(module, "connection", fake)
+    clock = iter([100.0, 100.0 + idle])
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(module, "_last_use", threading.local())
+    module._drop_connection_if_dead()  # the thread's first call: never idle
+    assert (fake.checked, fake.closed) == (0, 0)
+    module._drop_connection_if_dead()
+    assert (fake.checked, fake.closed) == (checked, closed)
+    assert module._last_use.at == 100.0 + idle
+
+
+# --- with the database --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> FakeReceiver:
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    fake = FakeReceiver(guarantees=guarantees(keys=True, lookup=True, authoritative=True))
+    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: fake)
+    return fake
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_claim_is_counted_and_never_sent(agent_actor: Actor, receiver: FakeReceiver) -> None:
+    """The order moved after the approval: the claim goes STALE and is not handed to a thread. The
+    auto-approval policy decides again on the order as it is now (approvals.policy), so the
+    action comes back AUTHORIZED and the next batch sends it, once."""
+    stale, fresh = authorized_refund(agent_actor), authorized_refund(agent_actor)
+    Order.objects.filter(actions=stale).update(version=F("version") + 1)
+    dispatcher = Dispatcher(concurrency=2, batch_size=2, idle_seconds=0.01)
+    run_until_drained(dispatcher, [stale, fresh])
+
+    assert Action.objects.get(pk=stale.pk).status == S.SUCCEEDED
+    assert sorted(r.metadata["action_id"] for r in receiver.refunds) == sorted([stale.action_id, fresh.action_id])
+    stats = dispatcher.stats
+    assert (stats.claimed, stats.stale, stats.errors, stats.batches, list(stats.batch_sizes)) == (2, 1, 0, 2, [1, 1])
+    assert stats.recorded == {S.SUCCEEDED: 2}
+    assert stats.claim_transactions >= 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_record_that_raises_is_counted_frees_its_thread_and_leaves_the_lease_to_expire(
+    agent_actor: Actor, receiver: FakeReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    action = authorized_refund(agent_actor)
+    dispatcher = Dispatcher(concurrency=1, batch_size=1, idle_seconds=0.01)
+    # Who closed a connection, and whether the failed call had been counted yet: the pool
+    # thread's own close comes before its done-callback counts the error.
+    closes: list[tuple[str, int]] = []
+
+    class Watched:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(connection, name)
+
+        def close(self) -> None:
+            closes.append((threading.current_thread().name.split("_")[0], dispatcher.stats.errors))
+            connection.close()
+
+    def record_fails(**kwargs: Any) -> str:
+        raise RuntimeError("the database went away at the record")
+
+    monkeypatch.setattr(module, "submission_send_and_record", record_fails)
+    monkeypatch.setattr(module, "connection", Watched())
+    thread = threading.Thread(target=dispatcher.run, kwargs={"until": lambda: dispatcher.stats.errors >= 1})
+    thread.start()
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+
+    assert (dispatcher.stats.errors, dispatcher.stats.recorded, dispatcher._outstanding) == (1, None, 0)
+    stored = Action.objects.get(pk=action.pk)
+    assert stored.status == S.SUBMITTING and stored.lease_token is not None
+    assert ("dispatch", 0) in closes, f"the pool thread kept a connection that had just failed: {closes}"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_with_rate_limits_only_actions_whose_receiver_has_a_token_are_claimed(
+    agent_actor: Actor, receiver: FakeReceiver, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """Tokens are taken before the claim, oldest approval first, for at most ``limit`` AUTHORIZED
+    actions: one that must wait stays AUTHORIZED, with no lease and no attempt."""
+    settings.RECEIVER_RATE_LIMITS = {"provider": "1000/second"}
+    first, second, third = (authorized_refund(agent_actor) for _ in range(3))
+    done = authorized_refund(agent_actor)
+    Action.objects.filter(pk=done.pk).update(status=S.SUCCEEDED)
+    asked: list[str] = []
+    tokens = iter([0.0, 3.0])
+
+    def wait_for(receiver_name: str) -> float:
+        asked.append(receiver_name)
+        return next(tokens, 0.0)
+
+    monkeypatch.setattr(module, "throttle_wait", wait_for)
+    dispatcher = Dispatcher(concurrency=4, batch_size=4)
+    assert dispatcher._with_tokens(2) == [first.pk]
+    assert asked == ["provider", "provider"]
+
+    tokens = iter([3.0, 0.0, 0.0])
+    claims = dispatcher._claim(4)
+    assert sorted((c.action.pk if c.action else 0, c.outcome) for c in claims) == [
+        (second.pk, ClaimOutcome.CLAIMED),
+        (third.pk, ClaimOutcome.CLAIMED),
+    ]
+    assert Action.objects.get(pk=first.pk).status == S.AUTHORIZED
+    assert not Attempt.objects.filter(action=first).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_dispatcher_closes_each_threads_connection_when_it_stops(
+    agent_actor: Actor, receiver: FakeReceiver
+) -> None:
+    def backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int(cursor.fetchone()[0])
+
+    before = backends()
+    actions = [authorized_refund(agent_actor) for _ in range(6)]
+    run_until_drained(Dispatcher(concurrency=3, batch_size=2, idle_seconds=0.01), actions)
+    assert len(receiver.refunds) == 6
+    wait_until(lambda: backends() <= before, timeout=10, what="every pool thread's connection to close")
