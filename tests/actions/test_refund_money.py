@@ -25,6 +25,7 @@ from actions.models import Action, ActionKind, ActionStatus, Order, OutsideRefun
 from actions.services import Actor
 from actions.webhooks import outside_refund_record
 from tests.actions.test_reconciliation import authorized_refund
+from tests.approvals.test_reservation import order_of
 from tests.factories import make_order
 
 pytestmark = pytest.mark.django_db
@@ -56,7 +57,7 @@ def test_a_reservation_that_uses_the_whole_balance_is_made_and_raises_the_versio
     agent_actor: Actor, refunds: RefundKind
 ) -> None:
     action = authorized_refund(agent_actor, captured="20.00")  # the refund is 20.00: all of it
-    order = Order.objects.get(pk=action.order_id)
+    order = order_of(action)
     assert refunds.reserve(action, approved_version=order.version) == []
     stored = Order.objects.get(pk=order.pk)
     assert (stored.reserved_amount, stored.version) == (action.amount, order.version + 1)
@@ -66,7 +67,7 @@ def test_a_reservation_one_cent_beyond_the_balance_is_refused_and_names_the_bala
     agent_actor: Actor, refunds: RefundKind
 ) -> None:
     action = authorized_refund(agent_actor, captured="20.00")
-    order = Order.objects.get(pk=action.order_id)
+    order = order_of(action)
     Order.objects.filter(pk=order.pk).update(refunded_amount=Decimal("0.01"))
     [failure] = refunds.reserve(action, approved_version=order.version)
     assert failure.binding == "balance"
@@ -79,7 +80,7 @@ def test_every_sum_already_on_the_order_counts_against_the_reservation(
     agent_actor: Actor, refunds: RefundKind, booked: str
 ) -> None:
     action = authorized_refund(agent_actor, captured="20.00")
-    order = Order.objects.get(pk=action.order_id)
+    order = order_of(action)
     Order.objects.filter(pk=order.pk).update(**{booked: Decimal("0.01")})
     [failure] = refunds.reserve(action, approved_version=order.version)
     assert failure.binding == "balance"
@@ -87,7 +88,7 @@ def test_every_sum_already_on_the_order_counts_against_the_reservation(
 
 def test_a_reservation_against_a_moved_order_names_both_versions(agent_actor: Actor, refunds: RefundKind) -> None:
     action = authorized_refund(agent_actor)
-    order = Order.objects.get(pk=action.order_id)
+    order = order_of(action)
     Order.objects.filter(pk=order.pk).update(version=F("version") + 2)
     [failure] = refunds.reserve(action, approved_version=order.version)
     assert failure.binding == "order_version"
@@ -101,7 +102,7 @@ def test_a_reservation_refused_after_an_outside_refund_says_what_was_refunded_an
     agent_actor: Actor, refunds: RefundKind
 ) -> None:
     action = authorized_refund(agent_actor)  # captured 100.00
-    order = Order.objects.get(pk=action.order_id)
+    order = order_of(action)
     approved = order.version
     book_outside(order, "re_outside_1", 3000)
     book_outside(order, "re_outside_2", 1250)
@@ -128,8 +129,8 @@ def consistent_books(agent_actor: Actor) -> dict[str, Order]:
     refund) and one the checker must not read: nothing was ever refunded on it."""
     succeeded, reserving = authorized_refund(agent_actor), authorized_refund(agent_actor)
     orders = {
-        "succeeded": Order.objects.get(pk=succeeded.order_id),
-        "reserving": Order.objects.get(pk=reserving.order_id),
+        "succeeded": order_of(succeeded),
+        "reserving": order_of(reserving),
         "outside": make_order(),
         "dead_outside": make_order(),
         "untouched": make_order(),
@@ -202,11 +203,11 @@ def test_a_settled_or_failed_refund_reserves_nothing_in_the_checkers_sums(
 ) -> None:
     for status in (S.FAILED_FINAL, S.AUTHORIZED, S.STALE):
         action = authorized_refund(agent_actor)
-        as_status(action, status, Order.objects.get(pk=action.order_id))
+        as_status(action, status, order_of(action))
     assert refunds.money_violations() == (0, [])
     for status in (S.SUBMITTING, S.SETTLING, S.NEEDS_REVIEW):
         action = authorized_refund(agent_actor)
-        order = Order.objects.get(pk=action.order_id)
+        order = order_of(action)
         as_status(action, status, order)
         assert refunds.money_violations()[1][-1] == (
             f"order-{order.number}",
