@@ -11,11 +11,13 @@ separated by spaces, for a quick run over one module.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from typing import IO
 
 import pytest
 from django.core.management import call_command
+from pytest_django.plugin import validate_django_db
 
 # Mutants run side by side (``--max-children``) each need a test database of their own: a
 # session empties its database at the start (below), which would wipe a neighbour's rows mid-test.
@@ -32,6 +34,12 @@ PROCESS_FIXTURES = frozenset({"sandbox_process", "live_sandbox"})
 DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_setup"})
 
 
+# mutmut's record of each test's duration, from its stats run (mutants/ is the working directory
+# of every mutation run). A test it has not timed yet (written after that run) counts as instant.
+STATS_FILE = "mutmut-stats.json"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-django has put the database tests in its order
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     only = os.environ.get("MUTATE_TESTS", "").split()
     kept: list[pytest.Item] = []
@@ -43,6 +51,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    _fastest_first(items)
+
+
+def _fastest_first(items: list[pytest.Item]) -> None:
+    """Run the quickest tests first. mutmut stops a mutant's session at its first failing test
+    (``-x``), so a killed mutant costs only the tests before its killer: in file order, a
+    targeted test in a late file waited for every slow engine test before it. The order changes
+    what a mutant costs, never whether it is killed (every selected test still runs until one
+    fails). pytest-django's grouping is kept (tests in a transaction, then transactional ones,
+    then the rest; a transactional test's flush removes what migrations wrote), and within a
+    group the sort is stable, so tests of equal (or unknown) duration keep their file order."""
+    try:
+        with open(STATS_FILE) as handle:
+            durations: dict[str, float] = json.load(handle).get("duration_by_test", {})
+    except (OSError, ValueError):
+        return  # no stats yet (mutmut's own stats run): file order
+    items.sort(key=lambda item: (_django_group(item), durations.get(item.nodeid, 0.0)))
+
+
+def _django_group(item: pytest.Item) -> int:
+    """pytest-django's order: 0 for tests in a transaction, 1 for transactional ones, 2 for tests
+    without a database (``pytest_django.plugin.pytest_collection_modifyitems``)."""
+    marker = item.get_closest_marker("django_db")
+    fixtures = getattr(item, "fixturenames", ())
+    transactional = "transactional_db" in fixtures or "live_server" in fixtures
+    if marker is not None:
+        transaction, reset_sequences, *_ = validate_django_db(marker)
+        transactional = transactional or transaction or reset_sequences
+    if transactional:
+        return 1
+    return 0 if marker is not None or "db" in fixtures else 2
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
