@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.db.models import F
+from django.utils import timezone
 
 from actions.engine import dispatcher as module
 from actions.engine.claim import Claim, ClaimOutcome
@@ -312,11 +314,17 @@ def test_with_rate_limits_only_actions_whose_receiver_has_a_token_are_claimed(
     """Tokens are taken before the claim, oldest approval first, for at most ``limit`` AUTHORIZED
     actions: one that must wait stays AUTHORIZED, with no lease and no attempt."""
     settings.RECEIVER_RATE_LIMITS = {"provider": "1000/second"}
-    first, second, third = (authorized_refund(agent_actor) for _ in range(3))
-    done = authorized_refund(agent_actor)
-    Action.objects.filter(pk=done.pk).update(status=S.SUCCEEDED)
+    first, second, third, done = (authorized_refund(agent_actor) for _ in range(4))
+    # The approval order differs from the pk order: third is the oldest, first and second were
+    # approved at the same moment (the pk decides), and first's row was rewritten last. The
+    # settled one is older than all of them and must not take a place.
+    now = timezone.now()
+    Action.objects.filter(pk=done.pk).update(status=S.SUCCEEDED, status_changed_at=now - timedelta(hours=2))
+    Action.objects.filter(pk=third.pk).update(status_changed_at=now - timedelta(hours=1))
+    Action.objects.filter(pk__in=[first.pk, second.pk]).update(status_changed_at=now - timedelta(minutes=1))
+    Action.objects.filter(pk=first.pk).update(status_changed_at=now - timedelta(minutes=1))
     asked: list[str] = []
-    tokens = iter([0.0, 3.0])
+    tokens = iter([0.0] * 3)
 
     def wait_for(receiver_name: str) -> float:
         asked.append(receiver_name)
@@ -324,14 +332,17 @@ def test_with_rate_limits_only_actions_whose_receiver_has_a_token_are_claimed(
 
     monkeypatch.setattr(module, "throttle_wait", wait_for)
     dispatcher = Dispatcher(concurrency=4, batch_size=4)
-    assert dispatcher._with_tokens(2) == [first.pk]
-    assert asked == ["provider", "provider"]
+    assert dispatcher._with_tokens(3) == [third.pk, first.pk, second.pk]
+    assert asked == ["provider"] * 3
+
+    tokens = iter([0.0, 3.0])
+    assert dispatcher._with_tokens(2) == [third.pk]
 
     tokens = iter([3.0, 0.0, 0.0])
     claims = dispatcher._claim(4)
     assert sorted((c.action.pk if c.action else 0, c.outcome) for c in claims) == [
+        (first.pk, ClaimOutcome.CLAIMED),
         (second.pk, ClaimOutcome.CLAIMED),
-        (third.pk, ClaimOutcome.CLAIMED),
     ]
-    assert Action.objects.get(pk=first.pk).status == S.AUTHORIZED
-    assert not Attempt.objects.filter(action=first).exists()
+    assert Action.objects.get(pk=third.pk).status == S.AUTHORIZED
+    assert not Attempt.objects.filter(action=third).exists()

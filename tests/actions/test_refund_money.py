@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from actions.kinds import kind_for
 from actions.kinds.refund import RefundKind, remedy_open
-from actions.models import Action, ActionKind, ActionStatus, Order, OutsideRefund
+from actions.models import Action, ActionKind, ActionStatus, Order, OutsideRefund, Remedy, RemedyKind
 from actions.services import Actor
 from actions.webhooks import outside_refund_record
 from tests.actions.test_reconciliation import authorized_refund
@@ -239,3 +239,22 @@ def test_a_refund_that_failed_for_good_opens_a_remedy_for_its_whole_amount(
     )
     assert remedy.note.startswith("Opened automatically: the refund failed for good.")
     assert remedy.created_at >= timezone.now() - timedelta(minutes=1)
+
+
+def test_a_refund_resolved_as_failed_opens_the_remedy_finance_chose_for_what_the_customer_expects(
+    agent_actor: Actor, finance: Any, refunds: RefundKind
+) -> None:
+    """What finance's "failed for good" resolution opens (actions.engine.resolutions): the
+    end-to-end resolution needs the sandbox process, outside the mutation subset."""
+    action = authorized_refund(agent_actor)
+    remedy = refunds.failure_resolved(
+        action, owner=finance, choice=RemedyKind.CHEQUE, amount=Decimal("12.34"), note="Resolved by finance."
+    )
+    stored = Remedy.objects.get(pk=remedy.pk)
+    assert (stored.action_id, stored.kind, stored.amount, stored.currency) == (
+        action.pk,
+        RemedyKind.CHEQUE,
+        Decimal("12.34"),
+        "EUR",
+    )
+    assert (stored.owner, stored.note) == (finance, "Resolved by finance.")
