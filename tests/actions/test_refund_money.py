@@ -179,15 +179,20 @@ def test_each_sum_that_disagrees_with_its_actions_is_named_on_its_order(
     assert count == (4 if order == "untouched" else 3)
 
 
+@pytest.fixture
+def without_the_money_constraint() -> None:
+    """The database refuses an order whose money exceeds what was captured (the check constraint
+    ``order_money_adds_up``); the checker must still see one, on a database restored without it.
+    Dropped inside the test's transaction, which rolls back."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE actions_order DROP CONSTRAINT order_money_adds_up")
+
+
 @pytest.mark.postgres
+@pytest.mark.usefixtures("without_the_money_constraint")
 def test_money_beyond_what_was_captured_is_a_violation_even_when_every_sum_agrees(
     agent_actor: Actor, refunds: RefundKind, consistent_books: dict[str, Order]
 ) -> None:
-    """The database refuses such a row (the check constraint ``order_money_adds_up``); the checker
-    must still see one, on a database restored without it. The constraint is dropped inside the
-    test's transaction, which rolls back."""
-    with connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE actions_order DROP CONSTRAINT order_money_adds_up")
     order = consistent_books["succeeded"]
     Order.objects.filter(pk=order.pk).update(captured_amount=Decimal("19.99"))
     assert refunds.money_violations() == (
@@ -196,6 +201,27 @@ def test_money_beyond_what_was_captured_is_a_violation_even_when_every_sum_agree
     )
     Order.objects.filter(pk=order.pk).update(captured_amount=Decimal("20.00"))
     assert refunds.money_violations() == (3, [])
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("without_the_money_constraint")
+@pytest.mark.parametrize(
+    "money",
+    [
+        {"refunded_amount": Decimal("6.00"), "outside_refunded_amount": Decimal("5.00")},
+        {"reserved_amount": Decimal("6.00"), "outside_refunded_amount": Decimal("5.00")},
+        {"refunded_amount": Decimal("6.00"), "reserved_amount": Decimal("5.00")},
+    ],
+)
+def test_every_sum_on_the_order_counts_towards_what_was_captured(
+    refunds: RefundKind, money: dict[str, Decimal]
+) -> None:
+    order = make_order(captured="10.00")
+    Order.objects.filter(pk=order.pk).update(**money)
+    exceeds = (f"order-{order.number}", "refunded + reserved + refunded outside exceeds captured")
+    assert exceeds in refunds.money_violations()[1]
+    Order.objects.filter(pk=order.pk).update(captured_amount=Decimal("11.00"))
+    assert exceeds not in refunds.money_violations()[1]
 
 
 def test_a_settled_or_failed_refund_reserves_nothing_in_the_checkers_sums(
