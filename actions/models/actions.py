@@ -227,11 +227,14 @@ class Action(ConcurrentTransitionMixin, models.Model):
     def _do_update(self, base_qs: Any, *args: Any, **kwargs: Any) -> Any:
         # A lease fence (``lease_fence``, set by the recorder for the next save only): the
         # UPDATE also requires the lease token the caller holds, so a worker whose lease was
-        # taken over changes nothing, without reading the row first.
-        fence = self.__dict__.pop("lease_fence", None)
-        if fence is None:
+        # taken over changes nothing, without reading the row first. A fence of None holds no
+        # lease and matches no row that has one: it must never mean "unfenced" (a caller that
+        # lost its token would otherwise record over the current holder).
+        if "lease_fence" not in self.__dict__:
             return super()._do_update(base_qs, *args, **kwargs)
-        updated = super()._do_update(base_qs.filter(lease_token=fence), *args, **kwargs)
+        fence = self.__dict__.pop("lease_fence")
+        fenced = base_qs.filter(lease_token__isnull=True) if fence is None else base_qs.filter(lease_token=fence)
+        updated = super()._do_update(fenced, *args, **kwargs)
         if not updated:
             raise ConcurrentTransition(f"{self.action_id}: the lease {fence} is no longer held")
         return updated

@@ -109,6 +109,25 @@ def test_the_lease_holders_record_reads_nothing_back_when_it_has_its_claims_copy
     assert not [q["sql"] for q in queries if "FOR UPDATE" in q["sql"]]
 
 
+def test_a_record_without_a_lease_token_holds_no_lease_and_changes_nothing(
+    agent_actor: Actor, dispatched: list[int]
+) -> None:
+    """Invariant 3: the fence is the token the claim committed. A record that lost it (a caller's
+    bug, as mutation testing showed: the dispatcher's record with ``lease_token=None``) must be
+    fenced off like a late worker, not recorded unfenced over whoever holds the lease now."""
+    action, attempt, token = claimed(agent_actor)
+    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+
+    result = submission_send_and_record(action=action, attempt=attempt, lease_token=None, receiver=RefundReceiver(fake))  # type: ignore[arg-type]
+
+    assert result == "lease_lost"
+    stored = Action.objects.get(pk=action.pk)
+    assert (stored.status, stored.lease_token) == (ActionStatus.SUBMITTING, token)
+    attempt.refresh_from_db()
+    assert (attempt.held_lease, attempt.outcome) == (False, "succeeded")
+    assert not ActionEvent.objects.filter(action=action, transition="record_success").exists()
+
+
 @pytest.mark.parametrize(("failures", "doublings"), [(0, 0), (1, 1), (3, 3), (6, 6), (7, 6), (20, 6)])
 def test_reconciliation_backs_off_by_doubling_up_to_64_times_with_a_quarter_of_jitter(
     monkeypatch: pytest.MonkeyPatch, settings: Any, failures: int, doublings: int
