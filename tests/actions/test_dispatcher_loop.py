@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from types import SimpleNamespace
@@ -164,14 +165,15 @@ def test_a_finished_call_is_counted_frees_its_thread_and_wakes_the_loop(caplog: 
     assert dispatcher._wake.is_set()
 
     dispatcher._wake.clear()
+    dispatcher.stats.errors = 2  # counted on top of earlier errors, not reset
     failed: Future[str] = Future()
     failed.set_exception(RuntimeError("connection lost at the record"))
     with caplog.at_level(logging.ERROR, logger=module.__name__):
         dispatcher._done(failed)
-    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (0, {S.SUCCEEDED: 1}, 1)
+    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (0, {S.SUCCEEDED: 1}, 3)
     assert dispatcher._wake.is_set()
     [record] = caplog.records
-    assert "lease expires to reconciliation" in record.getMessage()
+    assert record.getMessage() == "dispatcher: a call's record failed; its lease expires to reconciliation"
     assert record.exc_info is not None and "connection lost at the record" in str(record.exc_info[1])
 
 
@@ -204,6 +206,7 @@ class FakeConnection:
         (5.5, True, False, 1, 1),  # idle, and the server went away: dropped before the call
         (5.5, True, True, 1, 0),  # idle and healthy: kept
         (4.5, True, False, 0, 0),  # busy: not checked (the round trip would cost every call)
+        (5.0, True, False, 0, 0),  # exactly five seconds is not yet idle
         (5.5, False, False, 0, 0),  # no connection yet: nothing to check
     ],
 )
@@ -239,6 +242,27 @@ def test_at_stop_each_pool_thread_closes_its_own_connection_once(monkeypatch: py
             pool.submit(started.wait, 10)
         module._close_thread_connections(pool, 3)
     assert sorted(closed_by) == ["dispatch_0", "dispatch_1", "dispatch_2"]
+
+
+def test_a_pool_thread_sends_and_records_its_claim_and_logs_how_long_it_took(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = uuid.uuid4()
+    action, attempt = SimpleNamespace(action_id="refund:order-7:request-1"), SimpleNamespace(pk=3)
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(module, "submission_send_and_record", lambda **kwargs: calls.append(kwargs) or S.SUCCEEDED)
+    monkeypatch.setattr(module, "_drop_connection_if_dead", lambda: None)
+    clock = iter([10.0, 10.25])
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    claim = Claim(ClaimOutcome.CLAIMED, action=action, attempt=attempt, lease_token=token)  # type: ignore[arg-type]
+
+    with caplog.at_level(logging.DEBUG, logger=module.__name__):
+        assert module._send_and_record(claim) == S.SUCCEEDED
+
+    assert calls == [{"action": action, "attempt": attempt, "lease_token": token}]
+    assert [r.getMessage() for r in caplog.records] == [
+        "action_id=refund:order-7:request-1 sent and recorded in 0.250 s"
+    ]
 
 
 # --- with the database --------------------------------------------------------------------------
