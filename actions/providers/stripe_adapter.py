@@ -27,6 +27,7 @@ from actions.providers.base import (
     RefundStatus,
     retry_after_seconds,
 )
+from actions.providers.http import environment_session
 
 __all__ = [
     "StripeProvider",
@@ -46,6 +47,25 @@ _AMBIGUOUS_INVALID_REQUEST_CODES = frozenset({"charge_already_refunded", "amount
 # Stripe's wording for a refund larger than what is left on the charge; matched as well as the
 # code because the code on this error is not documented as stable.
 _UNREFUNDED_REMAINDER_PHRASE = "greater than unrefunded amount"
+
+
+class _SessionPerThreadClient(stripe.RequestsClient):
+    """The stripe SDK's ``RequestsClient``, whose session per thread reads the environment once.
+
+    The SDK's own client makes a plain ``requests.Session`` per thread, which walks the whole
+    environment for proxy settings on every call (``actions.providers.http``). Here each thread's
+    session comes from ``environment_session`` instead; everything else (the request, the error
+    mapping, the timeout) is the SDK's.
+    """
+
+    def __init__(self, *, timeout: float, api_base: str) -> None:
+        super().__init__(timeout=timeout)
+        self._api_base = api_base
+
+    def _request_internal(self, method: str, url: str, headers: Any, post_data: Any, is_streaming: Any) -> Any:  # type: ignore[override]
+        if getattr(self._thread_local, "session", None) is None:
+            self._thread_local.session = environment_session(base_url=self._api_base)
+        return super()._request_internal(method, url, headers, post_data, is_streaming)
 
 
 class StripeProvider:
@@ -95,10 +115,10 @@ class StripeProvider:
             # console's decision (section 7): an ambiguous answer goes to reconciliation first.
             max_network_retries=0,
             # An explicit client so the timeout is ours, not the library's 80-second default.
-            # With no session given, RequestsClient opens one requests.Session per thread and keeps
-            # it (keep-alive): a worker thread reuses its connection to the receiver, and threads
-            # never share a Session (which requests does not promise to be thread-safe).
-            http_client=stripe.RequestsClient(timeout=timeout_seconds),
+            # It keeps one requests.Session per thread (keep-alive): a worker thread reuses its
+            # connection to the receiver, and threads never share a Session (which requests does
+            # not promise to be thread-safe).
+            http_client=_SessionPerThreadClient(timeout=timeout_seconds, api_base=self.api_base),
         )
 
     def __repr__(self) -> str:

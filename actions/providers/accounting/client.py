@@ -33,6 +33,7 @@ from actions.providers.base import (
     ProviderError,
     retry_after_seconds,
 )
+from actions.providers.http import ThreadSessions, environment_session
 
 API_PATH = "/api.xro/2.0"
 PAGE_SIZE = 100
@@ -140,21 +141,21 @@ def _messages(body: dict[str, Any]) -> str:
 
 
 class AccountingClient:
-    """Speaks the accounting API over one requests session."""
+    """Speaks the accounting API over one keep-alive requests session per thread (a dispatcher's
+    threads call it at the same time, and requests does not promise a shared Session is safe)."""
 
     name = "accounting"
 
     def __init__(self, *, api_base: str, access_token: str, tenant_id: str, timeout_seconds: float) -> None:
         self.api_base = api_base.rstrip("/")
         self.timeout_seconds = timeout_seconds
-        self.session = requests.Session()
-        self.session.headers.update(
-            {
-                "Authorization": f"Bearer {access_token}",
-                "xero-tenant-id": tenant_id,
-                "Accept": "application/json",
-            }
-        )
+        headers = {"Authorization": f"Bearer {access_token}", "xero-tenant-id": tenant_id, "Accept": "application/json"}
+        self._sessions = ThreadSessions(lambda: environment_session(base_url=self.api_base, headers=headers))
+
+    @property
+    def session(self) -> requests.Session:
+        """This thread's session."""
+        return self._sessions.current()
 
     # -- the transport, and what its failures mean ----------------------------------------------
 

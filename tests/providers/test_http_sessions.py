@@ -1,0 +1,107 @@
+"""The receivers' HTTP sessions: one per thread, kept, with the environment read once.
+
+The sessions stop ``requests`` from walking the environment on every call (a third of the HTTP
+client's CPU per refund in the dispatcher profile), so these tests pin that what the environment
+says still applies: a proxy, NO_PROXY, a CA bundle.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from actions.providers.accounting.client import AccountingClient
+from actions.providers.base import AmbiguousError
+from actions.providers.http import ThreadSessions, environment_session
+from actions.providers.stripe_adapter import StripeProvider
+from tests.providers.sandbox_client import API_KEY, SandboxClient
+from tests.providers.test_stripe_adapter import _request
+
+RECEIVER = "http://receiver.invalid:8080"
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A loopback port nothing listens on (bound, never listened, so nobody else takes it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def _in_a_thread(call: object) -> object:
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(call()))  # type: ignore[operator]
+    thread.start()
+    thread.join(timeout=10)
+    return result[0]
+
+
+def test_each_thread_keeps_one_session_and_no_two_threads_share_one() -> None:
+    sessions = ThreadSessions(requests.Session)
+    mine = sessions.current()
+    assert sessions.current() is mine
+    theirs = _in_a_thread(sessions.current)
+    assert isinstance(theirs, requests.Session) and theirs is not mine
+
+
+def test_the_proxy_in_the_environment_applies_though_the_calls_no_longer_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    session = environment_session(base_url=RECEIVER)
+    assert session.trust_env is False
+    assert session.proxies == {"http": "http://proxy.invalid:3128"}
+
+
+def test_a_receiver_that_no_proxy_covers_is_called_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "receiver.invalid")
+    assert environment_session(base_url=RECEIVER).proxies == {}
+
+
+def test_a_ca_bundle_named_in_the_environment_is_the_one_verified_against(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/receiver-ca.pem")
+    assert environment_session(base_url=RECEIVER).verify == "/etc/ssl/certs/receiver-ca.pem"
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    assert environment_session(base_url=RECEIVER).verify is True
+
+
+def test_the_accounting_client_gives_each_thread_its_own_session_with_the_credentials() -> None:
+    client = AccountingClient(api_base=RECEIVER, access_token="tok", tenant_id="tenant-1", timeout_seconds=1)
+    mine = client.session
+    theirs = _in_a_thread(lambda: client.session)
+    assert client.session is mine and theirs is not mine
+    for session in (mine, theirs):
+        assert isinstance(session, requests.Session)
+        assert session.headers["Authorization"] == "Bearer tok"
+        assert session.headers["xero-tenant-id"] == "tenant-1"
+
+
+@pytest.mark.processes
+def test_a_refund_goes_through_the_proxy_the_environment_names(
+    sandbox: SandboxClient, monkeypatch: pytest.MonkeyPatch, dead_port: int
+) -> None:
+    """With the proxy variables read once per session, a proxy still carries the call: here one
+    that refuses connections, so the refund cannot be sent and its outcome is unknown."""
+    sandbox.seed_charge("ch_1", 5000, "eur")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead_port}")
+    through_proxy = StripeProvider(api_key=API_KEY, api_base=sandbox.url, timeout_seconds=2)
+    with pytest.raises(AmbiguousError):
+        through_proxy.create_refund(_request())
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the test's own sandbox client reads it per call
+    assert sandbox.ledger() == []
+    direct = StripeProvider(api_key=API_KEY, api_base=sandbox.url, timeout_seconds=2)
+    assert direct.create_refund(_request()).amount_minor == 1000
+    assert len(sandbox.ledger()) == 1
