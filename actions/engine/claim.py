@@ -152,7 +152,7 @@ def submission_begin_batch(
             # actions on the same targets lock those rows in the same order. A wait between a
             # batch and a grouped claim (the group's row, then the order) can still deadlock;
             # PostgreSQL then aborts one of them, which claims nothing and is tried again.
-            actions.sort(key=_target_order)
+            actions.sort(key=target_lock_order)
             for action in actions:
                 try:
                     claims.append(
@@ -179,7 +179,10 @@ def submission_begin_batch(
     return claims
 
 
-def _target_order(action: Action) -> tuple[int, int, str, int]:
+def target_lock_order(action: Action) -> tuple[int, int, str, int]:
+    """The order in which a transaction that writes several actions' targets locks them (the
+    batched claim, the grouped record): two such transactions then never wait on each other in
+    a cycle over the same orders or bills."""
     supplier = action.payload.get("supplier") if isinstance(action.payload, dict) else None
     return (action.order_id or 0, action.bill_id or 0, str(supplier or ""), action.pk)
 

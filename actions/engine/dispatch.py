@@ -13,21 +13,24 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from actions import permissions as perms
-from actions.engine.claim import ClaimOutcome, submission_begin, submission_begin_batch
+from actions.engine.claim import ClaimOutcome, submission_begin, submission_begin_batch, target_lock_order
 from actions.engine.faults import fault_point
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttling_enabled
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
+from actions.outbox import agent_webhooks_read_once
 from actions.owners import owner_pick
 from actions.trail import Actor, action_transition
 
@@ -270,10 +273,21 @@ def execution_dispatch(*, action_pk: int, skip_locked: bool = False) -> str:
     return submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
 
 
-def submission_send_and_record(
+@dataclass(frozen=True)
+class Sent:
+    """A lease holder's call that the receiver answered, not yet recorded."""
+
+    action: Action  # the caller's copy, as its claim committed it
+    attempt_pk: int
+    lease_token: uuid.UUID
+    answer: Answer
+    contract: ReceiverContract
+
+
+def submission_send(
     *, action: Action, attempt: Attempt, lease_token: uuid.UUID, receiver: Receiver | None = None
-) -> str:
-    """The call and the record, for a caller that holds a freshly committed lease."""
+) -> Sent | None:
+    """The call, for a caller that holds a freshly committed lease; None when it was not made."""
     receiver = receiver or receiver_for(action)
     # A worker that stalled between its claim and the call (a long GC pause, a suspended VM)
     # must not start a call that could outlast its lease: by then the lease sweeper may have
@@ -282,16 +296,28 @@ def submission_send_and_record(
     margin = timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
     if action.lease_expires_at is not None and timezone.now() + margin > action.lease_expires_at:
         log.warning("action_id=%s lease nearly expired before the receiver call; not sending", action.action_id)
-        return "lease_too_short"
+        return None
     fault_point("before_provider_call")
     answer = receiver_send(action=action, receiver=receiver)
     fault_point("after_provider_answer")
+    return Sent(
+        action=action, attempt_pk=attempt.pk, lease_token=lease_token, answer=answer, contract=receiver.contract
+    )
+
+
+def submission_send_and_record(
+    *, action: Action, attempt: Attempt, lease_token: uuid.UUID, receiver: Receiver | None = None
+) -> str:
+    """The call and the record, for a caller that holds a freshly committed lease."""
+    sent = submission_send(action=action, attempt=attempt, lease_token=lease_token, receiver=receiver)
+    if sent is None:
+        return "lease_too_short"
     status = submission_record(
         action_pk=action.pk,
-        attempt_pk=attempt.pk,
+        attempt_pk=sent.attempt_pk,
         lease_token=lease_token,
-        answer=answer,
-        contract=receiver.contract,
+        answer=sent.answer,
+        contract=sent.contract,
         action=action,
     )
     fault_point("after_record")
@@ -319,43 +345,153 @@ def submission_record(
     row) the action is read under a row lock first.
     """
     now = timezone.now()
+    try:
+        with transaction.atomic(durable=True):
+            return _submission_record_held(
+                action_pk=action_pk,
+                attempt_pk=attempt_pk,
+                lease_token=lease_token,
+                answer=answer,
+                contract=contract,
+                action=action,
+                now=now,
+            )
+    except ConcurrentTransition as lost:
+        action = lost.action if isinstance(lost, _LeaseLost) else action
+        return _lease_lost(action_pk=action_pk, attempt_pk=attempt_pk, answer=answer, action=action, now=now)
+
+
+class _LeaseLost(ConcurrentTransition):
+    """The lease was lost, seen on the action's row as read under lock (kept for the log line)."""
+
+    def __init__(self, action: Action) -> None:
+        super().__init__("the lease was lost before recording")
+        self.action = action
+
+
+def _submission_record_held(
+    *,
+    action_pk: int,
+    attempt_pk: int,
+    lease_token: uuid.UUID,
+    answer: Answer,
+    contract: ReceiverContract | None,
+    action: Action | None,
+    now: datetime,
+) -> str:
+    """The lease holder's record, inside the caller's transaction. Raises ConcurrentTransition,
+    having written nothing, when the lease was lost: the first write is the action's UPDATE
+    fenced on the lease token (or the lease is checked on the row read under lock first)."""
     escalates = answer.outcome == Outcome.NEEDS_REVIEW or (
         answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked
     )
+    if action is None or escalates:
+        action = Action.objects.select_for_update().get(pk=action_pk)
+        if not (action.status == S.SUBMITTING and action.lease_token == lease_token):
+            raise _LeaseLost(action)
+    else:
+        action.lease_fence = lease_token
+    status = _submission_apply(action=action, attempt_pk=attempt_pk, answer=answer, contract=contract, now=now)
+    Attempt.objects.filter(pk=attempt_pk).update(
+        response=answer.response_json(),
+        error=answer.error_json(),
+        outcome=answer.outcome.value,
+        held_lease=True,
+        finished_at=now,
+    )
+    return status
+
+
+def _lease_lost(*, action_pk: int, attempt_pk: int, answer: Answer, action: Action | None, now: datetime) -> str:
+    """The action moved on without this worker (its lease expired and was swept, or another
+    holder took over): the answer is kept on the attempt as evidence, and nothing else."""
+    Attempt.objects.filter(pk=attempt_pk).update(
+        response=answer.response_json(),
+        error=answer.error_json(),
+        outcome=answer.outcome.value,
+        held_lease=False,
+        finished_at=now,
+    )
+    log.warning(
+        "action_id=%s lease lost before recording (%s); the answer is kept on attempt %s",
+        action.action_id if action is not None else action_pk,
+        answer.summary(),
+        attempt_pk,
+    )
+    return "lease_lost"
+
+
+def submission_record_group(*, sent: Sequence[Sent]) -> list[str | Exception]:
+    """Record several lease holders' answers in one transaction: the dispatcher's group commit.
+
+    Answers that came back while another was being recorded share one commit, and each agent's
+    webhook is read once for the group instead of once per event. Each record is the one
+    ``submission_record`` makes, under its own lease: the group first locks its actions and
+    reads their leases in one statement, so an answer whose lease was lost meanwhile goes on its
+    attempt only (in the same transaction) and leaves its action alone, while the others are
+    recorded, still fenced on their tokens. Any failure rolls the whole group back; each answer
+    is then recorded in a transaction of its own, from its row read under lock (the copies in
+    hand may have moved in the rolled-back group), so one bad record holds up only itself.
+
+    Returns each answer's result in order: the action's new status, "lease_lost", or the error
+    that stopped its own record (its lease then expires to UNKNOWN and reconciliation).
+    """
+    if len(sent) == 1:
+        return [_record_one(sent[0], action=sent[0].action)]
+    now = timezone.now()
+    results: dict[int, str] = {}
     try:
-        with transaction.atomic(durable=True):
-            if action is None or escalates:
-                action = Action.objects.select_for_update().get(pk=action_pk)
-                if not (action.status == S.SUBMITTING and action.lease_token == lease_token):
-                    raise ConcurrentTransition("the lease was lost before recording")
-            else:
-                action.lease_fence = lease_token
-            status = _submission_apply(action=action, attempt_pk=attempt_pk, answer=answer, contract=contract, now=now)
-            Attempt.objects.filter(pk=attempt_pk).update(
-                response=answer.response_json(),
-                error=answer.error_json(),
-                outcome=answer.outcome.value,
-                held_lease=True,
-                finished_at=now,
-            )
-            return status
-    except ConcurrentTransition:
-        # The action moved on without this worker (its lease expired and was swept, or another
-        # holder took over): the answer is kept on the attempt as evidence, and nothing else.
-        Attempt.objects.filter(pk=attempt_pk).update(
-            response=answer.response_json(),
-            error=answer.error_json(),
-            outcome=answer.outcome.value,
-            held_lease=False,
-            finished_at=now,
+        with transaction.atomic(durable=True), agent_webhooks_read_once():
+            leases = {
+                pk: (status, token)
+                for pk, status, token in Action.objects.select_for_update()
+                .filter(pk__in=[one.action.pk for one in sent])
+                .order_by("pk")
+                .values_list("pk", "status", "lease_token")
+            }
+            # Targets in the claims' lock order: two groups never wait on each other in a cycle.
+            for index in sorted(range(len(sent)), key=lambda i: target_lock_order(sent[i].action)):
+                one = sent[index]
+                if leases.get(one.action.pk) != (S.SUBMITTING, one.lease_token):
+                    results[index] = _lease_lost(
+                        action_pk=one.action.pk,
+                        attempt_pk=one.attempt_pk,
+                        answer=one.answer,
+                        action=one.action,
+                        now=now,
+                    )
+                    continue
+                results[index] = _submission_record_held(
+                    action_pk=one.action.pk,
+                    attempt_pk=one.attempt_pk,
+                    lease_token=one.lease_token,
+                    answer=one.answer,
+                    contract=one.contract,
+                    action=one.action,
+                    now=now,
+                )
+        return [results[index] for index in range(len(sent))]
+    except Exception:
+        log.exception("a group of %d records failed and was rolled back; recording each on its own", len(sent))
+        # A connection that broke under the group (a restart, a failover) would fail every
+        # record below: reconnect first.
+        connection.close_if_unusable_or_obsolete()
+    return [_record_one(one, action=None) for one in sent]
+
+
+def _record_one(sent: Sent, *, action: Action | None) -> str | Exception:
+    try:
+        return submission_record(
+            action_pk=sent.action.pk,
+            attempt_pk=sent.attempt_pk,
+            lease_token=sent.lease_token,
+            answer=sent.answer,
+            contract=sent.contract,
+            action=action,
         )
-        log.warning(
-            "action_id=%s lease lost before recording (%s); the answer is kept on attempt %s",
-            action.action_id if action is not None else action_pk,
-            answer.summary(),
-            attempt_pk,
-        )
-        return "lease_lost"
+    except Exception as error:
+        log.exception("action_id=%s: its record failed; its lease expires to reconciliation", sent.action.action_id)
+        return error
 
 
 def _submission_apply(

@@ -6,10 +6,16 @@ threads pool holds C, but pays a broker message, a task and a claim transaction 
 dispatcher claims up to ``batch_size`` AUTHORIZED actions in one transaction
 (``submission_begin_batch``: one commit for the batch, each action with its own lease, event and
 attempt), then hands each claim to one of ``concurrency`` threads, which calls the receiver and
-records the answer through the same service as every other dispatch (``submission_send_and_record``:
-the lease-fenced record, the fault points, the outcome table). It claims at most one batch ahead
-of its threads (at most one action per thread, and only while the lease outlasts that wait), so
+records the answer through the same service as every other dispatch (``submission_send`` and the
+lease-fenced record, the fault points, the outcome table). It claims at most one batch ahead of
+its threads (at most one action per thread, and only while the lease outlasts that wait), so
 under load every claim is a full batch and a claimed action waits for at most one call.
+
+Records are group-committed (``RecordGroups``): a thread whose call has returned records its answer
+at once if no other thread is recording, and otherwise joins the next group, recorded in one
+transaction (``submission_record_group``) as soon as the current one commits. Each answer is still
+recorded as soon as the recorder is free, under its own lease fence, and no thread starts its next
+call before its answer is committed.
 
 Threads rather than asyncio: the receivers' adapters (the stripe SDK, the accounting client, SMTP)
 and the ORM are synchronous; a network call releases the GIL, so threads give the concurrency
@@ -27,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -35,7 +41,8 @@ from django.conf import settings
 from django.db import connection
 
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin_batch
-from actions.engine.dispatch import submission_send_and_record
+from actions.engine.dispatch import Sent, submission_record_group, submission_send
+from actions.engine.faults import fault_point
 from actions.engine.throttle import throttle_wait, throttling_enabled
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
@@ -59,6 +66,9 @@ class DispatcherStats:
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
     batches: int = 0
     errors: int = 0
+    # Record transactions, and how many answers each of the last 1,000 recorded together.
+    record_transactions: int = 0
+    group_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
 
     def count(self, result: str) -> None:
         if self.recorded is None:
@@ -96,6 +106,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._peak_outstanding = 0
+        self.records = RecordGroups(on_group=self._count_group)
 
     def shutdown(self) -> None:
         """Stop claiming, at once: an idle wait ends now rather than when its timer runs out."""
@@ -206,8 +217,13 @@ class Dispatcher:
         with self._lock:
             self._outstanding += 1
             self._peak_outstanding = max(self._peak_outstanding, self._outstanding)
-        future = pool.submit(_send_and_record, claim)
+        future = pool.submit(_send_and_record, claim, self.records)
         future.add_done_callback(self._done)
+
+    def _count_group(self, size: int) -> None:
+        with self._lock:
+            self.stats.record_transactions += 1
+            self.stats.group_sizes.append(size)
 
     def _done(self, future: Future[str]) -> None:
         # Runs in the pool thread that made the call; the stats are shared, hence the lock.
@@ -227,17 +243,89 @@ class Dispatcher:
         self._wake.clear()
 
 
-def _send_and_record(claim: Claim) -> str:
-    """In a pool thread: the call and the record, on this thread's own database connection.
+class RecordGroups:
+    """Group commit for the answers of the dispatcher's threads.
 
-    The connection is kept between calls (a pooled thread lives as long as the dispatcher), and
-    dropped after an error so the next call starts on a fresh one.
+    A thread whose call has returned hands its answer to ``record``. If nobody is recording, it
+    records every answer waiting (its own included) in one transaction; otherwise it waits, and
+    the answers that arrived meanwhile are recorded together by one of their threads as soon as
+    the current group commits. So each answer waits for at most one other transaction, a busy
+    dispatcher commits many answers at once, and an idle one records each alone, as before.
+    ``record`` returns only once its own answer is committed.
+    """
+
+    def __init__(
+        self,
+        *,
+        record: Callable[[Sequence[Sent]], list[str | Exception]] | None = None,
+        on_group: Callable[[int], None] | None = None,
+    ) -> None:
+        self._record = record or (lambda sent: submission_record_group(sent=sent))
+        self._on_group = on_group
+        self._changed = threading.Condition()
+        self._waiting: list[_Waiting] = []
+        self._recording = False
+
+    def record(self, sent: Sent) -> str:
+        mine = _Waiting(sent)
+        with self._changed:
+            self._waiting.append(mine)
+            while mine.result is None and self._recording:
+                self._changed.wait()
+            group: list[_Waiting] = []
+            if mine.result is None:
+                self._recording = True
+                group, self._waiting = self._waiting, []
+        if group:
+            self._record_group(group)
+        assert mine.result is not None
+        if isinstance(mine.result, Exception):
+            raise mine.result
+        return mine.result
+
+    def _record_group(self, group: list[_Waiting]) -> None:
+        results: list[str | Exception] = []
+        try:
+            results = self._record([waiting.sent for waiting in group])
+        except Exception as error:  # submission_record_group answers per record; this is a bug
+            results = [error] * len(group)
+        finally:
+            # Whatever happened, the others must not wait for ever: each gets its answer's
+            # result (or the error that stopped the group), and the next recorder may start.
+            interrupted = RuntimeError("the record was interrupted")
+            with self._changed:
+                for index, waiting in enumerate(group):
+                    waiting.result = results[index] if index < len(results) else interrupted
+                self._recording = False
+                self._changed.notify_all()
+            if self._on_group is not None:
+                self._on_group(len(group))
+
+
+@dataclass
+class _Waiting:
+    sent: Sent
+    result: str | Exception | None = None
+
+
+def _send_and_record(claim: Claim, records: RecordGroups) -> str:
+    """In a pool thread: the call, then its record with whatever other answers are waiting.
+
+    The record runs on the database connection of whichever thread records the group (this one,
+    when it finds nobody recording). A thread's connection is kept between calls (a pooled thread
+    lives as long as the dispatcher), and dropped after an error so the next call starts on a
+    fresh one.
     """
     assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
     started = time.monotonic()
     _drop_connection_if_dead()
     try:
-        return submission_send_and_record(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
+        sent = submission_send(action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token)
+        if sent is None:
+            return "lease_too_short"
+        status = records.record(sent)
+        fault_point("after_record")
+        return status
     except Exception:
         connection.close()
         raise

@@ -159,4 +159,4 @@ def test_a_batch_locks_targets_in_one_order_orders_then_bills_then_suppliers(
 ) -> None:
     """Two batches that hold actions on the same targets must lock those rows in the same order,
     or they deadlock: the sort key is (order, bill, supplier, id), a missing target as 0 or ""."""
-    assert claim_module._target_order(Action(pk=41, **target)) == key
+    assert claim_module.target_lock_order(Action(pk=41, **target)) == key

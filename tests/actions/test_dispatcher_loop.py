@@ -249,20 +249,50 @@ def test_a_pool_thread_sends_and_records_its_claim_and_logs_how_long_it_took(
 ) -> None:
     token = uuid.uuid4()
     action, attempt = SimpleNamespace(action_id="refund:order-7:request-1"), SimpleNamespace(pk=3)
+    sent = SimpleNamespace(action=action)
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(module, "submission_send_and_record", lambda **kwargs: calls.append(kwargs) or S.SUCCEEDED)
+    recorded: list[list[Any]] = []
+
+    def send(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return sent
+
+    def record(group: Any) -> list[str | Exception]:
+        recorded.append(list(group))
+        return [S.SUCCEEDED]
+
+    monkeypatch.setattr(module, "submission_send", send)
     monkeypatch.setattr(module, "_drop_connection_if_dead", lambda: None)
+    records = module.RecordGroups(record=record)
     clock = iter([10.0, 10.25])
     monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     claim = Claim(ClaimOutcome.CLAIMED, action=action, attempt=attempt, lease_token=token)  # type: ignore[arg-type]
 
     with caplog.at_level(logging.DEBUG, logger=module.__name__):
-        assert module._send_and_record(claim) == S.SUCCEEDED
+        assert module._send_and_record(claim, records) == S.SUCCEEDED
 
     assert calls == [{"action": action, "attempt": attempt, "lease_token": token}]
+    assert recorded == [[sent]]
     assert [r.getMessage() for r in caplog.records] == [
         "action_id=refund:order-7:request-1 sent and recorded in 0.250 s"
     ]
+
+
+def test_a_call_not_made_for_a_lease_about_to_expire_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(module, "submission_send", lambda **kwargs: None)
+    monkeypatch.setattr(module, "_drop_connection_if_dead", lambda: None)
+    recorded: list[Any] = []
+
+    def record(group: Any) -> list[str | Exception]:
+        recorded.append(group)
+        return []
+
+    records = module.RecordGroups(record=record)
+    action, attempt = SimpleNamespace(action_id="refund:order-7:request-1"), SimpleNamespace(pk=3)
+    claim = Claim(ClaimOutcome.CLAIMED, action=action, attempt=attempt, lease_token=uuid.uuid4())  # type: ignore[arg-type]
+
+    assert module._send_and_record(claim, records) == "lease_too_short"
+    assert recorded == []
 
 
 # --- with the database --------------------------------------------------------------------------
@@ -317,7 +347,7 @@ def test_a_record_that_raises_is_counted_frees_its_thread_and_leaves_the_lease_t
     def record_fails(**kwargs: Any) -> str:
         raise RuntimeError("the database went away at the record")
 
-    monkeypatch.setattr(module, "submission_send_and_record", record_fails)
+    monkeypatch.setattr(module, "submission_record_group", record_fails)
     monkeypatch.setattr(module, "connection", Watched())
     thread = threading.Thread(target=dispatcher.run, kwargs={"until": lambda: dispatcher.stats.errors >= 1})
     thread.start()

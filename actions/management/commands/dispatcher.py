@@ -58,5 +58,6 @@ class Command(BaseCommand):
             f"dispatcher stopped: {stats.claimed} claimed in {stats.claim_transactions} claim transactions, "
             f"{stats.stale} stale, recorded {stats.recorded or {}}, {stats.errors} errors, "
             f"{len(stats.batch_sizes)} non-empty claims of at most {max(stats.batch_sizes, default=0)}, "
+            f"{stats.record_transactions} record transactions of at most {max(stats.group_sizes, default=0)}, "
             f"{dispatcher.peak_outstanding} claimed and unrecorded at the peak"
         )

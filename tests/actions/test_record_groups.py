@@ -1,0 +1,175 @@
+"""The dispatcher's group commit of records (issue 18): answers that come back together are
+recorded in one transaction, each still under its own lease fence (invariant 3), and one bad
+record holds up only itself.
+
+``submission_record_group`` is the service; ``RecordGroups`` is the dispatcher threads' meeting
+point that decides who records which answers. The real-process crash matrix with the dispatcher
+(tests/faults/test_dispatcher_crashes.py) runs with grouping on.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from actions.engine.dispatch import Sent, submission_record_group
+from actions.engine.dispatcher import RecordGroups
+from actions.kinds import kind_for
+from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order
+from actions.services import Actor
+from tests.actions.test_dispatcher_fence import LATE_ANSWERS, Snapshot, claimed, expire_lease
+from tests.actions.test_reconciliation import AMOUNT
+from tests.processes import wait_until
+
+S = ActionStatus
+
+
+def sent_success(proposer: Actor) -> Sent:
+    """A claimed refund whose receiver answered "succeeded", not yet recorded."""
+    action, attempt, token = claimed(proposer)
+    return Sent(
+        action=action,
+        attempt_pk=attempt.pk,
+        lease_token=token,
+        answer=LATE_ANSWERS["succeeded"](action),
+        contract=kind_for(action.kind).contract(),
+    )
+
+
+def recorded_successfully(sent: Sent) -> bool:
+    action = Action.objects.get(pk=sent.action.pk)
+    order = Order.objects.get(pk=action.order_id)
+    attempt = Attempt.objects.get(pk=sent.attempt_pk)
+    successes = ActionEvent.objects.filter(action=action, transition="record_success").count()
+    return (
+        action.status == S.SUCCEEDED
+        and (order.refunded_amount, order.reserved_amount) == (AMOUNT, 0)
+        and attempt.held_lease is True
+        and successes == 1
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_answers_recorded_together_share_one_commit_each_under_its_own_lease(
+    agent_actor: Actor, dispatched: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant 3 inside a group: the middle answer's lease was swept meanwhile, so it goes on its
+    attempt only and leaves the action and its money alone; the two others are recorded."""
+    lost = sent_success(agent_actor)
+    expire_lease(Action.objects.get(pk=lost.action.pk))  # before the others hold a lease to sweep
+    first, last = sent_success(agent_actor), sent_success(agent_actor)
+    before = Snapshot.of(lost.action.pk)
+
+    with CaptureQueriesContext(connection) as queries:
+        results = submission_record_group(sent=[first, lost, last])
+
+    assert results == [S.SUCCEEDED, "lease_lost", S.SUCCEEDED]
+    assert recorded_successfully(first) and recorded_successfully(last)
+    assert Snapshot.of(lost.action.pk) == before
+    assert Attempt.objects.get(pk=lost.attempt_pk).held_lease is False
+    # One transaction: the group was not rolled back to records of their own, and the agent's
+    # webhook was read once for the group (once per record otherwise).
+    assert not any("rolled back" in message for message in caplog.messages)
+    sql = [query["sql"] for query in queries.captured_queries]
+    hook_reads = [s for s in sql if s.startswith("SELECT") and 'FROM "actions_agentwebhook"' in s]
+    assert len(hook_reads) == 1, "the agent's webhook was read once per record, not once per group"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_record_that_fails_rolls_back_its_group_and_the_others_are_recorded_alone(
+    agent_actor: Actor, dispatched: list[int], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, broken, last = (sent_success(agent_actor) for _ in range(3))
+    refund = kind_for(first.action.kind)
+    book = refund.book_success
+
+    def book_fails_for_one(action: Action) -> None:
+        if action.pk == broken.action.pk:
+            raise RuntimeError("the order row could not be booked")
+        book(action)
+
+    monkeypatch.setattr(type(refund), "book_success", staticmethod(book_fails_for_one))
+
+    results = submission_record_group(sent=[first, broken, last])
+
+    assert results[0] == S.SUCCEEDED and results[2] == S.SUCCEEDED
+    assert isinstance(results[1], RuntimeError)
+    # Each good answer is recorded once: nothing of the rolled-back group survived beside it.
+    assert recorded_successfully(first) and recorded_successfully(last)
+    # The bad one keeps its lease, to expire to UNKNOWN and reconciliation as after a crash.
+    stored = Action.objects.get(pk=broken.action.pk)
+    assert (stored.status, stored.lease_token) == (S.SUBMITTING, broken.lease_token)
+    assert Attempt.objects.get(pk=broken.attempt_pk).finished_at is None
+    assert any("a group of 3 records failed and was rolled back" in m for m in caplog.messages)
+    assert any(f"action_id={broken.action.action_id}: its record failed" in m for m in caplog.messages)
+
+
+# --- who records which answers (no database) ------------------------------------------------------
+
+
+def fake_sent(name: str) -> Any:
+    return SimpleNamespace(name=name, action=SimpleNamespace(pk=name), lease_token=uuid.uuid4())
+
+
+def test_answers_that_arrive_while_a_group_is_recorded_make_the_next_group_together() -> None:
+    release_first = threading.Event()
+    groups: list[list[str]] = []
+
+    def record(sent: Any) -> list[str | Exception]:
+        names = [one.name for one in sent]
+        groups.append(names)
+        if names == ["a"]:
+            assert release_first.wait(10)
+        return [f"recorded {name}" for name in names]
+
+    records = RecordGroups(record=record)
+    results: dict[str, str] = {}
+
+    def answer(name: str) -> None:
+        results[name] = records.record(fake_sent(name))
+
+    a = threading.Thread(target=answer, args=("a",))
+    a.start()
+    wait_until(lambda: groups == [["a"]], timeout=10, what="the first answer being recorded")
+    others = [threading.Thread(target=answer, args=(name,)) for name in ("b", "c")]
+    for thread in others:
+        thread.start()
+    wait_until(lambda: len(records._waiting) == 2, timeout=10, what="two answers waiting for the recorder")
+    assert results == {}, "an answer returned before it was recorded"
+    release_first.set()
+    for thread in (a, *others):
+        thread.join(timeout=10)
+
+    assert groups[0] == ["a"] and sorted(groups[1]) == ["b", "c"] and len(groups) == 2
+    assert results == {"a": "recorded a", "b": "recorded b", "c": "recorded c"}
+
+
+def test_an_answer_whose_record_failed_raises_in_its_own_thread_and_the_next_group_still_runs() -> None:
+    sizes: list[int] = []
+
+    def record(sent: Any) -> list[str | Exception]:
+        return [RuntimeError(f"{one.name} failed") if one.name == "bad" else "SUCCEEDED" for one in sent]
+
+    records = RecordGroups(record=record, on_group=sizes.append)
+    with pytest.raises(RuntimeError, match="bad failed"):
+        records.record(fake_sent("bad"))
+    assert records.record(fake_sent("good")) == "SUCCEEDED"
+    assert sizes == [1, 1]
+
+
+def test_a_recorder_that_raises_hands_the_error_to_every_answer_of_its_group() -> None:
+    def record(sent: Any) -> list[str | Exception]:
+        raise RuntimeError("the recorder itself broke")
+
+    records = RecordGroups(record=record)
+    with pytest.raises(RuntimeError, match="the recorder itself broke"):
+        records.record(fake_sent("a"))
+    assert records._recording is False, "the next answer would wait for ever"
