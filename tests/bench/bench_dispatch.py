@@ -54,6 +54,7 @@ stops and flushes all of it at the end. It needs PostgreSQL and an empty Redis d
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import statistics
@@ -73,7 +74,7 @@ from typing import Any
 from celery import shared_task
 
 from tests.bench import bench_dbos
-from tests.bench.dispatcher_profile import Completion, Dispatchers
+from tests.bench.dispatcher_profile import PROFILE_ENV, Completion, Dispatchers
 from tests.bench.sessions import logs_tail, sessions_stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -240,9 +241,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="length of the idle baseline (default 5)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker and sandbox logs")
+    parser.add_argument(
+        "--profile-dispatchers",
+        metavar="DIR",
+        help="with --dispatchers: profile each dispatcher process's CPU by function (yappi, from "
+        "tests/bench/requirements-bench.txt) and write dispatcher-<pid>.pstat files to DIR; read them "
+        "with `python -m pstats`. The profiler slows the dispatchers: its rates are not the benchmark's",
+    )
     args = parser.parse_args(argv)
     if args.dispatchers < 0 or args.batch < 1:
         parser.error("--dispatchers must not be negative and --batch must be at least 1")
+    if args.profile_dispatchers and not args.dispatchers:
+        parser.error("--profile-dispatchers needs --dispatchers")
+    if args.profile_dispatchers and importlib.util.find_spec("yappi") is None:
+        parser.error("--profile-dispatchers needs yappi: .venv/bin/pip install -r tests/bench/requirements-bench.txt")
     if min(args.actions, args.noops, args.repeat, args.workers, args.concurrency) < 1:
         parser.error("--actions, --noops, --repeat, --workers and --concurrency must be at least 1")
     # DBOS gets the console's shape: as many processes and calls in flight per process.
@@ -638,6 +650,9 @@ def start_warm_workers(
     if args.dispatchers:
         from django.db import connection
 
+        if args.profile_dispatchers:
+            Path(args.profile_dispatchers).mkdir(parents=True, exist_ok=True)
+            env = {**env, PROFILE_ENV: str(Path(args.profile_dispatchers).resolve())}
         workers.dispatchers = Dispatchers(
             count=args.dispatchers, concurrency=args.concurrency, batch=args.batch, workdir=workdir, env=env
         )

@@ -34,6 +34,7 @@ from tests.bench.sessions import logs_tail, sessions_stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY = "dispatcher ready"
+PROFILE_ENV = "BENCH_PROFILE_DIR"
 
 
 class Dispatchers:
@@ -184,7 +185,22 @@ def main() -> None:
         _count_statements_forever(Path(os.environ["BENCH_COUNTERS_DIR"]))
     from django.core.management import call_command
 
-    call_command("dispatcher", concurrency=args.concurrency, batch=args.batch, idle=0.02)
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if not profile_dir:
+        call_command("dispatcher", concurrency=args.concurrency, batch=args.batch, idle=0.02)
+        return
+    # --profile-dispatchers: every thread's CPU time by function (yappi follows the pool threads,
+    # which cProfile does not), written as a pstats file when the dispatcher stops. The profiler
+    # slows the process several times over: read its shares, not its rates.
+    import yappi  # tests/bench/requirements-bench.txt
+
+    yappi.set_clock_type("cpu")
+    yappi.start()
+    try:
+        call_command("dispatcher", concurrency=args.concurrency, batch=args.batch, idle=0.02)
+    finally:
+        yappi.stop()
+        yappi.get_func_stats().save(str(Path(profile_dir) / f"dispatcher-{os.getpid()}.pstat"), type="pstat")
 
 
 if __name__ == "__main__":
