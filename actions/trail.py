@@ -7,14 +7,17 @@ transaction (invariant 9).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from actions import publish
-from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent
+from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent, Attempt
 from actions.outbox import webhook_outbox_write
 
 if TYPE_CHECKING:
@@ -55,6 +58,52 @@ class Actor:
 # --- the audit trail ----------------------------------------------------------------------
 
 
+@dataclass
+class _RowsTogether:
+    events: list[ActionEvent] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+# Inside a transaction that changes many actions at once (the batched claim, the grouped record):
+# their audit events and attempts, inserted together at the end of the block.
+_together: ContextVar[_RowsTogether | None] = ContextVar("rows_written_together", default=None)
+
+
+@contextmanager
+def rows_written_together() -> Iterator[None]:
+    """Within this block, insert the audit events and attempts it writes together when it ends:
+    one INSERT for all the events and one for all the attempts, instead of one per row.
+
+    Use it inside the transaction that makes the changes, and end it before that transaction
+    ends: the rows are written when the block ends without an error, so they still commit or
+    roll back with the changes they record (invariant 9). Nothing inside the block may read
+    them back: they have no primary key until it ends. Each event's webhook outbox row is
+    written after the events (it names the event's key).
+    """
+    together = _RowsTogether()
+    token = _together.set(together)
+    try:
+        yield
+        if together.events:
+            ActionEvent.objects.bulk_create(together.events)
+            for event in together.events:
+                webhook_outbox_write(event)
+        if together.attempts:
+            Attempt.objects.bulk_create(together.attempts)
+    finally:
+        _together.reset(token)
+
+
+def attempt_write(attempt: Attempt) -> Attempt:
+    """Insert one attempt now, or with the others at the end of ``rows_written_together``."""
+    together = _together.get()
+    if together is not None:
+        together.attempts.append(attempt)
+    else:
+        attempt.save(force_insert=True)
+    return attempt
+
+
 def event_record(
     *,
     action: Action,
@@ -68,9 +117,10 @@ def event_record(
     """Append one audit event. Call it inside the transaction that made the change.
 
     A state change of an agent's action also writes the agent's webhook outbox row, in the same
-    transaction (actions.outbox).
+    transaction (actions.outbox). Inside ``rows_written_together`` both are written when the
+    block ends.
     """
-    event = ActionEvent.objects.create(
+    event = ActionEvent(
         action=action,
         transition=transition,
         from_state=from_state,
@@ -83,6 +133,11 @@ def event_record(
         evidence=evidence or {},
         created_at=now or timezone.now(),
     )
+    together = _together.get()
+    if together is not None:
+        together.events.append(event)
+        return event
+    event.save(force_insert=True)
     webhook_outbox_write(event)
     return event
 

@@ -24,7 +24,7 @@ from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionStatus, Attempt
 from actions.outbox import agent_webhooks_read_once
-from actions.trail import Actor, action_transition
+from actions.trail import Actor, action_transition, rows_written_together
 from approvals.models import Approval
 from approvals.policy import (
     approval_redecide_by_policy,
@@ -139,7 +139,8 @@ def submission_begin_batch(
     stale: list[tuple[int, list[dict[str, str]]]] = []
     candidate_pks: list[int] = []
     try:
-        with transaction.atomic(durable=True), agent_webhooks_read_once():
+        # The events and attempts of the whole batch are inserted together, before the commit.
+        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together():
             candidates = Action.objects.select_for_update(skip_locked=True).filter(status=S.AUTHORIZED)
             if authorized_before is not None:
                 candidates = candidates.filter(status_changed_at__lt=authorized_before)

@@ -32,7 +32,7 @@ from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
 from actions.outbox import agent_webhooks_read_once
 from actions.owners import owner_pick
-from actions.trail import Actor, action_transition
+from actions.trail import Actor, action_transition, rows_written_together
 
 log = logging.getLogger(__name__)
 S = ActionStatus
@@ -441,7 +441,7 @@ def submission_record_group(*, sent: Sequence[Sent]) -> list[str | Exception]:
     now = timezone.now()
     results: dict[int, str] = {}
     try:
-        with transaction.atomic(durable=True), agent_webhooks_read_once():
+        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together():
             leases = {
                 pk: (status, token)
                 for pk, status, token in Action.objects.select_for_update()

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from actions.kinds import kind_for
 from actions.models import Action, Attempt, AttemptKind
-from actions.trail import Actor, action_transition
+from actions.trail import Actor, action_transition, attempt_write
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,14 @@ def lease_take(
         lease_expires_at=expires_at,
         started_at=now,
     )
-    attempt = Attempt.objects.create(
-        action=action,
-        kind=AttemptKind.SUBMIT,
-        lease_token=token,
-        idempotency_key=action.idempotency_key,
-        request=kind_for(action.kind).request_body(action),
-        started_at=now,
+    attempt = attempt_write(
+        Attempt(
+            action=action,
+            kind=AttemptKind.SUBMIT,
+            lease_token=token,
+            idempotency_key=action.idempotency_key,
+            request=kind_for(action.kind).request_body(action),
+            started_at=now,
+        )
     )
     return Lease(action=action, attempt=attempt, token=token)

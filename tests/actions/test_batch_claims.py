@@ -18,10 +18,11 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from actions.engine import leases
 from actions.engine.claim import ClaimOutcome, submission_begin_batch
 from actions.engine.dispatch import sweep_authorized, sweep_batch_size
 from actions.kinds import kind_for
-from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order
+from actions.models import Action, ActionEvent, ActionStatus, AgentWebhook, AgentWebhookDelivery, Attempt, Order
 from actions.services import Actor
 from approvals.models import Approval, Decision
 from approvals.services import approval_decide, approval_decide_group
@@ -95,16 +96,16 @@ def test_a_batch_is_one_transaction_so_a_failure_mid_batch_claims_nothing(
     nothing was reserved either (invariant 5). Here every claim fails from the third attempt
     row on, in the batch and then one by one: nothing at all is claimed."""
     actions = [authorized_refund(agent_actor) for _ in range(3)]
-    real_create = Attempt.objects.create
-    created: list[Any] = []
+    real_write = leases.attempt_write
+    written: list[Attempt] = []
 
-    def create_then_fail(**kwargs: Any) -> Attempt:
-        if len(created) == 2:
+    def write_then_fail(attempt: Attempt) -> Attempt:
+        if len(written) == 2:
             raise RuntimeError("the database went away mid-batch")
-        created.append(kwargs)
-        return real_create(**kwargs)
+        written.append(attempt)
+        return real_write(attempt)
 
-    monkeypatch.setattr(Attempt.objects, "create", create_then_fail)
+    monkeypatch.setattr(leases, "attempt_write", write_then_fail)
 
     assert submission_begin_batch(limit=10) == []
 
@@ -139,11 +140,37 @@ def test_a_batch_costs_fewer_statements_than_claiming_one_by_one(agent_actor: Ac
     with CaptureQueriesContext(connection) as batch:
         claims = submission_begin_batch(limit=8)
     assert len([c for c in claims if c.outcome == ClaimOutcome.CLAIMED]) == len(actions)
-    # Per action: the reservation, the transition, its event and its attempt; for the batch: the
-    # locked read of the actions, one read of their approvals and one of their agent's webhook
-    # (a single claim pays the last two for every action).
+    # Per action: the reservation and the transition; for the batch: the locked read of the
+    # actions, one read of their approvals, one of their agent's webhook, one INSERT of all their
+    # events and one of all their attempts (a single claim pays each of the last four itself).
     statements = [q["sql"] for q in batch.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 4 * len(actions) + 3
+    assert len(statements) == 2 * len(actions) + 5
+    inserts = [sql.split('"')[1] for sql in statements if sql.startswith("INSERT")]
+    assert inserts == ["actions_actionevent", "actions_attempt"]
+
+
+def test_a_batchs_events_and_attempts_are_written_inside_its_transaction(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant 9: the events are inserted together at the end of the batch, still before its
+    commit. When that insert fails the whole batch rolls back (nothing reserved, no lease), and
+    its actions are then claimed one by one, each with exactly one event and one attempt."""
+    actions = [authorized_refund(agent_actor) for _ in range(3)]
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the events' INSERT failed")
+
+    monkeypatch.setattr(ActionEvent.objects, "bulk_create", fail)
+
+    claims = submission_begin_batch(limit=10)
+
+    assert sorted(c.action.pk for c in claims if c.outcome == ClaimOutcome.CLAIMED and c.action) == sorted(
+        a.pk for a in actions
+    )
+    for action in actions:
+        assert ActionEvent.objects.filter(action=action, transition="begin_submission").count() == 1
+        assert Attempt.objects.filter(action=action).count() == 1
+        assert Order.objects.get(actions=action).reserved_amount == AMOUNT
 
 
 def test_an_action_whose_approval_no_longer_holds_goes_stale_alone_and_the_rest_are_claimed(
@@ -281,3 +308,20 @@ def test_the_sweep_sends_every_lost_publish_through_batched_claims(
     assert sorted(pk for pk, _ in sent) == sorted(a.pk for a in actions)
     assert len({token for _, token in sent}) == 5
     assert batches == [2, 2, 1, 0]
+
+
+def test_an_agents_webhook_gets_one_delivery_per_claim_naming_its_event(agent_actor: Actor) -> None:
+    """The events of a batch are written together at its end, and each still gets its outbox row,
+    which names the event it announces (the row is written once the event has its key)."""
+    assert agent_actor.agent is not None
+    AgentWebhook.objects.create(agent=agent_actor.agent, url="https://hooks.example.test/console", secret="s" * 32)
+    actions = [authorized_refund(agent_actor) for _ in range(3)]
+
+    claims = submission_begin_batch(limit=10)
+
+    assert len([c for c in claims if c.outcome == ClaimOutcome.CLAIMED]) == 3
+    for action in actions:
+        event = ActionEvent.objects.get(action=action, transition="begin_submission")
+        delivery = AgentWebhookDelivery.objects.get(action=action, event_type="action.submitting")
+        assert (delivery.audit_event_id, delivery.event_id) == (event.pk, f"evt_{event.pk}")
+        assert delivery.payload["data"]["previous_status"] == S.AUTHORIZED

@@ -80,6 +80,10 @@ def test_answers_recorded_together_share_one_commit_each_under_its_own_lease(
     sql = [query["sql"] for query in queries.captured_queries]
     hook_reads = [s for s in sql if s.startswith("SELECT") and 'FROM "actions_agentwebhook"' in s]
     assert len(hook_reads) == 1, "the agent's webhook was read once per record, not once per group"
+    # Both records' audit events in one INSERT, inside the group's transaction.
+    event_inserts = [s for s in sql if s.startswith('INSERT INTO "actions_actionevent"')]
+    assert len(event_inserts) == 1
+    assert ActionEvent.objects.filter(action__in=[first.action, last.action], transition="record_success").count() == 2
 
 
 @pytest.mark.postgres
