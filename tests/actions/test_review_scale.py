@@ -157,7 +157,7 @@ SELECT
     CASE WHEN %(open)s THEN now() + interval '5 minutes' END,
     CASE WHEN %(open)s THEN now() + interval '1 day' END,
     now() - interval '2 hours', now() - interval '2 hours'
-FROM generate_series(%(start)s, %(stop)s) AS n
+FROM generate_series(%(start)s::int, %(stop)s::int) AS n
 """
 
 ATTEMPTS_SQL = """
@@ -168,7 +168,7 @@ SELECT a.id, 'submit', a.idempotency_key, '{}'::jsonb,
        a.created_at, a.created_at
 FROM actions_action a
 WHERE a.action_id LIKE 'refund:order-scale:request-%%'
-  AND substring(a.action_id from 28)::int BETWEEN %(start)s AND %(stop)s
+  AND substring(a.action_id from 28)::int BETWEEN %(start)s::int AND %(stop)s::int
 """
 
 

@@ -78,7 +78,7 @@ SELECT %(prefix)s || n,
            || n || '@example.com',
        'EUR', 1000.00, 0, 0, 0, 1, 'ch_' || substr(md5(%(prefix)s || 'ch' || n), 1, 24),
        now() - (n || ' minutes')::interval, now()
-FROM generate_series(1, %(orders)s) AS n
+FROM generate_series(1, %(orders)s::int) AS n
 """
 
 # Four in five actions succeeded and carry the provider's refund id; the rest are spread over the
@@ -96,8 +96,8 @@ SELECT 'refund:order-' || o.number || ':request-' || n, 'refund', 'refund:order-
        '[]'::jsonb, 1, 0, 0,
        CASE WHEN n %% 5 = 0 THEN '' ELSE 're_' || substr(md5(%(prefix)s || 're' || n), 1, 24) END,
        now() - (n || ' seconds')::interval, now(), now() - (n || ' seconds')::interval
-FROM generate_series(%(start)s, %(stop)s) AS n
-JOIN actions_order o ON o.number = %(prefix)s || (1 + n %% %(orders)s)
+FROM generate_series(%(start)s::int, %(stop)s::int) AS n
+JOIN actions_order o ON o.number = %(prefix)s || (1 + n %% %(orders)s::int)
 """
 
 
