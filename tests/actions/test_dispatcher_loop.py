@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from types import SimpleNamespace
@@ -181,6 +182,45 @@ def test_the_stats_count_each_result_from_nothing() -> None:
     for result in (S.SUCCEEDED, S.UNKNOWN, S.SUCCEEDED):
         stats.count(result)
     assert stats.recorded == {S.SUCCEEDED: 2, S.UNKNOWN: 1}
+
+
+@pytest.mark.parametrize("missing", ["action", "attempt", "lease_token"])
+def test_a_claim_without_its_action_attempt_or_lease_token_is_never_sent(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """Invariant 3: no receiver call without a lease the caller holds. Without a token the call
+    would go out and only its record would be fenced off, after the effect."""
+    sent: list[dict[str, Any]] = []
+
+    def send_and_record(**kwargs: Any) -> str:
+        sent.append(kwargs)
+        return S.SUCCEEDED
+
+    monkeypatch.setattr(module, "submission_send_and_record", send_and_record)
+    parts = claimed_parts()
+    parts[missing] = None
+    with pytest.raises(AssertionError):
+        module._send_and_record(Claim(ClaimOutcome.CLAIMED, **parts))
+    assert sent == []
+
+
+def claimed_parts() -> dict[str, Any]:
+    """A CLAIMED claim's action, attempt and lease token (not saved: the send is replaced)."""
+    return {"action": Action(action_id="refund:order-1:request-1"), "attempt": Attempt(), "lease_token": uuid.uuid4()}
+
+
+def test_each_call_logs_its_action_and_how_long_the_call_and_its_record_took(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(module, "submission_send_and_record", lambda **kwargs: S.SUCCEEDED)
+    clock = iter([100.0, 100.0, 100.25])  # the start, the idle connection check, the end
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(module, "_last_use", threading.local())
+    with caplog.at_level(logging.DEBUG, logger=module.__name__):
+        assert module._send_and_record(Claim(ClaimOutcome.CLAIMED, **claimed_parts())) == S.SUCCEEDED
+    assert [record.getMessage() for record in caplog.records] == [
+        "action_id=refund:order-1:request-1 sent and recorded in 0.250 s"
+    ]
 
 
 class FakeConnection:
