@@ -156,24 +156,33 @@ def test_shutdown_stops_the_loop_and_ends_an_idle_wait_at_once() -> None:
 
 
 def test_a_finished_call_is_counted_frees_its_thread_and_wakes_the_loop(caplog: pytest.LogCaptureFixture) -> None:
-    dispatcher = Dispatcher(concurrency=2, batch_size=2)
-    dispatcher._outstanding = 2
+    dispatcher = Dispatcher(concurrency=3, batch_size=3)
+    dispatcher._outstanding = 3
     answered: Future[str] = Future()
     answered.set_result(S.SUCCEEDED)
     dispatcher._done(answered)
-    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (1, {S.SUCCEEDED: 1}, 0)
+    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (2, {S.SUCCEEDED: 1}, 0)
     assert dispatcher._wake.is_set()
 
-    dispatcher._wake.clear()
-    failed: Future[str] = Future()
-    failed.set_exception(RuntimeError("connection lost at the record"))
-    with caplog.at_level(logging.ERROR, logger=module.__name__):
-        dispatcher._done(failed)
-    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (0, {S.SUCCEEDED: 1}, 1)
-    assert dispatcher._wake.is_set()
-    [record] = caplog.records
-    assert "lease expires to reconciliation" in record.getMessage()
-    assert record.exc_info is not None and "connection lost at the record" in str(record.exc_info[1])
+    for left, errors in ((1, 1), (0, 2)):
+        dispatcher._wake.clear()
+        failed: Future[str] = Future()
+        failed.set_exception(RuntimeError("connection lost at the record"))
+        with caplog.at_level(logging.ERROR, logger=module.__name__):
+            dispatcher._done(failed)
+        assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (
+            left,
+            {S.SUCCEEDED: 1},
+            errors,
+        )
+        assert dispatcher._wake.is_set()
+    assert [record.getMessage() for record in caplog.records] == [
+        "dispatcher: a call's record failed; its lease expires to reconciliation"
+    ] * 2
+    assert all(
+        record.exc_info is not None and "connection lost at the record" in str(record.exc_info[1])
+        for record in caplog.records
+    )
 
 
 def test_the_stats_count_each_result_from_nothing() -> None:
@@ -244,6 +253,7 @@ class FakeConnection:
         (5.5, True, False, 1, 1),  # idle, and the server went away: dropped before the call
         (5.5, True, True, 1, 0),  # idle and healthy: kept
         (4.5, True, False, 0, 0),  # busy: not checked (the round trip would cost every call)
+        (5.0, True, False, 0, 0),  # idle for exactly the limit: not yet "idle for longer"
         (5.5, False, False, 0, 0),  # no connection yet: nothing to check
     ],
 )
