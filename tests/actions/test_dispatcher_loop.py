@@ -148,6 +148,15 @@ def test_the_loop_asks_for_at_most_a_batch_and_waits_its_longest_when_nothing_is
     assert ScriptedLoop(dispatcher, monkeypatch, [], rounds=2).run() == [("wait", 0.7), ("wait", 0.7)]
 
 
+def test_one_free_thread_and_no_batch_ahead_claims_its_one_action_at_once(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 20, 10  # too short to claim ahead
+    dispatcher = Dispatcher(concurrency=2, batch_size=2, idle_seconds=0.05, max_idle_seconds=0.7)
+    dispatcher._outstanding = 1
+    assert ScriptedLoop(dispatcher, monkeypatch, [1], rounds=2).run() == [("claim", 1), ("start", 0)]
+
+
 def test_shutdown_stops_the_loop_and_ends_an_idle_wait_at_once() -> None:
     dispatcher = Dispatcher(concurrency=1, batch_size=1)
     dispatcher.shutdown()
