@@ -241,6 +241,65 @@ def test_each_call_logs_its_action_and_how_long_the_call_and_its_record_took(
     ]
 
 
+def test_each_batch_claim_counts_what_it_claimed_what_went_stale_and_one_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dispatcher's stats (its log line at stop and the benchmarks read them): a batch asks
+    for at most a batch, as the dispatcher process, and an empty batch is still a transaction."""
+    stale, taken = Claim(ClaimOutcome.STALE), Claim(ClaimOutcome.TAKEN)
+    batches = iter([[CLAIMED, stale, taken], [], [CLAIMED, CLAIMED, stale]])
+    asked: list[dict[str, Any]] = []
+
+    def begin_batch(**kwargs: Any) -> list[Claim]:
+        asked.append(kwargs)
+        return next(batches)
+
+    monkeypatch.setattr(module, "submission_begin_batch", begin_batch)
+    monkeypatch.setattr(module, "throttling_enabled", lambda: False)
+    dispatcher = Dispatcher(concurrency=4, batch_size=3)
+    assert dispatcher._claim(5) == [CLAIMED, stale, taken]
+    assert dispatcher._claim(2) == []
+    assert dispatcher._claim(3) == [CLAIMED, CLAIMED, stale]
+
+    assert asked == [
+        {"limit": limit, "action_pks": None, "actor": module.DISPATCHER_PROCESS} for limit in (3, 2, 3)
+    ]
+    stats = dispatcher.stats
+    assert (stats.claim_transactions, stats.claimed, stats.stale, stats.batches, list(stats.batch_sizes)) == (
+        3,
+        3,
+        2,
+        2,
+        [1, 2],
+    )
+    assert stats.errors == 0
+
+
+def test_a_failed_batch_claim_is_counted_logged_drops_the_connection_and_waits_the_longest_idle(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def begin_batch(**kwargs: Any) -> list[Claim]:
+        raise RuntimeError("deadlock detected")
+
+    monkeypatch.setattr(module, "submission_begin_batch", begin_batch)
+    monkeypatch.setattr(module, "throttling_enabled", lambda: False)
+    fake = FakeConnection(open_=True, usable=True)
+    monkeypatch.setattr(module, "connection", fake)
+    dispatcher = Dispatcher(concurrency=2, batch_size=2, idle_seconds=0.05, max_idle_seconds=0.7)
+    waits: list[float] = []
+    monkeypatch.setattr(dispatcher, "_wait", waits.append)
+    with caplog.at_level(logging.ERROR, logger=module.__name__):
+        assert dispatcher._claim(2) == []
+        assert dispatcher._claim(2) == []
+
+    assert (dispatcher.stats.errors, dispatcher.stats.claim_transactions, dispatcher.stats.claimed) == (2, 0, 0)
+    assert (waits, fake.closed) == ([0.7, 0.7], 2)
+    assert [record.getMessage() for record in caplog.records] == [
+        "dispatcher: a batch claim failed; nothing of it was claimed"
+    ] * 2
+    assert all(record.exc_info is not None and "deadlock" in str(record.exc_info[1]) for record in caplog.records)
+
+
 class FakeConnection:
     def __init__(self, *, open_: bool, usable: bool) -> None:
         self.connection = object() if open_ else None
