@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
@@ -340,23 +341,80 @@ def test_a_threads_connection_idle_for_five_seconds_is_checked_and_dropped_if_de
     assert module._last_use.at == 100.0 + idle
 
 
+class ClosingAtStop:
+    """Who closed a connection at stop, and the barriers the closing tasks met. The barrier's
+    timeout (10 s in the dispatcher) is scaled down 50 times so a test of a stuck thread is quick."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.closed_by: list[str] = []
+        self.barriers: list[threading.Barrier] = []
+        closing = self
+
+        class Recording:
+            def close(self) -> None:
+                closing.closed_by.append(threading.current_thread().name)
+
+        class QuickBarrier(threading.Barrier):
+            def __init__(self, parties: int) -> None:
+                super().__init__(parties)
+                closing.barriers.append(self)
+
+            def wait(self, timeout: float | None = None) -> int:
+                return super().wait(None if timeout is None else timeout / 50)
+
+        monkeypatch.setattr(module, "connection", Recording())
+        monkeypatch.setattr(
+            module,
+            "threading",
+            SimpleNamespace(Barrier=QuickBarrier, BrokenBarrierError=threading.BrokenBarrierError),
+        )
+
+    def release(self) -> None:
+        for barrier in self.barriers:
+            barrier.abort()
+
+
 def test_at_stop_each_pool_thread_closes_its_own_connection_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Django connection can only be closed by its own thread: one closing task per thread,
     and the barrier keeps a fast thread from taking two while another takes none."""
-    closed_by: list[str] = []
-
-    class Recording:
-        def close(self) -> None:
-            closed_by.append(threading.current_thread().name)
-
-    monkeypatch.setattr(module, "connection", Recording())
+    closing = ClosingAtStop(monkeypatch)
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dispatch") as pool:
         # Start the three threads, as the dispatcher's calls would have.
         started = threading.Barrier(3)
         for _ in range(3):
             pool.submit(started.wait, 10)
         module._close_thread_connections(pool, 3)
-    assert sorted(closed_by) == ["dispatch_0", "dispatch_1", "dispatch_2"]
+    assert sorted(closing.closed_by) == ["dispatch_0", "dispatch_1", "dispatch_2"]
+    assert [barrier.broken for barrier in closing.barriers] == [False], "the free threads waited out a timeout"
+
+
+def test_at_stop_a_thread_stuck_in_a_call_does_not_keep_the_others_from_closing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The barrier waits a bounded time: a call that never returns must not keep the free
+    threads' connections open (or the dispatcher from stopping)."""
+    closing = ClosingAtStop(monkeypatch)
+    stuck = threading.Event()
+    stuck_in: list[str] = []
+
+    def call_that_hangs() -> None:
+        stuck_in.append(threading.current_thread().name)
+        stuck.wait(10)
+
+    try:
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dispatch") as pool:
+            started = threading.Barrier(3)
+            for _ in range(3):
+                pool.submit(started.wait, 10)
+            pool.submit(call_that_hangs)
+            module._close_thread_connections(pool, 3)
+            deadline = time.monotonic() + 3
+            while len(set(closing.closed_by)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            closed_while_stuck = set(closing.closed_by)
+            stuck.set()
+    finally:
+        stuck.set()
+        closing.release()
+    assert closed_while_stuck == {"dispatch_0", "dispatch_1", "dispatch_2"} - set(stuck_in)
 
 
 # --- with the database --------------------------------------------------------------------------
