@@ -51,6 +51,8 @@ CLAIMED = Claim(ClaimOutcome.CLAIMED)
         # The batch ahead is at most one action per thread (min(batch, concurrency)).
         (2, 16, 60, 2, 2),
         (2, 16, 60, 3, 0),
+        # One thread, batches of one: the one action ahead is still claimed.
+        (1, 1, 60, 1, 1),
         # The lease exactly three provider timeouts long still fits.
         (4, 2, 30, 4, 2),
         # A lease too short for the wait: nothing claimed ahead of a free thread.
@@ -514,6 +516,12 @@ def test_with_rate_limits_only_actions_whose_receiver_has_a_token_are_claimed(
     # The shortest wait the bucket hands back (throttle.MIN_WAIT_SECONDS) is still a wait.
     tokens = iter([0.0, 0.05])
     assert dispatcher._with_tokens(2) == [third.pk]
+
+    # A claim of one asks the bucket for one action's token, not one for every AUTHORIZED action.
+    asked.clear()
+    tokens = iter([3.0] * 3)
+    assert dispatcher._claim(1) == []
+    assert asked == ["provider"]
 
     tokens = iter([3.0, 0.0, 0.0])
     claims = dispatcher._claim(4)
