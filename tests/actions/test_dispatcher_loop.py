@@ -109,6 +109,17 @@ def test_an_empty_table_is_looked_at_again_after_an_idle_wait_that_doubles_up_to
     assert waits == [0.05, 0.1, 0.2, 0.3, 0.3, 0.3]
 
 
+def test_an_idle_dispatcher_as_the_command_starts_it_looks_at_the_table_at_least_every_second(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``manage.py dispatcher`` passes ``--idle`` (0.05 s) and leaves the cap to its default: a new
+    AUTHORIZED action waits at most a second for an idle dispatcher."""
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 60, 10
+    dispatcher = Dispatcher(concurrency=1, batch_size=1, idle_seconds=0.05)
+    waits = [seconds for what, seconds in ScriptedLoop(dispatcher, monkeypatch, [], rounds=16).run() if what == "wait"]
+    assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
+
+
 def test_a_claim_that_finds_work_resets_the_idle_wait_and_a_full_batch_claims_again_at_once(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
