@@ -107,6 +107,7 @@ def test_an_empty_table_is_looked_at_again_after_an_idle_wait_that_doubles_up_to
     dispatcher = Dispatcher(concurrency=2, batch_size=4, idle_seconds=0.05, max_idle_seconds=0.3)
     waits = [seconds for what, seconds in ScriptedLoop(dispatcher, monkeypatch, [], rounds=12).run() if what == "wait"]
     assert waits == [0.05, 0.1, 0.2, 0.3, 0.3, 0.3]
+    assert dispatcher.peak_outstanding == 0, "nothing was ever in flight"
 
 
 def test_an_idle_dispatcher_as_the_command_starts_it_looks_at_the_table_at_least_every_second(
