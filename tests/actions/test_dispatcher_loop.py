@@ -402,7 +402,9 @@ def test_at_stop_each_pool_thread_closes_its_own_connection_once(monkeypatch: py
     assert [barrier.broken for barrier in closing.barriers] == [False], "the free threads waited out a timeout"
 
 
-def test_at_stop_a_thread_stuck_in_a_call_does_not_keep_the_others_from_closing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_at_stop_a_thread_stuck_in_a_call_does_not_keep_the_others_from_closing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The barrier waits a bounded time: a call that never returns must not keep the free
     threads' connections open (or the dispatcher from stopping)."""
     closing = ClosingAtStop(monkeypatch)
