@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.engine.invariants import EffectsReport, Violation, _age, audit_effects
+from actions.engine.invariants import EffectsReport, Violation, _age, audit_effects, check_effects
 from actions.kinds.base import Effect, Outcome
 from actions.models import Action, ActionStatus
 from actions.services import Actor
@@ -40,11 +40,11 @@ class NotToBeRead:
         raise AssertionError("the audit read a ledger this deployment does not have")
 
 
-def effect(reference: str, action_id: str) -> Effect:
+def effect(reference: str, action_id: str | None, outcome: Outcome = Outcome.SUCCEEDED) -> Effect:
     return Effect(
         reference=reference,
-        status="succeeded",
-        outcome=Outcome.SUCCEEDED,
+        status=str(outcome).lower(),
+        outcome=outcome,
         amount_minor=1000,
         currency="EUR",
         action_id=action_id,
@@ -91,6 +91,31 @@ def test_the_audit_gives_a_stuck_submission_the_grace_it_was_asked_for(
     assert lost(audit_effects(receivers=given, stuck_grace_seconds=300)) == []
     assert lost(audit_effects(receivers=given)) == [
         (action.action_id, "SUBMITTING for 5 min, beyond lease + sweep interval")
+    ]
+
+
+@pytest.mark.django_db
+def test_the_report_counts_effects_actions_and_states_as_of_the_time_it_was_asked(agent_actor: Actor) -> None:
+    waiting, also_waiting, done = (authorized_refund(agent_actor) for _ in range(3))
+    Action.objects.filter(pk=done.pk).update(status=S.SUCCEEDED, provider_reference="re_done")
+    asked = timezone.now() - timedelta(minutes=1)
+
+    report = check_effects(
+        ledger=[
+            effect("re_done", done.action_id),
+            effect("re_orphan", None),
+            effect("re_refused", waiting.action_id, Outcome.FAILED_FINAL),  # not an effect
+        ],
+        now=asked,
+    )
+
+    assert report.checked_at == asked.isoformat()
+    assert (report.effects, report.actions) == (2, 3)
+    assert report.states == {S.AUTHORIZED: 2, S.SUCCEEDED: 1}
+    assert report.actions_by_kind == {"refund": 3}
+    # The succeeded action's recorded reference is its effect's: only the orphan is a violation.
+    assert [(v.invariant, v.subject, v.message) for v in report.violations if v.invariant in (1, 2)] == [
+        (1, "re_orphan", "effect re_orphan names no known action (no action id)")
     ]
 
 
