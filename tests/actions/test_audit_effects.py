@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.invariants import EffectsReport, Violation, _age, audit_effects, check_effects
+from actions.kinds import all_kinds
 from actions.kinds.base import Effect, Outcome
 from actions.models import Action, ActionStatus
 from actions.services import Actor
@@ -89,9 +90,10 @@ def test_the_audit_gives_a_stuck_submission_the_grace_it_was_asked_for(
         return [(v.subject, v.message) for v in report.violations if v.invariant == 8]
 
     assert lost(audit_effects(receivers=given, stuck_grace_seconds=300)) == []
-    assert lost(audit_effects(receivers=given)) == [
-        (action.action_id, "SUBMITTING for 5 min, beyond lease + sweep interval")
-    ]
+    report = audit_effects(receivers=given)
+    assert lost(report) == [(action.action_id, "SUBMITTING for 5 min, beyond lease + sweep interval")]
+    assert report.lost == 1
+    assert report.lost_by_kind == {**{kind.name: 0 for kind in all_kinds()}, "refund": 1}
 
 
 @pytest.mark.django_db
