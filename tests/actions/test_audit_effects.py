@@ -98,7 +98,7 @@ def test_the_audit_gives_a_stuck_submission_the_grace_it_was_asked_for(
 
 @pytest.mark.django_db
 def test_the_report_counts_effects_actions_and_states_as_of_the_time_it_was_asked(agent_actor: Actor) -> None:
-    waiting, also_waiting, done = (authorized_refund(agent_actor) for _ in range(3))
+    waiting, _also_waiting, done = (authorized_refund(agent_actor) for _ in range(3))
     Action.objects.filter(pk=done.pk).update(status=S.SUCCEEDED, provider_reference="re_done")
     asked = timezone.now() - timedelta(minutes=1)
 
