@@ -195,9 +195,9 @@ def test_a_dispatcher_whose_claim_fails_claims_nothing_and_carries_on(
     assert len(receiver.refunds) == 2
 
 
-def test_the_dispatcher_refuses_settings_that_would_cap_it_silently() -> None:
-    with pytest.raises(ValueError):
-        Dispatcher(concurrency=0, batch_size=4)
-    with pytest.raises(ValueError):
-        Dispatcher(concurrency=4, batch_size=0)
+def test_the_dispatcher_refuses_settings_that_would_cap_it_silently_and_says_why() -> None:
+    for concurrency, batch_size in ((0, 4), (4, 0)):
+        with pytest.raises(ValueError, match=r"^concurrency and batch_size must be at least 1$"):
+            Dispatcher(concurrency=concurrency, batch_size=batch_size)
+    Dispatcher(concurrency=1, batch_size=1)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
@@ -50,6 +51,8 @@ CLAIMED = Claim(ClaimOutcome.CLAIMED)
         # The batch ahead is at most one action per thread (min(batch, concurrency)).
         (2, 16, 60, 2, 2),
         (2, 16, 60, 3, 0),
+        # One thread, batches of one: the one action ahead is still claimed.
+        (1, 1, 60, 1, 1),
         # The lease exactly three provider timeouts long still fits.
         (4, 2, 30, 4, 2),
         # A lease too short for the wait: nothing claimed ahead of a free thread.
@@ -104,6 +107,18 @@ def test_an_empty_table_is_looked_at_again_after_an_idle_wait_that_doubles_up_to
     dispatcher = Dispatcher(concurrency=2, batch_size=4, idle_seconds=0.05, max_idle_seconds=0.3)
     waits = [seconds for what, seconds in ScriptedLoop(dispatcher, monkeypatch, [], rounds=12).run() if what == "wait"]
     assert waits == [0.05, 0.1, 0.2, 0.3, 0.3, 0.3]
+    assert dispatcher.peak_outstanding == 0, "nothing was ever in flight"
+
+
+def test_an_idle_dispatcher_as_the_command_starts_it_looks_at_the_table_at_least_every_second(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``manage.py dispatcher`` passes ``--idle`` (0.05 s) and leaves the cap to its default: a new
+    AUTHORIZED action waits at most a second for an idle dispatcher."""
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 60, 10
+    dispatcher = Dispatcher(concurrency=1, batch_size=1, idle_seconds=0.05)
+    waits = [seconds for what, seconds in ScriptedLoop(dispatcher, monkeypatch, [], rounds=16).run() if what == "wait"]
+    assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
 
 
 def test_a_claim_that_finds_work_resets_the_idle_wait_and_a_full_batch_claims_again_at_once(
@@ -148,6 +163,15 @@ def test_the_loop_asks_for_at_most_a_batch_and_waits_its_longest_when_nothing_is
     assert ScriptedLoop(dispatcher, monkeypatch, [], rounds=2).run() == [("wait", 0.7), ("wait", 0.7)]
 
 
+def test_one_free_thread_and_no_batch_ahead_claims_its_one_action_at_once(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 20, 10  # too short to claim ahead
+    dispatcher = Dispatcher(concurrency=2, batch_size=2, idle_seconds=0.05, max_idle_seconds=0.7)
+    dispatcher._outstanding = 1
+    assert ScriptedLoop(dispatcher, monkeypatch, [1], rounds=2).run() == [("claim", 1), ("start", 0)]
+
+
 def test_shutdown_stops_the_loop_and_ends_an_idle_wait_at_once() -> None:
     dispatcher = Dispatcher(concurrency=1, batch_size=1)
     dispatcher.shutdown()
@@ -156,25 +180,33 @@ def test_shutdown_stops_the_loop_and_ends_an_idle_wait_at_once() -> None:
 
 
 def test_a_finished_call_is_counted_frees_its_thread_and_wakes_the_loop(caplog: pytest.LogCaptureFixture) -> None:
-    dispatcher = Dispatcher(concurrency=2, batch_size=2)
-    dispatcher._outstanding = 2
+    dispatcher = Dispatcher(concurrency=3, batch_size=3)
+    dispatcher._outstanding = 3
     answered: Future[str] = Future()
     answered.set_result(S.SUCCEEDED)
     dispatcher._done(answered)
-    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (1, {S.SUCCEEDED: 1}, 0)
+    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (2, {S.SUCCEEDED: 1}, 0)
     assert dispatcher._wake.is_set()
 
-    dispatcher._wake.clear()
-    dispatcher.stats.errors = 2  # counted on top of earlier errors, not reset
-    failed: Future[str] = Future()
-    failed.set_exception(RuntimeError("connection lost at the record"))
-    with caplog.at_level(logging.ERROR, logger=module.__name__):
-        dispatcher._done(failed)
-    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (0, {S.SUCCEEDED: 1}, 3)
-    assert dispatcher._wake.is_set()
-    [record] = caplog.records
-    assert record.getMessage() == "dispatcher: a call's record failed; its lease expires to reconciliation"
-    assert record.exc_info is not None and "connection lost at the record" in str(record.exc_info[1])
+    for left, errors in ((1, 1), (0, 2)):
+        dispatcher._wake.clear()
+        failed: Future[str] = Future()
+        failed.set_exception(RuntimeError("connection lost at the record"))
+        with caplog.at_level(logging.ERROR, logger=module.__name__):
+            dispatcher._done(failed)
+        assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (
+            left,
+            {S.SUCCEEDED: 1},
+            errors,
+        )
+        assert dispatcher._wake.is_set()
+    assert [record.getMessage() for record in caplog.records] == [
+        "dispatcher: a call's record failed; its lease expires to reconciliation"
+    ] * 2
+    assert all(
+        record.exc_info is not None and "connection lost at the record" in str(record.exc_info[1])
+        for record in caplog.records
+    )
 
 
 def test_the_stats_count_each_result_from_nothing() -> None:
@@ -183,6 +215,106 @@ def test_the_stats_count_each_result_from_nothing() -> None:
     for result in (S.SUCCEEDED, S.UNKNOWN, S.SUCCEEDED):
         stats.count(result)
     assert stats.recorded == {S.SUCCEEDED: 2, S.UNKNOWN: 1}
+
+
+@pytest.mark.parametrize("missing", ["action", "attempt", "lease_token"])
+def test_a_claim_without_its_action_attempt_or_lease_token_is_never_sent(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """Invariant 3: no receiver call without a lease the caller holds. Without a token the call
+    would go out and only its record would be fenced off, after the effect."""
+    sent: list[dict[str, Any]] = []
+
+    def send(**kwargs: Any) -> Any:
+        sent.append(kwargs)
+        return SimpleNamespace(action=kwargs["action"])
+
+    monkeypatch.setattr(module, "submission_send", send)
+    records = module.RecordGroups(record=lambda group: [S.SUCCEEDED] * len(group))
+    parts = claimed_parts()
+    parts[missing] = None
+    with pytest.raises(AssertionError):
+        module._send_and_record(Claim(ClaimOutcome.CLAIMED, **parts), records)
+    assert sent == []
+
+
+def claimed_parts() -> dict[str, Any]:
+    """A CLAIMED claim's action, attempt and lease token (not saved: the send is replaced)."""
+    return {"action": Action(action_id="refund:order-1:request-1"), "attempt": Attempt(), "lease_token": uuid.uuid4()}
+
+
+def test_each_call_logs_its_action_and_how_long_the_call_and_its_record_took(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(module, "submission_send", lambda **kwargs: SimpleNamespace(action=kwargs["action"]))
+    records = module.RecordGroups(record=lambda group: [S.SUCCEEDED] * len(group))
+    clock = iter([100.0, 100.0, 100.25])  # the start, the idle connection check, the end
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(module, "_last_use", threading.local())
+    with caplog.at_level(logging.DEBUG, logger=module.__name__):
+        assert module._send_and_record(Claim(ClaimOutcome.CLAIMED, **claimed_parts()), records) == S.SUCCEEDED
+    assert [record.getMessage() for record in caplog.records] == [
+        "action_id=refund:order-1:request-1 sent and recorded in 0.250 s"
+    ]
+
+
+def test_each_batch_claim_counts_what_it_claimed_what_went_stale_and_one_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dispatcher's stats (its log line at stop and the benchmarks read them): a batch asks
+    for at most a batch, as the dispatcher process, and an empty batch is still a transaction."""
+    stale, taken = Claim(ClaimOutcome.STALE), Claim(ClaimOutcome.TAKEN)
+    batches = iter([[CLAIMED, stale, taken], [], [CLAIMED, CLAIMED, stale]])
+    asked: list[dict[str, Any]] = []
+
+    def begin_batch(**kwargs: Any) -> list[Claim]:
+        asked.append(kwargs)
+        return next(batches)
+
+    monkeypatch.setattr(module, "submission_begin_batch", begin_batch)
+    monkeypatch.setattr(module, "throttling_enabled", lambda: False)
+    dispatcher = Dispatcher(concurrency=4, batch_size=3)
+    assert dispatcher._claim(5) == [CLAIMED, stale, taken]
+    assert dispatcher._claim(2) == []
+    assert dispatcher._claim(3) == [CLAIMED, CLAIMED, stale]
+
+    assert asked == [
+        {"limit": limit, "action_pks": None, "actor": module.DISPATCHER_PROCESS} for limit in (3, 2, 3)
+    ]
+    stats = dispatcher.stats
+    assert (stats.claim_transactions, stats.claimed, stats.stale, stats.batches, list(stats.batch_sizes)) == (
+        3,
+        3,
+        2,
+        2,
+        [1, 2],
+    )
+    assert stats.errors == 0
+
+
+def test_a_failed_batch_claim_is_counted_logged_drops_the_connection_and_waits_the_longest_idle(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def begin_batch(**kwargs: Any) -> list[Claim]:
+        raise RuntimeError("deadlock detected")
+
+    monkeypatch.setattr(module, "submission_begin_batch", begin_batch)
+    monkeypatch.setattr(module, "throttling_enabled", lambda: False)
+    fake = FakeConnection(open_=True, usable=True)
+    monkeypatch.setattr(module, "connection", fake)
+    dispatcher = Dispatcher(concurrency=2, batch_size=2, idle_seconds=0.05, max_idle_seconds=0.7)
+    waits: list[float] = []
+    monkeypatch.setattr(dispatcher, "_wait", waits.append)
+    with caplog.at_level(logging.ERROR, logger=module.__name__):
+        assert dispatcher._claim(2) == []
+        assert dispatcher._claim(2) == []
+
+    assert (dispatcher.stats.errors, dispatcher.stats.claim_transactions, dispatcher.stats.claimed) == (2, 0, 0)
+    assert (waits, fake.closed) == ([0.7, 0.7], 2)
+    assert [record.getMessage() for record in caplog.records] == [
+        "dispatcher: a batch claim failed; nothing of it was claimed"
+    ] * 2
+    assert all(record.exc_info is not None and "deadlock" in str(record.exc_info[1]) for record in caplog.records)
 
 
 class FakeConnection:
@@ -206,7 +338,7 @@ class FakeConnection:
         (5.5, True, False, 1, 1),  # idle, and the server went away: dropped before the call
         (5.5, True, True, 1, 0),  # idle and healthy: kept
         (4.5, True, False, 0, 0),  # busy: not checked (the round trip would cost every call)
-        (5.0, True, False, 0, 0),  # exactly five seconds is not yet idle
+        (5.0, True, False, 0, 0),  # idle for exactly the limit: not yet "idle for longer"
         (5.5, False, False, 0, 0),  # no connection yet: nothing to check
     ],
 )
@@ -225,23 +357,82 @@ def test_a_threads_connection_idle_for_five_seconds_is_checked_and_dropped_if_de
     assert module._last_use.at == 100.0 + idle
 
 
+class ClosingAtStop:
+    """Who closed a connection at stop, and the barriers the closing tasks met. The barrier's
+    timeout (10 s in the dispatcher) is scaled down 50 times so a test of a stuck thread is quick."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.closed_by: list[str] = []
+        self.barriers: list[threading.Barrier] = []
+        closing = self
+
+        class Recording:
+            def close(self) -> None:
+                closing.closed_by.append(threading.current_thread().name)
+
+        class QuickBarrier(threading.Barrier):
+            def __init__(self, parties: int) -> None:
+                super().__init__(parties)
+                closing.barriers.append(self)
+
+            def wait(self, timeout: float | None = None) -> int:
+                return super().wait(None if timeout is None else timeout / 50)
+
+        monkeypatch.setattr(module, "connection", Recording())
+        monkeypatch.setattr(
+            module,
+            "threading",
+            SimpleNamespace(Barrier=QuickBarrier, BrokenBarrierError=threading.BrokenBarrierError),
+        )
+
+    def release(self) -> None:
+        for barrier in self.barriers:
+            barrier.abort()
+
+
 def test_at_stop_each_pool_thread_closes_its_own_connection_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Django connection can only be closed by its own thread: one closing task per thread,
     and the barrier keeps a fast thread from taking two while another takes none."""
-    closed_by: list[str] = []
-
-    class Recording:
-        def close(self) -> None:
-            closed_by.append(threading.current_thread().name)
-
-    monkeypatch.setattr(module, "connection", Recording())
+    closing = ClosingAtStop(monkeypatch)
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dispatch") as pool:
         # Start the three threads, as the dispatcher's calls would have.
         started = threading.Barrier(3)
         for _ in range(3):
             pool.submit(started.wait, 10)
         module._close_thread_connections(pool, 3)
-    assert sorted(closed_by) == ["dispatch_0", "dispatch_1", "dispatch_2"]
+    assert sorted(closing.closed_by) == ["dispatch_0", "dispatch_1", "dispatch_2"]
+    assert [barrier.broken for barrier in closing.barriers] == [False], "the free threads waited out a timeout"
+
+
+def test_at_stop_a_thread_stuck_in_a_call_does_not_keep_the_others_from_closing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The barrier waits a bounded time: a call that never returns must not keep the free
+    threads' connections open (or the dispatcher from stopping)."""
+    closing = ClosingAtStop(monkeypatch)
+    stuck = threading.Event()
+    stuck_in: list[str] = []
+
+    def call_that_hangs() -> None:
+        stuck_in.append(threading.current_thread().name)
+        stuck.wait(10)
+
+    try:
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dispatch") as pool:
+            started = threading.Barrier(3)
+            for _ in range(3):
+                pool.submit(started.wait, 10)
+            pool.submit(call_that_hangs)
+            module._close_thread_connections(pool, 3)
+            deadline = time.monotonic() + 3
+            while len(set(closing.closed_by)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            closed_while_stuck = set(closing.closed_by)
+            stuck.set()
+    finally:
+        stuck.set()
+        closing.release()
+    assert closed_while_stuck == {"dispatch_0", "dispatch_1", "dispatch_2"} - set(stuck_in)
 
 
 def test_a_pool_thread_sends_and_records_its_claim_and_logs_how_long_it_took(
@@ -392,6 +583,12 @@ def test_with_rate_limits_only_actions_whose_receiver_has_a_token_are_claimed(
     # The shortest wait the bucket hands back (throttle.MIN_WAIT_SECONDS) is still a wait.
     tokens = iter([0.0, 0.05])
     assert dispatcher._with_tokens(2) == [third.pk]
+
+    # A claim of one asks the bucket for one action's token, not one for every AUTHORIZED action.
+    asked.clear()
+    tokens = iter([3.0] * 3)
+    assert dispatcher._claim(1) == []
+    assert asked == ["provider"]
 
     tokens = iter([3.0, 0.0, 0.0])
     claims = dispatcher._claim(4)

@@ -68,6 +68,17 @@ def test_a_proposal_nobody_may_decide_is_reported(agent_actor: Actor, manager: A
     assert "no active user may decide 600.00 EUR" in message
 
 
+def test_a_superuser_within_their_limit_may_decide_and_a_limit_alone_is_no_permission(agent_actor: Actor) -> None:
+    make_user("nina.nobody", limits={"EUR": "1000"})
+    propose(agent_actor, "79.00")
+    assert len(liveness(check_effects(ledger=[]))) == 1
+
+    make_user("sam.superuser", limits={"EUR": "1000"}, is_superuser=True)
+    report = check_effects(ledger=[])
+    assert liveness(report) == []
+    assert report.decisions_due == 1
+
+
 def test_a_proposal_with_no_manager_at_all_is_reported(agent_actor: Actor) -> None:
     propose(agent_actor, "79.00")
 

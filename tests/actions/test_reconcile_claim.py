@@ -82,6 +82,22 @@ def test_a_due_action_gets_a_lease_that_pushes_its_next_reconciliation_past_it(
 
 
 @pytest.mark.django_db
+def test_each_claim_counts_one_more_reconciler_pass_and_is_not_a_change_of_the_action(agent_actor: Actor) -> None:
+    """The action's page shows the passes ("3 passes, 1 inconclusive"); the API's ``updated_at``
+    is the action's last change, which a lease is not (its state changes go through the trail)."""
+    action = unknown_and_due(agent_actor)
+    now = timezone.now()
+    first = reconcile_claim(action_pk=action.pk, now=now)
+    assert first is not None and first[0].next_reconcile_at is not None
+    # The next pass, when the schedule says (once the first reconciler's lease has ended).
+    assert reconcile_claim(action_pk=action.pk, now=first[0].next_reconcile_at) is not None
+    stored = Action.objects.get(pk=action.pk)
+    assert stored.reconcile_attempts == action.reconcile_attempts + 2
+    assert stored.updated_at == action.updated_at
+    assert len(lookup_attempts(action)) == 2
+
+
+@pytest.mark.django_db
 def test_an_action_is_due_from_its_next_reconciliation_time_on_or_when_it_has_none(agent_actor: Actor) -> None:
     action = unknown_and_due(agent_actor)
     at = timezone.now() + timedelta(minutes=5)

@@ -10,7 +10,7 @@ including the outside refunds, which only tests outside the mutation subset reac
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -39,10 +39,15 @@ def refunds() -> RefundKind:
     return kind
 
 
-def book_outside(order: Order, reference: str, minor: int, status: str = "succeeded") -> None:
-    """An outside refund as the provider's webhook books it (its amount in minor units)."""
+def book_outside(
+    order: Order, reference: str, minor: int, status: str = "succeeded", *, now: datetime | None = None
+) -> None:
+    """An outside refund as the provider's webhook books it (its amount in minor units), received
+    ``now`` (by default, the clock's now)."""
     refund = {"id": reference, "status": status, "amount": minor, "currency": order.currency.lower()}
-    outside_refund_record(order=order, refund=refund, event_id=f"evt_{reference}", now=timezone.now())
+    outside_refund_record(
+        order=order, refund=refund, event_id=f"evt_{reference}_{status}", now=now or timezone.now()
+    )
 
 
 def as_status(action: Action, status: str, order: Order, **money: Decimal) -> None:
@@ -118,6 +123,30 @@ def test_a_reservation_refused_after_an_outside_refund_says_what_was_refunded_an
     [later] = refunds.reserve(action, approved_version=approved + 1)
     assert "12.50 EUR (re_outside_2)" in later.message and "re_outside_1" not in later.message
     assert Order.objects.get(pk=order.pk).reserved_amount == 0
+
+
+def test_a_moved_orders_message_names_its_own_outside_refunds_in_the_order_they_were_received(
+    agent_actor: Actor, refunds: RefundKind
+) -> None:
+    """Another order's outside refund is not named, and two webhooks for this order are named in
+    the order they arrived, not the order they were written (the second to arrive may take the
+    order's lock first). The booking a later event reversed is still named once, as made; its
+    reversal is not named as a second refund."""
+    action = authorized_refund(agent_actor)  # captured 100.00
+    order = order_of(action)
+    approved = order.version
+    elsewhere = order_of(authorized_refund(agent_actor))
+    book_outside(elsewhere, "re_other_order", 700)
+    received = timezone.now()
+    book_outside(order, "re_second", 2000, now=received + timedelta(seconds=1))
+    book_outside(order, "re_first", 1000, now=received)
+    book_outside(order, "re_first", 1000, "failed", now=received + timedelta(seconds=2))
+    [failure] = refunds.reserve(action, approved_version=approved)
+    assert failure.message == (
+        f"The order changed since the approval (approved at version {approved}, now {approved + 3})."
+        " A refund was made outside the console, at the payment provider: 10.00 EUR (re_first);"
+        " 20.00 EUR (re_second). The order now has 80.00 EUR left to refund."
+    )
 
 
 # --- the checker -----------------------------------------------------------------------------
