@@ -392,26 +392,25 @@ def _submission_record_held(
     else:
         action.lease_fence = lease_token
     status = _submission_apply(action=action, attempt_pk=attempt_pk, answer=answer, contract=contract, now=now)
+    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=True, now=now)
+    return status
+
+
+def _attempt_answered(*, attempt_pk: int, answer: Answer, held_lease: bool, now: datetime) -> None:
+    """What the receiver said, on the attempt: always, whether or not the lease was still held."""
     Attempt.objects.filter(pk=attempt_pk).update(
         response=answer.response_json(),
         error=answer.error_json(),
         outcome=answer.outcome.value,
-        held_lease=True,
+        held_lease=held_lease,
         finished_at=now,
     )
-    return status
 
 
 def _lease_lost(*, action_pk: int, attempt_pk: int, answer: Answer, action: Action | None, now: datetime) -> str:
     """The action moved on without this worker (its lease expired and was swept, or another
     holder took over): the answer is kept on the attempt as evidence, and nothing else."""
-    Attempt.objects.filter(pk=attempt_pk).update(
-        response=answer.response_json(),
-        error=answer.error_json(),
-        outcome=answer.outcome.value,
-        held_lease=False,
-        finished_at=now,
-    )
+    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=False, now=now)
     log.warning(
         "action_id=%s lease lost before recording (%s); the answer is kept on attempt %s",
         action.action_id if action is not None else action_pk,
