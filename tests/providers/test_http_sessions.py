@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -39,9 +40,11 @@ def dead_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def _in_a_thread(call: object) -> object:
-    result: list[object] = []
-    thread = threading.Thread(target=lambda: result.append(call()))  # type: ignore[operator]
+def _in_a_thread(call: Callable[[], Any]) -> Any:
+    """The call's result, made in a thread of its own (these tests need no database connection,
+    so tests.threads.run_at_once, which opens one per thread, does not fit)."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()))
     thread.start()
     thread.join(timeout=10)
     return result[0]
