@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions.engine import resolutions
@@ -340,13 +341,45 @@ def test_a_lookup_needs_finance_and_respects_the_owner_rule(
     assert lookup_rows(review) == []
 
 
-def test_a_lookup_without_a_receiver_given_asks_the_kinds_configured_one(
-    review: Action, finance: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("service", ["lookup", "succeeded", "failed", "retry", "resend"])
+def test_without_a_receiver_given_each_service_asks_the_one_configured_for_this_action(
+    review: Action, finance: Any, monkeypatch: pytest.MonkeyPatch, service: str
 ) -> None:
-    live, fake = receiver()
-    monkeypatch.setattr("actions.engine.resolutions.receiver_for", lambda action: live)
-    resolutions.action_lookup(action_pk=review.pk, user=finance)
-    assert fake.calls == ["find_refunds"]
+    """The console's own pages pass no receiver: each service must find the one configured for
+    the action it acts on (not for no action at all)."""
+    review = sent_at(review, timezone.now() - timedelta(days=1))  # long quiet: failed is allowed
+    live, fake = receiver(
+        *([at_provider(review, "re_done")] if service == "succeeded" else []),
+        provider=NO_LOOKUP_NO_KEYS if service == "resend" else ASKABLE,
+    )
+    if service == "retry":
+        looked_up(review, finance, live)  # a retry needs a fresh not-found on record first
+        fake.calls.clear()
+    asked_for: list[int] = []
+
+    def configured(action: Action) -> RefundReceiver:
+        asked_for.append(action.pk)
+        return live
+
+    monkeypatch.setattr(resolutions, "receiver_for", configured)
+    call = {
+        "lookup": lambda: resolutions.action_lookup(action_pk=review.pk, user=finance),
+        "succeeded": lambda: resolutions.action_resolve_succeeded(
+            action_pk=review.pk, user=finance, provider_reference="re_done", reason="r"
+        ),
+        "failed": lambda: resolutions.action_resolve_failed(
+            action_pk=review.pk, user=finance, reason="r", remedy_kind="cheque"
+        ),
+        "retry": lambda: resolutions.action_resolve_retry(action_pk=review.pk, user=finance, reason="r"),
+        "resend": lambda: resolutions.action_resolve_resend(action_pk=review.pk, user=finance, reason="r"),
+    }[service]
+
+    call()
+
+    assert asked_for == [review.pk]
+    assert fake.calls == {"retry": ["find_refunds", "create_refund"], "resend": ["create_refund"]}.get(
+        service, ["find_refunds"]
+    )
 
 
 # --- confirmed as succeeded ---------------------------------------------------------------------------
@@ -981,6 +1014,7 @@ def test_a_resend_is_a_recorded_decision_to_risk_a_repeat(review: Action, financ
         "provider_answer": "no_lookup",
     }
     assert (resolution.outcome, resolution.check) == (S.SUCCEEDED, check)
+    assert (resolution.action.pk, resolution.action.status) == (review.pk, S.SUCCEEDED)
     assert resolution.message == f"{review.action_id} was sent again, marked as a possible repeat. It is succeeded now."
 
 
@@ -1072,3 +1106,13 @@ def test_only_finance_takes_over_only_an_unknown_action_and_only_its_own(
     Action.objects.filter(pk=action.pk).update(owner=felix)
     assert refused(lambda: resolutions.action_escalate_to_user(action_pk=action.pk, user=finance)).code == "not_owner"
     assert Action.objects.get(pk=action.pk).status == S.UNKNOWN
+
+
+def test_taking_over_locks_the_row_so_a_concurrent_record_waits_for_it(agent_actor: Actor, finance: Any) -> None:
+    """The status check and the escalation happen under a row lock: a reconciler recording an
+    answer at the same moment cannot slip in between them (it waits, then finds NEEDS_REVIEW)."""
+    action = unknown(agent_actor)
+    with CaptureQueriesContext(connection) as queries:
+        resolutions.action_escalate_to_user(action_pk=action.pk, user=finance)
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('SELECT "actions_action"')]
+    assert reads and reads[0].endswith('FOR UPDATE OF "actions_action"'), reads
