@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from actions.engine import resolutions
 from actions.engine.resolutions import ReviewRefused
+from actions.kinds import kind_for
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order, Remedy
 from actions.providers.base import ProviderError, ProviderGuarantees, ProviderRefund, RefundStatus
@@ -626,13 +627,37 @@ def test_a_refund_the_receiver_records_as_failed_may_be_failed_at_once(
     review: Action, finance: Any, frozen: FrozenClock
 ) -> None:
     """A failed record is proof: no waiting for late attempts (the timing rule is for not-found)."""
+    frozen.instant -= timedelta(days=1)  # the remedy's stamp is the resolution's time, not the wall clock's
     sent_at(review, frozen.instant)
     live, _ = receiver(at_provider(review, "re_failed", RefundStatus.FAILED))
     resolutions.action_resolve_failed(
         action_pk=review.pk, user=finance, reason="Declined.", remedy_kind="store_credit", receiver=live
     )
     assert Action.objects.get(pk=review.pk).status == S.FAILED_FINAL
-    assert Remedy.objects.get(action=review).amount == Decimal("20.00")
+    remedy = Remedy.objects.get(action=review)
+    assert remedy.amount == Decimal("20.00")
+    # The note names the remedy as the clerk chose it ("Store credit"), not by its code.
+    stamp = f"[{timezone.localtime(frozen.instant):%Y-%m-%d %H:%M} fiona.finance] opened as store credit: Declined."
+    assert remedy.note == stamp
+
+
+def test_a_kind_that_offers_no_remedy_records_failed_with_none_chosen(
+    review: Action, finance: Any, frozen: FrozenClock, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without choices the form sends no remedy_kind: the choice is empty, not invented."""
+    kind = type(kind_for("refund"))
+    monkeypatch.setattr(kind, "failure_choices", ())
+    chosen: list[str] = []
+    monkeypatch.setattr(kind, "failure_resolved", lambda self, action, *, choice, **_: chosen.append(choice))
+    review = quiet(review, frozen, settings)
+    live, _ = receiver()
+
+    resolution = resolutions.action_resolve_failed(action_pk=review.pk, user=finance, reason="r", receiver=live)
+
+    assert chosen == [""]
+    assert last_event(review).evidence["remedy_kind"] == ""
+    assert resolution.remedy is None
+    assert resolution.message == f"{review.action_id} is recorded as failed for good; the reservation is released."
 
 
 def test_a_missing_charge_proves_no_refund_and_may_be_failed_at_once(
@@ -815,6 +840,22 @@ def test_a_retry_after_a_fresh_not_found_sends_once_more_with_the_same_key(
     assert resolution.message == (
         f"{review.action_id} was sent again with the same key {review.idempotency_key}. It is succeeded now."
     )
+
+
+def test_another_actions_fresh_not_found_is_no_evidence_for_this_one(
+    agent_actor: Actor, review: Action, finance: Any
+) -> None:
+    other = escalated(agent_actor, owner=finance)
+    live, fake = receiver()
+    looked_up(other, finance, live)
+    fake.calls.clear()
+
+    problem = refused(
+        lambda: resolutions.action_resolve_retry(action_pk=review.pk, user=finance, reason="r", receiver=live)
+    )
+
+    assert problem.code == "no_recent_not_found"
+    assert fake.calls == []
 
 
 def test_a_retry_without_a_lookup_or_after_a_found_one_is_refused_before_anyone_is_asked(
