@@ -425,6 +425,39 @@ def test_a_refund_the_receiver_shows_is_recorded_as_succeeded_booked_once_with_i
     )
 
 
+@pytest.mark.parametrize("given", ["", "  ", None])
+def test_with_no_reference_given_the_kinds_own_reference_is_confirmed(
+    review: Action, finance: Any, monkeypatch: pytest.MonkeyPatch, given: object
+) -> None:
+    """A receiver that issues no reference of its own (an email's Message-ID is the console's):
+    a blank field means the kind's default, which the receiver must still show."""
+    monkeypatch.setattr(type(kind_for("refund")), "default_reference", lambda self, action: f"re_own_{action.pk}")
+    live, _ = receiver(at_provider(review, f"re_own_{review.pk}"))
+
+    resolution = resolutions.action_resolve_succeeded(
+        action_pk=review.pk, user=finance, provider_reference=given, reason="r", receiver=live
+    )
+
+    assert Action.objects.get(pk=review.pk).provider_reference == f"re_own_{review.pk}"
+    assert resolution.outcome == S.SUCCEEDED
+
+
+def test_with_no_reference_given_and_none_of_the_kinds_own_the_clerk_is_asked_for_it(
+    review: Action, finance: Any
+) -> None:
+    live, fake = receiver(at_provider(review, "re_done"))
+    problem = refused(
+        lambda: resolutions.action_resolve_succeeded(
+            action_pk=review.pk, user=finance, provider_reference=" ", reason="r", receiver=live
+        )
+    )
+    assert (str(problem), problem.field) == (
+        "provider_reference: give the receiver's reference for the refund (for example re_...).",
+        "provider_reference",
+    )
+    assert fake.calls == []
+
+
 def test_the_persons_evidence_is_kept_on_the_event_when_given(review: Action, finance: Any) -> None:
     live, _ = receiver(at_provider(review, "re_done"))
     resolutions.action_resolve_succeeded(
@@ -617,6 +650,7 @@ def test_a_refund_the_receiver_never_made_is_failed_its_reservation_released_and
     stamp = f"[{timezone.localtime(frozen.instant):%Y-%m-%d %H:%M} fiona.finance] opened as cheque: Never arrived."
     assert remedy.note == stamp
     assert (resolution.remedy, resolution.check, resolution.outcome) == (remedy, check, S.FAILED_FINAL)
+    assert (resolution.action.pk, resolution.action.status) == (review.pk, S.FAILED_FINAL)
     assert resolution.message == (
         f"{review.action_id} is recorded as failed for good; the reservation is released and a remedy "
         "(cheque, 12.50 EUR) is open for fiona.finance."
