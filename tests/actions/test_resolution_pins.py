@@ -458,6 +458,52 @@ def test_with_no_reference_given_and_none_of_the_kinds_own_the_clerk_is_asked_fo
     assert fake.calls == []
 
 
+def test_a_kind_that_needs_written_evidence_refuses_a_confirmation_without_it(
+    review: Action, finance: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the receiver cannot be asked (an email), the person's quoted evidence is the record."""
+    monkeypatch.setattr(type(kind_for("refund")), "confirmation_needs_evidence", True)
+    live, fake = receiver(at_provider(review, "re_done"))
+
+    def confirm(evidence: str) -> Any:
+        return resolutions.action_resolve_succeeded(
+            action_pk=review.pk,
+            user=finance,
+            provider_reference="re_done",
+            reason="r",
+            evidence=evidence,
+            receiver=live,
+        )
+
+    problem = refused(lambda: confirm(" "))
+    assert (str(problem), problem.code, problem.field) == (
+        "evidence: Quote the evidence that the refund arrived (a reply, a relay's log line).",
+        "required",
+        "evidence",
+    )
+    problem = refused(lambda: confirm("bad\x00"))
+    assert (str(problem), problem.field) == ("evidence: the text contains a NUL character.", "evidence")
+    assert fake.calls == []
+    confirm("The customer's bank statement shows it.")
+    assert last_event(review).evidence["evidence"] == "The customer's bank statement shows it."
+
+
+def test_a_resolution_rereads_the_row_under_a_lock_before_applying_its_policy(review: Action, finance: Any) -> None:
+    """Between the lookup and the decision, a worker or a colleague may have moved the action:
+    the decision is taken on the row as it is, held until the commit."""
+    live, _ = receiver(at_provider(review, "re_done"))
+    with CaptureQueriesContext(connection) as queries:
+        resolutions.action_resolve_succeeded(
+            action_pk=review.pk, user=finance, provider_reference="re_done", reason="r", receiver=live
+        )
+    locked = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith('SELECT "actions_action"') and q["sql"].endswith('FOR UPDATE OF "actions_action"')
+    ]
+    assert len(locked) == 1, locked
+
+
 def test_the_persons_evidence_is_kept_on_the_event_when_given(review: Action, finance: Any) -> None:
     live, _ = receiver(at_provider(review, "re_done"))
     resolutions.action_resolve_succeeded(
