@@ -246,6 +246,26 @@ def test_an_action_that_does_not_exist_is_a_404(db: Any) -> None:
     assert problem.code == "not_found"
 
 
+def test_an_action_is_read_with_its_owner_for_the_owner_rule(review: Action, django_assert_num_queries: Any) -> None:
+    action = resolutions.review_action(review.pk)
+    with django_assert_num_queries(0):
+        assert action.owner is not None and action.owner.get_username() == "fiona.finance"
+
+
+def test_a_resolution_needs_the_transitions_own_permission_checked_again_under_the_lock(
+    review: Action, manager: Any, finance: Any
+) -> None:
+    """The services check finance's permission first; the check on the locked row is the
+    transition's own (django-fsm's), so a transition guarded otherwise is still refused."""
+    problem = refused(lambda: resolutions._check_resolvable(review, manager, "resolve_succeeded"))
+    assert (str(problem), problem.code, problem.status) == (
+        "Only finance may resolve an action that needs review.",
+        "not_allowed",
+        403,
+    )
+    resolutions._check_resolvable(review, finance, "resolve_succeeded")  # allowed: nothing raised
+
+
 def test_the_owner_rule_refuses_a_colleagues_item_and_allows_ones_own(finance: Any, felix: Any, settings: Any) -> None:
     settings.REVIEW_OWNERS_ONLY = True
     resolutions.review_owner_rule(finance, finance)
