@@ -140,6 +140,29 @@ def test_three_lost_refunds_are_three_lost_under_their_kind_each_with_its_reason
     assert report.duplicates_by_kind == per_kind()
 
 
+def test_lost_actions_of_a_kind_no_longer_registered_are_counted_under_its_own_name(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows outlive code: a kind retired from the registry still has its actions in the table
+    (a row's kind cannot change), and the audit must count them, one by one, not stop (or count
+    them as one) because the kind is not among those it set to zero."""
+    first, second = (authorized_refund(agent_actor) for _ in range(2))
+    for action in (first, second):
+        set_row(action, status=S.NEEDS_REVIEW, owner=None)
+    registered = [kind for kind in all_kinds() if kind.name != "refund"]
+    monkeypatch.setattr("actions.engine.invariants.all_kinds", lambda: registered)
+
+    report = check_effects(ledger=[], now=NOW)
+
+    assert (report.lost, report.lost_by_kind) == (2, {kind.name: 0 for kind in registered} | {"refund": 2})
+    assert found(report, 8) == sorted(
+        [
+            (8, first.action_id, "NEEDS_REVIEW with no named owner"),
+            (8, second.action_id, "NEEDS_REVIEW with no named owner"),
+        ]
+    )
+
+
 def test_a_submission_is_lost_only_a_microsecond_after_its_lease_and_a_sweep(agent_actor: Actor, bounds: Any) -> None:
     on_the_line, past_it = authorized_refund(agent_actor), authorized_refund(agent_actor)
     bound = timedelta(seconds=60 + 30)
