@@ -140,21 +140,24 @@ def test_three_lost_refunds_are_three_lost_under_their_kind_each_with_its_reason
     assert report.duplicates_by_kind == per_kind()
 
 
-def test_lost_actions_of_a_kind_no_longer_registered_are_counted_under_its_own_name(
+def test_lost_and_duplicated_actions_of_a_kind_no_longer_registered_are_counted_under_its_own_name(
     agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows outlive code: a kind retired from the registry still has its actions in the table
     (a row's kind cannot change), and the audit must count them, one by one, not stop (or count
     them as one) because the kind is not among those it set to zero."""
-    first, second = (authorized_refund(agent_actor) for _ in range(2))
+    first, second, twice = (authorized_refund(agent_actor) for _ in range(3))
     for action in (first, second):
         set_row(action, status=S.NEEDS_REVIEW, owner=None)
     registered = [kind for kind in all_kinds() if kind.name != "refund"]
     monkeypatch.setattr("actions.engine.invariants.all_kinds", lambda: registered)
+    ledger = [effect("re_a", twice.action_id), effect("re_b", twice.action_id), effect("re_c", twice.action_id)]
 
-    report = check_effects(ledger=[], now=NOW)
+    report = check_effects(ledger=ledger, now=NOW)
 
-    assert (report.lost, report.lost_by_kind) == (2, {kind.name: 0 for kind in registered} | {"refund": 2})
+    zero = {kind.name: 0 for kind in registered}
+    assert (report.lost, report.lost_by_kind) == (2, zero | {"refund": 2})
+    assert (report.duplicates, report.duplicates_by_kind) == (2, zero | {"refund": 2})
     assert found(report, 8) == sorted(
         [
             (8, first.action_id, "NEEDS_REVIEW with no named owner"),
