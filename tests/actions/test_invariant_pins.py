@@ -417,6 +417,42 @@ def test_a_compensated_success_whose_effect_is_still_there_is_still_checked(agen
     ]
 
 
+def test_a_walked_back_success_ends_only_its_own_check_not_the_others(agent_actor: Actor) -> None:
+    """Successes with no effect on both sides of a walked-back one (actions are read newest
+    first): each is still reported; the compensated one is skipped, and only it."""
+    before = set_row(authorized_refund(agent_actor), status=S.SUCCEEDED, provider_reference="re_before")
+    step = set_row(authorized_refund(agent_actor), status=S.SUCCEEDED, provider_reference="re_voided")
+    _compensated_step(step, set_row(authorized_refund(agent_actor), status=S.SUCCEEDED))
+    after = set_row(authorized_refund(agent_actor), status=S.SUCCEEDED, provider_reference="re_after")
+
+    report = check_effects(ledger=[], now=NOW)
+
+    unexplained = "SUCCEEDED with 0 succeeded effects at the receiver"
+    assert [
+        v for v in found(report, 2) if v[1] != step.action_id and v[1] in (before.action_id, after.action_id)
+    ] == sorted([(2, before.action_id, unexplained), (2, after.action_id, unexplained)])
+    assert [v for v in found(report, 2) if v[1] == step.action_id] == []
+
+
+def test_each_kinds_money_check_is_added_up_and_reported_as_invariant_5(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit asks every kind for its targets' money (orders, bills): it adds up how many
+    were checked and reports each kind's problem under invariant 5, word for word."""
+    answers = {
+        "refund": (2, [("order-1001", "refunded 5.00 but SUCCEEDED refunds sum to 0")]),
+        "invoice-adjustment": (3, [("bill-7", "reserved 1.00 but live adjustments sum to 0")]),
+    }
+    for kind in all_kinds():
+        monkeypatch.setattr(kind, "money_violations", lambda name=kind.name: answers.get(name, (0, [])))
+
+    report = check_effects(ledger=[], now=NOW)
+
+    assert report.targets == 2 + 3
+    assert found(report, 5, 6) == [
+        (5, "bill-7", "reserved 1.00 but live adjustments sum to 0"),
+        (5, "order-1001", "refunded 5.00 but SUCCEEDED refunds sum to 0"),
+    ]
+
+
 @pytest.mark.parametrize("status", [S.FAILED_FINAL, S.REJECTED, S.CANCELLED])
 def test_a_final_non_success_with_a_succeeded_effect_means_money_moved_without_a_record(
     agent_actor: Actor, status: str
