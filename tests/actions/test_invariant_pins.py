@@ -508,8 +508,9 @@ def test_live_actions_without_a_due_time_are_lost_each_with_its_reason(agent_act
     assert report.decisions_due == 0
 
 
-def _approval(action: Action, policy: str, approver: Any = None) -> None:
+def _approval(action: Action, policy: str, approver: Any = None, pk: int | None = None) -> None:
     Approval.objects.create(
+        pk=pk,
         action=action,
         approver=approver,
         decided_by_label=approver.username if approver else "policy",
@@ -542,6 +543,37 @@ def test_only_the_last_approval_of_a_stale_action_says_whether_a_person_must_dec
         (8, policy_last.action_id, "STALE after the policy's approval, with no new decision by the policy and none due")
     ]
     assert (report.decisions_due, report.lost, report.lost_by_kind) == (1, 1, per_kind(refund=1))
+
+
+def test_the_approval_in_force_is_the_last_made_even_when_the_table_holds_it_first(
+    agent_actor: Actor, manager: Any
+) -> None:
+    """ "Last" means the highest key, not where the row happens to sit in the table: the
+    manager's later approval is stored before the policy's earlier one here."""
+    action = propose(agent_actor, "11.00")
+    Approval.objects.filter(action=action).delete()
+    _approval(action, ApprovalPolicy.MANAGER, manager, pk=900_002)
+    _approval(action, ApprovalPolicy.AUTO, pk=900_001)
+    set_row(action, status=S.STALE)
+
+    report = check_effects(ledger=[], now=NOW)
+
+    assert (found(report, 8), report.decisions_due) == ([], 1)
+
+
+def test_who_may_decide_is_read_only_when_a_decision_is_due(agent_actor: Actor, monkeypatch: Any) -> None:
+    """The audit runs over every action; reading every user's permissions and limits is done
+    only when some action waits for a person."""
+    set_row(authorized_refund(agent_actor), status=S.SUBMITTING, lease_expires_at=NOW)
+
+    def unexpected() -> dict[int, dict[str, Decimal]]:
+        raise AssertionError("deciders read although no decision is due")
+
+    monkeypatch.setattr("actions.engine.invariants.decider_limits_by_user", unexpected)
+
+    report = check_effects(ledger=[], now=NOW)
+
+    assert (report.decisions_due, found(report, 8)) == (0, [])
 
 
 def test_a_decision_at_exactly_a_managers_limit_is_due_and_one_cent_more_is_lost(
