@@ -166,6 +166,32 @@ def test_lost_and_duplicated_actions_of_a_kind_no_longer_registered_are_counted_
     )
 
 
+def test_live_actions_of_a_kind_no_longer_registered_with_nothing_due_are_lost_under_its_own_name(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for the liveness check: actions with no due time, of a kind the audit did not
+    set to zero, counted one by one."""
+    leaseless, unscheduled = (authorized_refund(agent_actor) for _ in range(2))
+    set_row(leaseless, status=S.SUBMITTING, lease_expires_at=None, status_changed_at=NOW)
+    set_row(unscheduled, status=S.UNKNOWN, next_reconcile_at=None, status_changed_at=NOW)
+    registered = [kind for kind in all_kinds() if kind.name != "refund"]
+    monkeypatch.setattr("actions.engine.invariants.all_kinds", lambda: registered)
+
+    report = check_effects(ledger=[], now=NOW)
+
+    assert (report.lost, report.lost_by_kind) == (2, {kind.name: 0 for kind in registered} | {"refund": 2})
+    assert found(report, 8) == sorted(
+        [
+            (8, leaseless.action_id, "SUBMITTING without a lease expiry: the lease sweep would never move it on"),
+            (
+                8,
+                unscheduled.action_id,
+                "UNKNOWN with no reconciliation due: the reconciliation sweep would never pick it",
+            ),
+        ]
+    )
+
+
 def test_a_submission_is_lost_only_a_microsecond_after_its_lease_and_a_sweep(agent_actor: Actor, bounds: Any) -> None:
     on_the_line, past_it = authorized_refund(agent_actor), authorized_refund(agent_actor)
     bound = timedelta(seconds=60 + 30)
@@ -580,7 +606,8 @@ def test_a_decision_at_exactly_a_managers_limit_is_due_and_one_cent_more_is_lost
     agent_actor: Actor, manager: Any
 ) -> None:
     at_limit, over, other_currency = propose(agent_actor, "500.00"), propose(agent_actor, "500.01"), None
-    other_currency = propose(agent_actor, "5.00", currency="GBP")  # the manager has no GBP limit
+    # The manager has no GBP limit: no limit is less than any amount, even one pound.
+    other_currency = propose(agent_actor, "1.00", currency="GBP")
     for action in (at_limit, over, other_currency):
         set_row(action, status=S.PROPOSED)
 
@@ -597,7 +624,7 @@ def test_a_decision_at_exactly_a_managers_limit_is_due_and_one_cent_more_is_lost
             (
                 8,
                 other_currency.action_id,
-                "PROPOSED waiting for a decision, but no active user may decide 5.00 GBP (no approval limit covers "
+                "PROPOSED waiting for a decision, but no active user may decide 1.00 GBP (no approval limit covers "
                 "it, its proposer and its agent's owner aside)",
             ),
         ]
