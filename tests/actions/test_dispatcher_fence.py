@@ -148,15 +148,28 @@ def expire_lease(action: Action) -> datetime:
 # --- (a) the late answer arrives while a reconciler holds the lease on the UNKNOWN action ----------
 
 
+# How the late worker records: from the row read under a lock (``action`` not given), or, as the
+# dispatcher does, from its own copy of the action as its claim committed it, where the UPDATE
+# itself is fenced on the status and the token and nothing is read first. Both must hold.
+RECORD_FROM = ["locked_row", "workers_copy"]
+
+
+def workers_copy(action: Action, record_from: str) -> Action | None:
+    """The late worker's copy of the action, taken when its claim committed (before any sweep)."""
+    return Action.objects.get(pk=action.pk) if record_from == "workers_copy" else None
+
+
+@pytest.mark.parametrize("record_from", RECORD_FROM)
 @pytest.mark.parametrize("late", sorted(LATE_ANSWERS))
 def test_a_late_dispatchers_answer_during_reconciliation_is_kept_on_its_attempt_only(
-    agent_actor: Actor, late: str
+    agent_actor: Actor, late: str, record_from: str
 ) -> None:
     """Invariant 3: the dispatcher's lease expired mid-call, the sweep marked the action UNKNOWN and
     a reconciler took a new lease. The first worker's answer, arriving now, is stored on its own
     attempt with held_lease = false; the action stays UNKNOWN under the reconciler's lease and the
     order's money is untouched, whatever the answer said."""
     action, attempt, first_token = claimed(agent_actor)
+    as_claimed = workers_copy(action, record_from)
     swept_at = expire_lease(action)
     visible_at = swept_at + timedelta(seconds=settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS + 1)
     reconciler = reconcile_claim(action_pk=action.pk, now=visible_at)
@@ -167,7 +180,11 @@ def test_a_late_dispatchers_answer_during_reconciliation_is_kept_on_its_attempt_
     assert (before.status, before.refunded, before.reserved) == (S.UNKNOWN, Decimal("0.00"), AMOUNT)
 
     result = submission_record(
-        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=first_token, answer=LATE_ANSWERS[late](action)
+        action_pk=action.pk,
+        attempt_pk=attempt.pk,
+        lease_token=first_token,
+        answer=LATE_ANSWERS[late](action),
+        action=as_claimed,
     )
 
     assert result == "lease_lost"
@@ -224,8 +241,11 @@ class SlowRetryReceiver(FakeReceiver):
         return super().create_refund(req)
 
 
+@pytest.mark.parametrize("record_from", RECORD_FROM)
 @pytest.mark.parametrize("late", sorted(LATE_ANSWERS))
-def test_a_late_dispatchers_answer_during_a_retry_is_kept_on_its_attempt_only(agent_actor: Actor, late: str) -> None:
+def test_a_late_dispatchers_answer_during_a_retry_is_kept_on_its_attempt_only(
+    agent_actor: Actor, late: str, record_from: str
+) -> None:
     """Invariant 3: the first dispatcher's lease expired mid-call, the sweep marked the action
     UNKNOWN, the reconciler's authoritative not-found allowed a retry, and the action is back in
     SUBMITTING under the retry's token. The first worker's late answer now arrives: the status is
@@ -233,6 +253,7 @@ def test_a_late_dispatchers_answer_during_a_retry_is_kept_on_its_attempt_only(ag
     held_lease = false; the state, the lease and the money stay the retry's to decide, and the
     retry's answer is the one recorded."""
     action, first_attempt, first_token = claimed(agent_actor)
+    as_claimed = workers_copy(action, record_from)
     swept_at = expire_lease(action)
     receiver = SlowRetryReceiver(
         guarantees=guarantees(keys=True, lookup=True, authoritative=True, key_retention=timedelta(hours=24))
@@ -247,6 +268,7 @@ def test_a_late_dispatchers_answer_during_a_retry_is_kept_on_its_attempt_only(ag
             attempt_pk=first_attempt.pk,
             lease_token=first_token,
             answer=LATE_ANSWERS[late](action),
+            action=as_claimed,
         )
         seen["before"], seen["after"] = before, Snapshot.of(action.pk)
 
