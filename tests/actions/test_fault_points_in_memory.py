@@ -14,6 +14,7 @@ from django.utils import timezone
 from actions.engine import faults
 from actions.engine.claim import submission_begin
 from actions.engine.dispatch import submission_send_and_record
+from actions.engine.dispatcher import RecordGroups, _send_and_record
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
@@ -164,3 +165,25 @@ def test_other_fault_points_leave_a_dispatch_alone(
     )
 
     assert result == S.SUCCEEDED
+
+
+@pytest.mark.parametrize("point", sorted(DISPATCH_POINTS))
+def test_the_dispatcher_process_passes_the_same_points_in_the_same_order(
+    agent_actor: Actor, kill_at: None, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """The dispatcher process (actions.engine.dispatcher) sends and records on its own path, with
+    records grouped: the crash tests kill it at the same three points, which must sit where they
+    sit in a Celery worker's dispatch."""
+    monkeypatch.setenv("CONSOLE_FAULT_POINTS", point)
+    calls, status, answered = DISPATCH_POINTS[point]
+    claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
+    assert claim.action is not None and claim.attempt is not None
+    fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
+    monkeypatch.setattr("actions.engine.dispatch.receiver_for", lambda action: RefundReceiver(fake))
+
+    with pytest.raises(Killed):
+        _send_and_record(claim, RecordGroups())
+
+    assert fake.calls == calls
+    assert Action.objects.get(pk=claim.action.pk).status == status
+    assert (Attempt.objects.get(pk=claim.attempt.pk).finished_at is not None) == answered
