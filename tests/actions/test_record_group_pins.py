@@ -130,3 +130,20 @@ def test_an_answer_the_recorder_gave_no_result_for_is_told_it_was_interrupted() 
         records.record(fake_sent("a"))
     assert sizes == [1], "the group is counted even when it failed"
     assert records._recording is False and records._waiting == []
+
+
+def test_a_recorder_stopped_by_a_shutdown_still_lets_the_next_answer_record() -> None:
+    """A ``SystemExit`` (the dispatcher told to stop mid-record) is not an ``Exception``: it goes
+    up as it is, and the recorder's place is still handed on, so the next answer records."""
+    stops = [SystemExit(0)]
+
+    def record(sent: Any) -> list[str | Exception]:
+        if stops:
+            raise stops.pop()
+        return ["SUCCEEDED" for _ in sent]
+
+    records = RecordGroups(record=record)
+    with pytest.raises(SystemExit):
+        records.record(fake_sent("a"))
+    assert records._recording is False and records._waiting == []
+    assert records.record(fake_sent("b")) == "SUCCEEDED"
