@@ -19,10 +19,12 @@ from django.test.utils import CaptureQueriesContext
 from actions.engine.dispatch import Sent, submission_record_group
 from actions.engine.dispatcher import RecordGroups
 from actions.kinds import kind_for
+from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionStatus, Attempt
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import LATE_ANSWERS, Snapshot, claimed
-from tests.actions.test_record_groups import fake_sent, recorded_successfully
+from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver
+from tests.actions.test_record_groups import fake_sent, recorded_successfully, sent_success
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = ActionStatus
@@ -147,3 +149,39 @@ def test_a_recorder_stopped_by_a_shutdown_still_lets_the_next_answer_record() ->
         records.record(fake_sent("a"))
     assert records._recording is False and records._waiting == []
     assert records.record(fake_sent("b")) == "SUCCEEDED"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_recorded_alone_after_its_group_failed_keeps_its_receivers_contract(
+    agent_actor: Actor, dispatched: list[int], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a group is rolled back, each answer is recorded alone, with what its receiver
+    promised: a timeout from a receiver that can never be asked goes to a person at once, not to
+    a reconciler that could only give up. The broken record's log line names it, word for word."""
+    broken = sent_success(agent_actor)
+    action, attempt, token = claimed(agent_actor)
+    unaskable = Sent(
+        action=action,
+        attempt_pk=attempt.pk,
+        lease_token=token,
+        answer=LATE_ANSWERS["timed_out"](action),
+        contract=RefundReceiver(FakeReceiver(NO_LOOKUP_NO_KEYS)).contract,
+    )
+    refund = kind_for(broken.action.kind)
+    book = refund.book_success
+
+    def book_fails_for_one(booked: Action) -> None:
+        if booked.pk == broken.action.pk:
+            raise RuntimeError("the order row could not be booked")
+        book(booked)
+
+    monkeypatch.setattr(type(refund), "book_success", staticmethod(book_fails_for_one))
+
+    results = submission_record_group(sent=[broken, unaskable])
+
+    assert isinstance(results[0], RuntimeError) and results[1] == ActionStatus.NEEDS_REVIEW
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.NEEDS_REVIEW
+    assert (
+        f"action_id={broken.action.action_id}: its record failed; its lease expires to reconciliation"
+    ) in caplog.messages
