@@ -185,3 +185,45 @@ def test_an_answer_recorded_alone_after_its_group_failed_keeps_its_receivers_con
     assert (
         f"action_id={broken.action.action_id}: its record failed; its lease expires to reconciliation"
     ) in caplog.messages
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_in_a_group_each_answer_is_recorded_with_its_receivers_contract(
+    agent_actor: Actor, dispatched: list[int]
+) -> None:
+    """A timeout from a receiver that can never be asked goes to a person at once, in a group as
+    alone; the other answer of the group is recorded as it said."""
+    succeeded = sent_success(agent_actor)
+    action, attempt, token = claimed(agent_actor)
+    unaskable = Sent(
+        action=action,
+        attempt_pk=attempt.pk,
+        lease_token=token,
+        answer=LATE_ANSWERS["timed_out"](action),
+        contract=RefundReceiver(FakeReceiver(NO_LOOKUP_NO_KEYS)).contract,
+    )
+
+    assert submission_record_group(sent=[succeeded, unaskable]) == [ActionStatus.SUCCEEDED, ActionStatus.NEEDS_REVIEW]
+    assert recorded_successfully(succeeded)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_group_reads_its_actions_once_and_records_each_from_the_claims_copy(
+    agent_actor: Actor, dispatched: list[int]
+) -> None:
+    """The group locks its rows and reads their leases in one statement; each record then writes
+    from the claim's copy, fenced on its token, without reading its row again."""
+    group = [sent_success(agent_actor) for _ in range(3)]
+
+    with CaptureQueriesContext(connection) as queries:
+        assert submission_record_group(sent=group) == [ActionStatus.SUCCEEDED] * 3
+
+    action_reads = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("SELECT") and 'FROM "actions_action"' in q["sql"]
+    ]
+    assert len(action_reads) == 1 and action_reads[0].endswith("FOR UPDATE"), action_reads
+    assert all(recorded_successfully(one) for one in group)
