@@ -185,6 +185,7 @@ def test_an_answer_recorded_alone_after_its_group_failed_keeps_its_receivers_con
     assert (
         f"action_id={broken.action.action_id}: its record failed; its lease expires to reconciliation"
     ) in caplog.messages
+    assert "a group of 2 records failed and was rolled back; recording each on its own" in caplog.messages
 
 
 @pytest.mark.postgres
