@@ -20,14 +20,12 @@ from django.utils import timezone
 
 from actions.engine.invariants import EffectsReport, check_effects, decider_limits_by_user, max_unknown_seconds
 from actions.kinds import all_kinds, kind_for
-from actions.kinds.base import Effect, Outcome
+from actions.kinds.base import Outcome
 from actions.models import (
     Action,
     ActionEvent,
     ActionStatus,
     OutsideRefund,
-    Supplier,
-    SupplierContact,
     Workflow,
     WorkflowStep,
 )
@@ -37,9 +35,10 @@ from actions.services import Actor, action_propose_refund
 from actions.supplier_emails import supplier_email_propose
 from actions.trail import RESEND_TRANSITION
 from approvals.models import Approval, ApprovalPolicy, Decision
+from tests.actions.test_audit_effects import effect
 from tests.actions.test_reconciliation import authorized_refund
 from tests.factories import make_order, make_request, make_user
-from tests.mail import BILL_PARAMETERS
+from tests.mail import BILL_PARAMETERS, supplier  # noqa: F401 -- a fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -60,18 +59,6 @@ def bounds(settings: Any) -> Any:
     settings.RECONCILE_MAX_FAILURES, settings.RECONCILE_BASE_BACKOFF_SECONDS = 2, 10
     settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS = 5
     return settings
-
-
-def effect(reference: str, action_id: str | None, outcome: Outcome = Outcome.SUCCEEDED) -> Effect:
-    return Effect(
-        reference=reference,
-        status=str(outcome).lower(),
-        outcome=outcome,
-        amount_minor=2000,
-        currency="EUR",
-        action_id=action_id,
-        raw={},
-    )
 
 
 def set_row(action: Action, **fields: Any) -> Action:
@@ -643,10 +630,9 @@ def test_a_person_who_proposed_may_not_decide_so_a_proposal_only_they_could_deci
     assert found(check_effects(ledger=[], now=NOW), 8) == []
 
 
+@pytest.mark.usefixtures("supplier")
 def test_an_email_with_nobody_to_decide_it_is_lost_in_those_words(agent_actor: Actor) -> None:
     """An email moves no money: the check asks only for someone allowed to decide."""
-    supplier = Supplier.objects.create(code="ACME", name="Acme Supplies")
-    SupplierContact.objects.create(supplier=supplier, email="ap@acme.example", name="Accounts")
     action = supplier_email_propose(
         supplier="ACME",
         reference="bill-1042",

@@ -24,7 +24,7 @@ from actions.models import Action, ActionStatus, Attempt
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import LATE_ANSWERS, Snapshot, claimed
 from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver
-from tests.actions.test_record_groups import fake_sent, recorded_successfully, sent_success
+from tests.actions.test_record_groups import booking_fails_for, fake_sent, recorded_successfully, sent_success
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = ActionStatus
@@ -151,6 +151,19 @@ def test_a_recorder_stopped_by_a_shutdown_still_lets_the_next_answer_record() ->
     assert records.record(fake_sent("b")) == "SUCCEEDED"
 
 
+def sent_timeout_from_a_receiver_that_cannot_be_asked(proposer: Actor) -> Sent:
+    """A claimed refund whose call timed out, at a receiver with no lookup and no keys: only a
+    person can find out what happened."""
+    action, attempt, token = claimed(proposer)
+    return Sent(
+        action=action,
+        attempt_pk=attempt.pk,
+        lease_token=token,
+        answer=LATE_ANSWERS["timed_out"](action),
+        contract=RefundReceiver(FakeReceiver(NO_LOOKUP_NO_KEYS)).contract,
+    )
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_recorded_alone_after_its_group_failed_keeps_its_receivers_contract(
@@ -160,28 +173,13 @@ def test_an_answer_recorded_alone_after_its_group_failed_keeps_its_receivers_con
     promised: a timeout from a receiver that can never be asked goes to a person at once, not to
     a reconciler that could only give up. The broken record's log line names it, word for word."""
     broken = sent_success(agent_actor)
-    action, attempt, token = claimed(agent_actor)
-    unaskable = Sent(
-        action=action,
-        attempt_pk=attempt.pk,
-        lease_token=token,
-        answer=LATE_ANSWERS["timed_out"](action),
-        contract=RefundReceiver(FakeReceiver(NO_LOOKUP_NO_KEYS)).contract,
-    )
-    refund = kind_for(broken.action.kind)
-    book = refund.book_success
-
-    def book_fails_for_one(booked: Action) -> None:
-        if booked.pk == broken.action.pk:
-            raise RuntimeError("the order row could not be booked")
-        book(booked)
-
-    monkeypatch.setattr(type(refund), "book_success", staticmethod(book_fails_for_one))
+    unaskable = sent_timeout_from_a_receiver_that_cannot_be_asked(agent_actor)
+    booking_fails_for(broken, monkeypatch)
 
     results = submission_record_group(sent=[broken, unaskable])
 
     assert isinstance(results[0], RuntimeError) and results[1] == ActionStatus.NEEDS_REVIEW
-    assert Action.objects.get(pk=action.pk).status == ActionStatus.NEEDS_REVIEW
+    assert Action.objects.get(pk=unaskable.action.pk).status == ActionStatus.NEEDS_REVIEW
     assert (
         f"action_id={broken.action.action_id}: its record failed; its lease expires to reconciliation"
     ) in caplog.messages
@@ -196,14 +194,7 @@ def test_in_a_group_each_answer_is_recorded_with_its_receivers_contract(
     """A timeout from a receiver that can never be asked goes to a person at once, in a group as
     alone; the other answer of the group is recorded as it said."""
     succeeded = sent_success(agent_actor)
-    action, attempt, token = claimed(agent_actor)
-    unaskable = Sent(
-        action=action,
-        attempt_pk=attempt.pk,
-        lease_token=token,
-        answer=LATE_ANSWERS["timed_out"](action),
-        contract=RefundReceiver(FakeReceiver(NO_LOOKUP_NO_KEYS)).contract,
-    )
+    unaskable = sent_timeout_from_a_receiver_that_cannot_be_asked(agent_actor)
 
     assert submission_record_group(sent=[succeeded, unaskable]) == [ActionStatus.SUCCEEDED, ActionStatus.NEEDS_REVIEW]
     assert recorded_successfully(succeeded)

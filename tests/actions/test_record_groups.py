@@ -42,6 +42,19 @@ def sent_success(proposer: Actor) -> Sent:
     )
 
 
+def booking_fails_for(broken: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refund kind's booking raises for this one answer's action and works for the others."""
+    refund = kind_for(broken.action.kind)
+    book = refund.book_success
+
+    def book_fails_for_one(action: Action) -> None:
+        if action.pk == broken.action.pk:
+            raise RuntimeError("the order row could not be booked")
+        book(action)
+
+    monkeypatch.setattr(type(refund), "book_success", staticmethod(book_fails_for_one))
+
+
 def recorded_successfully(sent: Sent) -> bool:
     action = Action.objects.get(pk=sent.action.pk)
     order = Order.objects.get(pk=action.order_id)
@@ -92,15 +105,7 @@ def test_a_record_that_fails_rolls_back_its_group_and_the_others_are_recorded_al
     agent_actor: Actor, dispatched: list[int], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     first, broken, last = (sent_success(agent_actor) for _ in range(3))
-    refund = kind_for(first.action.kind)
-    book = refund.book_success
-
-    def book_fails_for_one(action: Action) -> None:
-        if action.pk == broken.action.pk:
-            raise RuntimeError("the order row could not be booked")
-        book(action)
-
-    monkeypatch.setattr(type(refund), "book_success", staticmethod(book_fails_for_one))
+    booking_fails_for(broken, monkeypatch)
 
     results = submission_record_group(sent=[first, broken, last])
 
