@@ -19,8 +19,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from actions import finance as finance_services
 from actions.engine import dispatch
-from actions.engine.dispatch import apply_outcome
+from actions.engine.dispatch import apply_outcome, submission_record
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import answer_from_refund
@@ -131,6 +132,39 @@ def test_submitting_and_failed_releases_the_money_and_opens_the_remedy(agent_act
     assert_event(action, transition="record_failure", reason=reason, answer=answer, now=now)
     assert money(action) == (Decimal("0.00"), Decimal("0.00"))
     assert Remedy.objects.filter(action=action).count() == 1
+
+
+def test_a_refund_the_receiver_created_and_then_failed_keeps_its_reference(agent_actor: Actor) -> None:
+    """A failure the receiver has a record of (a refund it created and then failed) names that
+    record on the action, as a success does: finance and the reconciler look it up by it."""
+    action = submitting(agent_actor)
+    answer = answer_from_refund(receiver_refund(action, RefundStatus.FAILED, "re_failed"))
+    assert (answer.outcome, answer.reference) == (Outcome.FAILED_FINAL, "re_failed")
+
+    assert apply(action, answer, now=timezone.now()) == S.FAILED_FINAL
+
+    assert Action.objects.get(pk=action.pk).provider_reference == "re_failed"
+    assert money(action) == (Decimal("0.00"), Decimal("0.00"))
+
+
+@pytest.mark.parametrize("make_answer", [succeeded, pending, failed], ids=["succeeded", "pending", "failed"])
+def test_an_answer_recorded_from_the_claims_copy_keeps_the_owner_finance_gave_it_meanwhile(
+    agent_actor: Actor, finance: Any, make_answer: Any
+) -> None:
+    """The review queue lists SUBMITTING actions, and finance may take one while its send is
+    out. The dispatcher records the answer from its own copy of the action, made before that:
+    the record writes only the columns it changes, so the owner finance set is kept."""
+    action, attempt, token = claimed(agent_actor)
+    assert action.owner is None
+    finance_services.action_assign(action_pk=action.pk, user=finance)
+
+    status = submission_record(
+        action_pk=action.pk, attempt_pk=attempt.pk, lease_token=token, answer=make_answer(action), action=action
+    )
+
+    stored = Action.objects.get(pk=action.pk)
+    assert stored.status == status != S.SUBMITTING
+    assert stored.owner == finance
 
 
 def test_submitting_and_inconclusive_is_unknown_and_reconciled_after_the_backoff(
