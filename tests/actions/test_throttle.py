@@ -40,8 +40,12 @@ def receiver() -> str:
 
 
 @pytest.fixture(autouse=True)
-def memory_buckets(settings: Any) -> None:
+def memory_buckets(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.RECEIVER_RATE_LIMIT_STORAGE = "memory://"
+    # A test whose store fails leaves the store "down" for 30 s in this process; each test starts
+    # with it up, and leaves it as it found it (otherwise the shared-store test passed only
+    # because it ran before the unreachable-store test in file order).
+    monkeypatch.setattr(throttle, "_store_down_until", 0.0)
 
 
 # --- the bucket --------------------------------------------------------------------------------
