@@ -186,6 +186,23 @@ def test_submitting_and_inconclusive_is_unknown_and_reconciled_after_the_backoff
     assert money(action) == (Decimal("0.00"), AMOUNT)
 
 
+def test_an_inconclusive_answer_without_a_retry_after_is_reconciled_after_the_usual_backoff(
+    agent_actor: Actor, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kind seam lets a receiver answer with any exception (``Answer.error``): only the
+    providers' errors carry a Retry-After. Any other inconclusive answer is reconciled after
+    the usual backoff, rather than failing the record (the action would then wait for its lease
+    to run out before anyone asked the receiver)."""
+    monkeypatch.setattr(dispatch, "random", SimpleNamespace(uniform=lambda low, high: 0.0))
+    action = submitting(agent_actor)
+    now = timezone.now()
+
+    assert apply(action, Answer(Outcome.UNKNOWN, error=TimeoutError("read timed out")), now=now) == S.UNKNOWN
+
+    delay = settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS + settings.RECONCILE_BASE_BACKOFF_SECONDS
+    assert Action.objects.get(pk=action.pk).next_reconcile_at == now + timedelta(seconds=delay)
+
+
 def test_an_answer_that_needs_a_person_escalates_with_the_answer_in_the_reason(agent_actor: Actor) -> None:
     action = submitting(agent_actor)
     answer = Answer(Outcome.NEEDS_REVIEW, error=IdempotencyMismatchError("key reused", code="idempotency_error"))
