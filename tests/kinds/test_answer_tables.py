@@ -220,6 +220,8 @@ def test_a_ledger_row_that_names_no_message_and_no_action_is_nobodys() -> None:
         ("  <email-abc@console.example>\r\n", "email-abc"),
         ("email-abc@console.example", "email-abc"),
         ("<email-abc>", "email-abc"),
+        # A message someone sent through the relay by hand: only the angle brackets go.
+        ("<XMAS-offer-X@shop.example>", "XMAS-offer-X"),
     ],
 )
 def test_a_message_id_names_its_message_by_the_part_before_the_domain(message_id: str, reference: str) -> None:
