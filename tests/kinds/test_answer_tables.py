@@ -10,17 +10,21 @@ tables need the accounting and mail sandboxes, which the mutation runs' fast sub
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 
-from actions.kinds.base import Answer, Effect, Outcome
+from actions.kinds import supplier_email
+from actions.kinds.base import Answer, Effect, Outcome, ReceiverContract, StepClass
 from actions.kinds.invoice_adjustment import (
+    VoidReceiver,
     answer_from_create_error,
     effect_from_credit_note,
     outcome_of_credit_note_status,
 )
 from actions.kinds.supplier_email import (
+    MailRelay,
     answer_from_mail_error,
     effect_from_accepted,
     effect_from_ledger_row,
@@ -226,3 +230,46 @@ def test_a_ledger_row_that_names_no_message_and_no_action_is_nobodys() -> None:
 )
 def test_a_message_id_names_its_message_by_the_part_before_the_domain(message_id: str, reference: str) -> None:
     assert reference_of_message_id(message_id) == reference
+
+
+class _FailingMailer:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def send(self, message: object) -> Accepted:
+        raise self.error
+
+
+def test_an_error_the_mail_backend_does_not_classify_is_ambiguous_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend error that is not a MailError cannot say when it failed: the message may have
+    left (the table's last row), and the answer names what was raised."""
+    monkeypatch.setattr(supplier_email, "outgoing_email", lambda action: None)
+    relay = MailRelay(_FailingMailer(OSError("connection reset")), ledger_url="")  # type: ignore[arg-type]
+
+    answer = relay.send(Action(action_id=ACTION_ID))
+
+    assert answer.outcome == Outcome.UNKNOWN
+    assert isinstance(answer.error, MailAmbiguous)
+    assert (answer.error.message, answer.error.content_sent) == ("OSError: connection reset", None)
+
+
+def test_voiding_a_credit_note_is_a_set_step_that_reconciliation_can_decide_by_looking() -> None:
+    """The void's contract, from which the engine draws its consequences: no key is kept (none
+    is needed), a lookup by the credit note's id is authoritative and immediate, nothing settles
+    later, and voiding twice changes nothing (a SET step)."""
+    client = object()
+
+    receiver = VoidReceiver(client)  # type: ignore[arg-type]
+
+    assert receiver.client is client
+    assert receiver.contract == ReceiverContract(
+        receiver="accounting system",
+        honours_keys=False,
+        key_retention=None,
+        supports_lookup=True,
+        lookup_authoritative=True,
+        lookup_visibility_delay=timedelta(0),
+        can_settle_later=False,
+        step_class=StepClass.SET,
+        correction_path="A person re-issues the credit note if a void was wrong.",
+    )
