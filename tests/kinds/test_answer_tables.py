@@ -14,12 +14,14 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+import requests
 
 from actions.kinds import supplier_email
-from actions.kinds.base import Answer, Effect, Outcome, ReceiverContract, StepClass
+from actions.kinds.base import Answer, Effect, LedgerUnavailable, Outcome, ReceiverContract, StepClass
 from actions.kinds.invoice_adjustment import (
     VoidReceiver,
     answer_from_create_error,
+    credit_notes_by_bill,
     effect_from_credit_note,
     outcome_of_credit_note_status,
 )
@@ -273,3 +275,77 @@ def test_voiding_a_credit_note_is_a_set_step_that_reconciliation_can_decide_by_l
         step_class=StepClass.SET,
         correction_path="A person re-issues the credit note if a void was wrong.",
     )
+
+
+def ledger_effect(reference: str, raw: dict[str, object]) -> Effect:
+    return Effect(
+        reference=reference,
+        status=CreditNoteStatus.AUTHORISED,
+        outcome=Outcome.SUCCEEDED,
+        amount_minor=100,
+        currency="EUR",
+        action_id=None,
+        raw=raw,
+    )
+
+
+def test_the_accounting_ledger_is_listed_per_bill_by_its_allocation_or_its_own_invoice_id() -> None:
+    """The bill a credit note belongs to is the invoice of its first allocation; without one, the
+    record's own InvoiceID; without either, it is listed under "" (nobody's bill), not dropped."""
+    allocated = ledger_effect(
+        "cn-1", {"Allocations": [{"Invoice": {"InvoiceID": "inv-7"}}, {"Invoice": {"InvoiceID": "inv-9"}}]}
+    )
+    also_allocated = ledger_effect("cn-2", {"Allocations": [{"Invoice": {"InvoiceID": "inv-7"}}], "InvoiceID": "inv-1"})
+    unallocated = ledger_effect("cn-3", {"Allocations": [], "InvoiceID": "inv-8"})
+    allocation_without_invoice = ledger_effect("cn-4", {"Allocations": [{"Amount": "1.00"}]})
+    nobodys = ledger_effect("cn-5", {})
+
+    listing = credit_notes_by_bill([allocated, also_allocated, unallocated, allocation_without_invoice, nobodys])
+
+    assert listing == {
+        "inv-7": [allocated, also_allocated],
+        "inv-8": [unallocated],
+        "": [allocation_without_invoice, nobodys],
+    }
+    assert type(listing) is dict, "a plain dict: a missing bill reads as absent, not as a new empty list"
+
+
+class _Response:
+    def __init__(self, payload: object, *, failure: Exception | None = None) -> None:
+        self.payload, self.failure = payload, failure
+
+    def raise_for_status(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def json(self) -> object:
+        return self.payload
+
+
+def test_the_mail_sandboxs_ledger_is_read_from_its_messages_list_with_a_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, object]] = []
+    row = {"id": 1, "message_id": "<email-abc@console.example>", "action_id": ACTION_ID}
+
+    def get(url: str, **options: object) -> _Response:
+        calls.append((url, options.get("timeout")))
+        return _Response({"messages": [row]})
+
+    monkeypatch.setattr(supplier_email.requests, "get", get)
+
+    effects = list(MailRelay(object(), ledger_url="http://127.0.0.1:8025/").ledger())  # type: ignore[arg-type]
+
+    assert calls == [("http://127.0.0.1:8025/messages", 10)]
+    assert [effect.reference for effect in effects] == ["email-abc"]
+
+
+def test_a_mail_sandbox_whose_list_cannot_be_read_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    failure = requests.HTTPError("503 Server Error")
+    monkeypatch.setattr(supplier_email.requests, "get", lambda url, **options: _Response({}, failure=failure))
+
+    with pytest.raises(LedgerUnavailable) as raised:
+        list(MailRelay(object(), ledger_url="http://127.0.0.1:8025").ledger())  # type: ignore[arg-type]
+
+    assert str(raised.value) == "the mail sandbox's list could not be read: 503 Server Error"
+    assert raised.value.__cause__ is failure
