@@ -12,20 +12,19 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import transaction
 from django.utils import timezone
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
-from actions.engine.dispatch import apply_outcome
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.invoice_adjustment import effect_from_credit_note
 from actions.models import Action, ActionStatus, Bill
-from actions.providers.accounting.client import CreditNote, CreditNoteStatus
 from actions.providers.base import DefinitiveError
 from actions.trail import Actor
 from approvals.services import approval_decide
+from tests.actions.test_admin_credit_note_void import credit_note
+from tests.actions.test_apply_outcome import apply
 from tests.factories import make_adjustment_request, make_bill
+from tests.kinds.test_invoice_adjustment import propose
 
 pytestmark = pytest.mark.django_db
 S = ActionStatus
@@ -39,15 +38,7 @@ def managers_decide(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def approved(bill: Bill, amount: str, proposer: Actor, manager: Any) -> Action:
-    request = make_adjustment_request(bill)
-    action = action_propose_invoice_adjustment(
-        bill_number=bill.number,
-        adjustment_number=request.number,
-        amount=amount,
-        proposer=proposer,
-        currency="EUR",
-        reason_code="price_mismatch",
-    ).action
+    action = propose(bill, make_adjustment_request(bill).number, amount, proposer)
     approval_decide(action_pk=action.pk, user=manager, decision="approve", note="ok")
     return action
 
@@ -128,26 +119,7 @@ def test_a_balance_that_no_longer_covers_the_adjustment_stops_the_claim_and_says
 
 def record(claim: Claim, answer: Answer) -> str:
     assert claim.action is not None
-    with transaction.atomic():
-        return apply_outcome(
-            action=claim.action,
-            answer=answer,
-            actor=Actor.system("test-recorder"),
-            now=timezone.now(),
-            source="test",
-        )
-
-
-def credit_note(action: Action) -> CreditNote:
-    return CreditNote(
-        id="cn-1",
-        number="CN-0001",
-        reference=action.action_id,
-        status=CreditNoteStatus.AUTHORISED,
-        total=action.amount,
-        currency="EUR",
-        invoice_id=action.payload["invoice_id"],
-    )
+    return apply(claim.action, answer, now=timezone.now())
 
 
 def test_an_authorised_credit_note_turns_the_reservation_into_an_adjustment_of_its_bill_only(
@@ -158,7 +130,7 @@ def test_an_authorised_credit_note_turns_the_reservation_into_an_adjustment_of_i
     action = approved(bill, "50.00", agent_actor, manager)
     claim = claimed(action)
 
-    effect = effect_from_credit_note(credit_note(action))
+    effect = effect_from_credit_note(credit_note(action, "cn-1"))
     assert record(claim, Answer(Outcome.SUCCEEDED, effect=effect)) == S.SUCCEEDED
 
     assert money(bill) == (Decimal("50.00"), Decimal("0.00"), 2)

@@ -154,6 +154,15 @@ def test_a_relays_error_maps_to_the_outcome_it_proves(error: MailError, outcome:
 
 
 ACTION_ID = "supplier_email:acme:PO-7:late_delivery"
+# The console's message for ACTION_ID, as the relay's answer and its ledger both describe it.
+THE_MESSAGE_SENT = Effect(
+    reference=message_reference(ACTION_ID),
+    status="accepted",
+    outcome=Outcome.SUCCEEDED,
+    amount_minor=None,
+    currency="",
+    action_id=ACTION_ID,
+)
 
 
 def test_a_message_the_relay_accepted_is_a_succeeded_effect_named_by_the_message() -> None:
@@ -161,14 +170,7 @@ def test_a_message_the_relay_accepted_is_a_succeeded_effect_named_by_the_message
 
     effect = effect_from_accepted(Action(action_id=ACTION_ID), accepted)
 
-    assert effect == Effect(
-        reference=message_reference(ACTION_ID),
-        status="accepted",
-        outcome=Outcome.SUCCEEDED,
-        amount_minor=None,
-        currency="",
-        action_id=ACTION_ID,
-    )
+    assert effect == THE_MESSAGE_SENT
     assert effect.raw == {"message_id": "<email-abc@console.example>", "reply": "250 2.0.0 Ok: queued as 7F3"}
 
 
@@ -185,14 +187,7 @@ def test_a_row_of_the_relays_ledger_is_the_effect_of_the_message_it_names() -> N
 
     effect = effect_from_ledger_row(row)
 
-    assert effect == Effect(
-        reference=message_reference(ACTION_ID),
-        status="accepted",
-        outcome=Outcome.SUCCEEDED,
-        amount_minor=None,
-        currency="",
-        action_id=ACTION_ID,
-    )
+    assert effect == THE_MESSAGE_SENT
     assert effect.raw == {
         "id": 41,
         "message_id": row["message_id"],
