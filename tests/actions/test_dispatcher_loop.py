@@ -278,9 +278,7 @@ def test_each_batch_claim_counts_what_it_claimed_what_went_stale_and_one_transac
     assert dispatcher._claim(2) == []
     assert dispatcher._claim(3) == [CLAIMED, CLAIMED, stale]
 
-    assert asked == [
-        {"limit": limit, "action_pks": None, "actor": module.DISPATCHER_PROCESS} for limit in (3, 2, 3)
-    ]
+    assert asked == [{"limit": limit, "action_pks": None, "actor": module.DISPATCHER_PROCESS} for limit in (3, 2, 3)]
     stats = dispatcher.stats
     assert (stats.claim_transactions, stats.claimed, stats.stale, stats.batches, list(stats.batch_sizes)) == (
         3,
@@ -598,3 +596,106 @@ def test_with_rate_limits_only_actions_whose_receiver_has_a_token_are_claimed(
     ]
     assert Action.objects.get(pk=third.pk).status == S.AUTHORIZED
     assert not Attempt.objects.filter(action=third).exists()
+
+
+# --- an answer left with the recorder (RecordGroups.hand_over) -----------------------------------
+
+
+def test_a_thread_that_left_its_answer_with_the_recorder_is_counted_once_when_it_is_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool thread's HANDED_OVER frees its place but counts nothing; the recorder's report
+    counts the result, after its commit, and only then passes the after_record fault point."""
+    passed: list[str] = []
+    monkeypatch.setattr(module, "fault_point", passed.append)
+    dispatcher = Dispatcher(concurrency=2, batch_size=2)
+    dispatcher._outstanding = 2
+    left: Future[str] = Future()
+    left.set_result(module.HANDED_OVER)
+    dispatcher._done(left)
+    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (1, None, 0)
+    assert dispatcher._wake.is_set() and passed == []
+
+    dispatcher._recorded(SimpleNamespace(), S.SUCCEEDED)  # type: ignore[arg-type]
+    assert (dispatcher._outstanding, dispatcher.stats.recorded, dispatcher.stats.errors) == (1, {S.SUCCEEDED: 1}, 0)
+    assert passed == ["after_record"]
+
+
+def test_a_left_answer_whose_record_failed_is_logged_counted_and_its_connection_dropped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    passed: list[str] = []
+    closed: list[bool] = []
+    monkeypatch.setattr(module, "fault_point", passed.append)
+    monkeypatch.setattr(module, "connection", SimpleNamespace(close=lambda: closed.append(True)))
+    dispatcher = Dispatcher(concurrency=2, batch_size=2)
+    with caplog.at_level(logging.ERROR, logger=module.__name__):
+        dispatcher._recorded(SimpleNamespace(), RuntimeError("connection lost at the record"))  # type: ignore[arg-type]
+    assert (dispatcher.stats.recorded, dispatcher.stats.errors) == (None, 1)
+    assert closed == [True] and passed == [], "a failed record passed the after_record fault point"
+    [logged] = caplog.records
+    assert logged.getMessage() == "dispatcher: a call's record failed; its lease expires to reconciliation"
+    assert logged.exc_info is not None and "connection lost at the record" in str(logged.exc_info[1])
+
+
+def test_a_pool_thread_that_finds_the_recorder_at_work_leaves_its_answer_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    action, attempt = SimpleNamespace(action_id="refund:order-8:request-1"), SimpleNamespace(pk=4)
+    sent = SimpleNamespace(action=action)
+    passed: list[str] = []
+    monkeypatch.setattr(module, "submission_send", lambda **kwargs: sent)
+    monkeypatch.setattr(module, "_drop_connection_if_dead", lambda: None)
+    monkeypatch.setattr(module, "fault_point", passed.append)
+    handed: list[Any] = []
+    records = SimpleNamespace(hand_over=lambda one: handed.append(one))  # returns None: left with it
+    clock = iter([20.0, 20.2])
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    claim = Claim(ClaimOutcome.CLAIMED, action=action, attempt=attempt, lease_token=uuid.uuid4())  # type: ignore[arg-type]
+
+    with caplog.at_level(logging.DEBUG, logger=module.__name__):
+        assert module._send_and_record(claim, records) == module.HANDED_OVER  # type: ignore[arg-type]
+
+    assert handed == [sent] and passed == [], "the fault point after the record ran before the record"
+    assert [r.getMessage() for r in caplog.records] == [
+        "action_id=refund:order-8:request-1 sent in 0.200 s; its record is left with the recorder"
+    ]
+
+
+def test_a_dispatcher_that_stops_returns_only_once_every_answer_left_with_the_recorder_is_recorded(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing handed over is dropped at a clean stop: the recorder is a pool thread still in its
+    task, so the pool (and ``run``) ends after the last group it was left."""
+    settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 60, 10
+    dispatcher = Dispatcher(concurrency=3, batch_size=3, idle_seconds=0.01, max_idle_seconds=0.01)
+    first_group = threading.Event()
+    groups: list[int] = []
+
+    def record(group: Any) -> list[str | Exception]:
+        groups.append(len(group))
+        if len(groups) == 1:
+            # Hold the first answer's record until the two others were left with the recorder.
+            wait_for(lambda: len(dispatcher.records._waiting) == 2)
+            first_group.set()
+        return [S.SUCCEEDED] * len(group)
+
+    dispatcher.records._record = record
+    claims = iter([[Claim(ClaimOutcome.CLAIMED, **claimed_parts()) for _ in range(3)]])
+    monkeypatch.setattr(dispatcher, "_claim", lambda limit: next(claims, []))
+    monkeypatch.setattr(module, "submission_send", lambda **kwargs: SimpleNamespace(action=kwargs["action"]))
+    monkeypatch.setattr(module, "_drop_connection_if_dead", lambda: None)
+    monkeypatch.setattr(module, "_close_thread_connections", lambda pool, threads: None)
+
+    stats = dispatcher.run(until=first_group.is_set)
+
+    assert groups == [1, 2]
+    assert stats.recorded == {S.SUCCEEDED: 3} and stats.errors == 0
+    assert dispatcher._outstanding == 0 and dispatcher.records._waiting == []
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)

@@ -182,3 +182,150 @@ def test_a_recorder_that_raises_hands_the_error_to_every_answer_of_its_group() -
     with pytest.raises(RuntimeError, match="the recorder itself broke"):
         records.record(fake_sent("a"))
     assert records._recording is False, "the next answer would wait for ever"
+
+
+# --- handing an answer over to the recorder at work (issue 18, P-d) -------------------------------
+
+
+def name_of(sent: Any) -> str:
+    """The name ``fake_sent`` gave an answer."""
+    return str(sent.name)
+
+
+class HeldRecorder:
+    """A record function whose first group is held until ``release``; every group is listed."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.groups: list[list[str]] = []
+        self.release = threading.Event()
+        self.fail = fail
+
+    def __call__(self, sent: Any) -> list[str | Exception]:
+        names = [one.name for one in sent]
+        self.groups.append(names)
+        if len(self.groups) == 1:
+            assert self.release.wait(10)
+        return [RuntimeError(f"{name} failed") if name == self.fail else f"recorded {name}" for name in names]
+
+
+def test_an_answer_left_with_the_recorder_at_work_frees_its_thread_and_is_reported_once_committed() -> None:
+    """A thread whose call returned while another records goes on to its next call instead of
+    waiting for the commit (in-flight calls stay at the concurrency); the recorder records its
+    answer in the next group, reports it after that commit, and returns only when none waits."""
+    recorder = HeldRecorder()
+    reported: list[tuple[str, str | Exception, list[list[str]]]] = []
+    records = RecordGroups(
+        record=recorder,
+        on_recorded=lambda sent, result: reported.append((name_of(sent), result, list(recorder.groups))),
+        backlog=2,
+    )
+    results: dict[str, str | None] = {}
+
+    def answer(name: str) -> None:
+        results[name] = records.hand_over(fake_sent(name))
+
+    a = threading.Thread(target=answer, args=("a",))
+    a.start()
+    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+    answer("b")
+    answer("c")
+    # Both left at once, not recorded yet, and nobody reported yet.
+    assert results == {"b": None, "c": None}
+    assert reported == [] and len(records._waiting) == 2
+    recorder.release.set()
+    a.join(timeout=10)
+
+    assert results == {"a": "recorded a", "b": None, "c": None}
+    assert recorder.groups == [["a"], ["b", "c"]]
+    # Reported after their own group was recorded, never the recorder's own answer.
+    assert reported == [
+        ("b", "recorded b", [["a"], ["b", "c"]]),
+        ("c", "recorded c", [["a"], ["b", "c"]]),
+    ]
+    assert records._recording is False and records._waiting == []
+
+
+def test_with_the_backlog_full_an_answer_waits_for_its_own_commit() -> None:
+    """Backpressure: a slow database slows the calls down instead of piling answers up."""
+    recorder = HeldRecorder()
+    reported: list[str] = []
+    records = RecordGroups(record=recorder, on_recorded=lambda sent, result: reported.append(name_of(sent)), backlog=1)
+    results: dict[str, str | None] = {}
+
+    def answer(name: str) -> None:
+        results[name] = records.hand_over(fake_sent(name))
+
+    a = threading.Thread(target=answer, args=("a",))
+    a.start()
+    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+    answer("b")  # the backlog's one place
+    c = threading.Thread(target=answer, args=("c",))
+    c.start()
+    wait_until(lambda: len(records._waiting) == 2, timeout=10, what="the answer over the backlog waiting")
+    assert "c" not in results, "an answer over the backlog left before its commit"
+    recorder.release.set()
+    for thread in (a, c):
+        thread.join(timeout=10)
+
+    assert results == {"a": "recorded a", "b": None, "c": "recorded c"}
+    assert recorder.groups == [["a"], ["b", "c"]]
+    assert reported == ["b"], "only the answer whose thread left is reported"
+
+
+def test_a_record_that_failed_after_its_thread_left_is_reported_as_its_error() -> None:
+    recorder = HeldRecorder(fail="b")
+    reported: list[tuple[str, str | Exception]] = []
+    records = RecordGroups(
+        record=recorder, on_recorded=lambda sent, result: reported.append((name_of(sent), result)), backlog=4
+    )
+    a = threading.Thread(target=records.hand_over, args=(fake_sent("a"),))
+    a.start()
+    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+    assert records.hand_over(fake_sent("b")) is None
+    recorder.release.set()
+    a.join(timeout=10)
+
+    [(name, result)] = reported
+    assert name == "b" and isinstance(result, RuntimeError) and str(result) == "b failed"
+
+
+def test_a_report_that_raises_stops_neither_the_recorder_nor_the_next_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder = HeldRecorder()
+
+    def report(sent: Any, result: str | Exception) -> None:
+        raise RuntimeError("the stats broke")
+
+    records = RecordGroups(record=recorder, on_recorded=report, backlog=4)
+    a = threading.Thread(target=records.hand_over, args=(fake_sent("a"),))
+    a.start()
+    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+    records.hand_over(fake_sent("b"))
+    records.hand_over(fake_sent("c"))
+    recorder.release.set()
+    a.join(timeout=10)
+
+    assert recorder.groups == [["a"], ["b", "c"]]
+    assert records._recording is False, "the next answer would wait for ever"
+    assert caplog.messages.count("dispatcher: reporting a recorded answer failed") == 2
+    assert records.hand_over(fake_sent("d")) == "recorded d"
+
+
+def test_without_anyone_to_report_to_an_answer_always_waits_for_its_commit() -> None:
+    """``record`` (and ``hand_over`` with no ``on_recorded``) never leave an answer behind: with
+    nobody told of its result, a thread that left would lose it."""
+    recorder = HeldRecorder()
+    records = RecordGroups(record=recorder, backlog=4)
+    a = threading.Thread(target=records.record, args=(fake_sent("a"),))
+    a.start()
+    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+    results: dict[str, str | None] = {}
+    b = threading.Thread(target=lambda: results.update(b=records.hand_over(fake_sent("b"))))
+    b.start()
+    wait_until(lambda: len(records._waiting) == 1, timeout=10, what="the second answer waiting")
+    assert results == {}
+    recorder.release.set()
+    for thread in (a, b):
+        thread.join(timeout=10)
+    assert results == {"b": "recorded b"}

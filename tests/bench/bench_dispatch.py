@@ -830,10 +830,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measured = Measured(
             n=n,
             background_rate=background_rate,
-            lifecycle_commits=reading
-            - last
-            - background_rate * (read_at - last_read)
-            - workers.completion_readings,
+            lifecycle_commits=reading - last - background_rate * (read_at - last_read) - workers.completion_readings,
         )
         last, last_read = reading, read_at
 
@@ -898,6 +895,18 @@ def _row(label: str, values: list[float], fmt: str, unit: str = "") -> str:
     return f"  {label:<30}{cells}{min(values):>10{fmt}}{statistics.median(values):>10{fmt}}  {unit}"
 
 
+def in_flight(args: argparse.Namespace) -> int:
+    """How many receiver calls the console's workers can have in flight at once."""
+    if args.dispatchers:
+        return args.dispatchers * args.concurrency
+    return args.workers * (1 if args.pool == "solo" else args.concurrency)
+
+
+def in_flight_bound(args: argparse.Namespace) -> float | None:
+    """The most actions/s those calls allow at the provider's latency (None at zero latency)."""
+    return in_flight(args) / (args.latency_ms / 1000) if args.latency_ms else None
+
+
 def report(
     *,
     args: argparse.Namespace,
@@ -930,6 +939,17 @@ def report(
         _row("ratio to bare Celery", [rep.ratio for rep in reps], ".3f", "(actions/s / tasks/s)"),
         _row("end to end: refunds/s", [rep.end_to_end_rate for rep in reps], ".1f", "(proposed one by one here)"),
     ]
+    bound = in_flight_bound(args)
+    if bound is not None:
+        # P-d: the calls in flight cap the rate at calls / latency; how close the console comes.
+        rows.append(
+            _row(
+                "share of the in-flight bound",
+                [rep.dispatch_rate / bound for rep in reps],
+                ".3f",
+                f"(actions/s / {bound:.0f}: {in_flight(args)} calls in flight / {args.latency_ms} ms)",
+            )
+        )
     if dbos is not None:
         rows += dbos.rows(_row, [rep.dispatch_rate for rep in reps])
     proposal = statistics.median(rep.proposal_statements / n for rep in reps)
