@@ -250,15 +250,17 @@ def lookup_containing(term: str) -> Lookup:
 
 @dataclass(frozen=True)
 class Found:
-    """What one lookup found: the newest matching orders and bills (up to ``TARGET_LIMIT``,
-    each read once for both its own section and the actions it leads to), and the query for
-    the actions, or None when nothing can lead to one."""
+    """What one lookup found: the newest matching orders (a section's worth, and one more to
+    tell that there are more) and bills, the keys of every order and ticket followed to their
+    actions (up to ``TARGET_LIMIT`` each), and the query for the actions, or None when nothing
+    can lead to one."""
 
     orders: list[Order]
     bills: list[Bill]
     actions: QuerySet[Action] | None
     request_pks: frozenset[int] = frozenset()
     number: int | None = None
+    order_pks: frozenset[int] = frozenset()
 
 
 def found(lookup: Lookup, base: QuerySet[Action]) -> Found:
@@ -267,21 +269,34 @@ def found(lookup: Lookup, base: QuerySet[Action]) -> Found:
     (a join or an IN (subquery) inside one big OR would make PostgreSQL read the whole actions
     table).
 
-    The orders followed to their actions are the newest ones: the same query then serves the
-    orders' section, instead of a second scan of the same trigram indexes."""
-    orders = list(lookup.orders.order_by("-paid_at", "-pk")[:TARGET_LIMIT])
+    The orders followed to their actions are the newest ones: the same scan of the trigram
+    indexes gives the orders' section its keys, whose rows are then read by primary key."""
+    # Up to TARGET_LIMIT orders are followed to their actions, but only a section's worth is
+    # shown: the rest are read as bare keys, not as model instances (at 1M actions a common name
+    # matches hundreds of orders, and building 200 instances was a visible part of the page).
+    order_pks = list(lookup.orders.order_by("-paid_at", "-pk").values_list("pk", flat=True)[:TARGET_LIMIT])
+    shown = order_pks[: SECTION_LIMIT + 1]
+    by_pk = Order.objects.in_bulk(shown) if shown else {}
+    orders = [by_pk[pk] for pk in shown if pk in by_pk]
     request_pks = list(lookup.requests.order_by().values_list("pk", flat=True)[:TARGET_LIMIT])
     bills = list(lookup.bills.order_by("-issued_at", "-pk")[:TARGET_LIMIT])
     parts = [lookup.actions] if lookup.actions is not None else []
-    if orders:
-        parts.append(Q(order_id__in=[order.pk for order in orders]))
+    if order_pks:
+        parts.append(Q(order_id__in=order_pks))
     if request_pks:
         parts.append(Q(refund_request_id__in=request_pks))
     if bills:
         parts.append(Q(bill_id__in=[bill.pk for bill in bills]))
     if lookup.number is not None:
         parts.append(Q(pk=lookup.number))
-    what = Found(orders=orders, bills=bills, actions=None, request_pks=frozenset(request_pks), number=lookup.number)
+    what = Found(
+        orders=orders,
+        bills=bills,
+        actions=None,
+        request_pks=frozenset(request_pks),
+        number=lookup.number,
+        order_pks=frozenset(order_pks),
+    )
     if not parts:
         # Nothing can lead to an action: no query to send.
         return what
@@ -396,7 +411,7 @@ def _holds_the_term(results: SearchResults, what: Found) -> bool:
     order 4821)."""
     if results.orders or results.bills:
         return True
-    order_pks = {order.pk for order in what.orders}
+    order_pks = what.order_pks
     bill_pks = {bill.pk for bill in what.bills}
     return any(
         action.pk != what.number

@@ -133,6 +133,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "console.context_processors.roles",
             ],
+            # {% money %} and {% age %} on every page without a {% load %} (see the module).
+            "builtins": ["console.templatetags.display"],
         },
     },
 ]

@@ -1,0 +1,52 @@
+"""How the console shows an amount and a moment, on every page: ``{% money amount currency %}``
+and ``{% age time %}``. Built into every template (settings.TEMPLATES' ``builtins``).
+
+These were two ``{% include %}`` templates. A search or a queue page shows a hundred rows with
+two or three of them each, and an include costs far more than a call (a new context, a template
+lookup, a node walk): at 102 rows they were about half of the search page's time (issue 18, P-e;
+``tests/bench/bench_scale.py``). The output is the same markup the includes wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.contrib.humanize.templatetags.humanize import naturaltime
+from django.template import Context
+from django.template.defaultfilters import date as date_format
+from django.template.defaultfilters import floatformat
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timezone import template_localtime
+
+from actions.providers.money import ZERO_DECIMAL_CURRENCIES
+
+register = template.Library()
+
+
+@register.simple_tag
+def money(amount: Any, currency: Any) -> SafeString:
+    """An amount in its currency's usual decimals (none for yen and the like), grouped by the
+    active locale: ``<span class="money">1,250.00 EUR</span>``."""
+    places = "0g" if currency in ZERO_DECIMAL_CURRENCIES else "2g"
+    return format_html('<span class="money">{} {}</span>', floatformat(amount, places), currency)
+
+
+@register.simple_tag(takes_context=True)
+def age(context: Context, time: Any) -> SafeString:
+    """How long ago, with the exact time on hover and in print: ``<time ...>3 minutes ago</time>
+    <span class="abs-time">(4 Dec 2026, 09:12 UTC)</span>``."""
+    if time is None:
+        # (The include wrote "None" and empty dates here.)
+        return format_html('<span class="muted">{}</span>', "—")
+    ago = naturaltime(time)
+    # In the reader's time zone, as the ``date`` filter shows a variable (expects_localtime).
+    time = template_localtime(time, use_tz=context.use_tz)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time> <span class="abs-time">({})</span>',
+        date_format(time, "c"),
+        date_format(time, "Y-m-d H:i:s T"),
+        ago,
+        date_format(time, "j M Y, H:i T"),
+    )
