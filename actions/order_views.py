@@ -11,7 +11,6 @@ from django.views.decorators.http import require_safe
 
 from actions.models import Order
 from actions.order_selectors import order_page_get
-from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from actions.search import may_search, may_search_everything, search
 
 
@@ -21,7 +20,7 @@ def search_view(request: HttpRequest) -> HttpResponse:
     if not may_search(request.user):
         raise PermissionDenied("Searching is for the people who work with actions.")
     results = search(user=request.user, raw=request.GET.get("q", ""))
-    context = {"results": results, "q": results.term, "zero_decimal_currencies": ZERO_DECIMAL_CURRENCIES}
+    context = {"results": results, "q": results.term}
     # A search too short or malformed is named on the page with a 400, never an error page.
     return render(request, "console/search.html", context, status=400 if results.problem else 200)
 
@@ -35,5 +34,5 @@ def order_detail(request: HttpRequest, pk: int) -> HttpResponse:
         page = order_page_get(order_pk=pk, user=request.user)
     except Order.DoesNotExist as missing:
         raise Http404("There is no such order.") from missing
-    context = {"page": page, "order": page.order, "zero_decimal_currencies": ZERO_DECIMAL_CURRENCIES}
+    context = {"page": page, "order": page.order}
     return render(request, "console/order.html", context)

@@ -34,7 +34,6 @@ from actions.finance import REMEDY_CHOICES
 from actions.kind_selectors import kind_cards
 from actions.models import Action, Discrepancy, Remedy, Workflow, WorkflowEvent, WorkflowState
 from actions.plain import without_status_codes
-from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from actions.review_selectors import (
     STATE_CHOICES,
     BadCursor,
@@ -71,7 +70,6 @@ RESOLUTIONS = ("succeeded", "retry", "failed", "resend")
 
 def _context(**extra: Any) -> dict[str, Any]:
     return {
-        "zero_decimal_currencies": ZERO_DECIMAL_CURRENCIES,
         "state_choices": STATE_CHOICES,
         "kind_choices": ItemKind.CHOICES,
         "remedy_choices": [(choice.value, choice.label) for choice in REMEDY_CHOICES],

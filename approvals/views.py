@@ -29,7 +29,6 @@ from actions.kinds import kind_for
 from actions.models import Action
 from actions.models.actions import TERMINAL_STATUSES
 from actions.plain import without_status_codes
-from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem
 from approvals.models import Decision, RejectionReason
 from approvals.selectors import (
@@ -62,9 +61,7 @@ class HtmxHttpRequest(HttpRequest):
 
 
 def _context(**extra: Any) -> dict[str, Any]:
-    # Templates show money with the currency's own number of decimals (5,000 JPY, 12.50 EUR).
     return {
-        "zero_decimal_currencies": ZERO_DECIMAL_CURRENCIES,
         "rejection_reasons": RejectionReason.choices,
         "sort_choices": [("age", "Oldest first"), ("-age", "Newest first"), ("amount", "Largest amount first")],
         **extra,

@@ -18,7 +18,7 @@ from django.template.defaultfilters import date as date_format
 from django.template.defaultfilters import floatformat
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.timezone import template_localtime
+from django.utils.timezone import template_localtime  # type: ignore[attr-defined]  # (missing from the stubs)
 
 from actions.providers.money import ZERO_DECIMAL_CURRENCIES
 

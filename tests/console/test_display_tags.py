@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -37,7 +36,7 @@ def test_a_currency_is_escaped_like_any_other_text() -> None:
 
 
 def test_a_moment_is_shown_relative_with_the_exact_time_in_the_readers_zone() -> None:
-    moment = datetime(2026, 12, 4, 9, 43, 5, tzinfo=dt_timezone.utc)
+    moment = datetime(2026, 12, 4, 9, 43, 5, tzinfo=UTC)
     with translation.override("en"), timezone.override("Asia/Tokyo"):
         shown = render("{% age moment %}", moment=moment)
     assert shown.startswith('<time datetime="2026-12-04T18:43:05+09:00" title="2026-12-04 18:43:05 JST">')
