@@ -120,3 +120,22 @@ def test_config_defaults_match_stripes_key_retention() -> None:
     assert SandboxConfig().key_retention_seconds == 24 * 3600
     with pytest.raises(ValueError):
         SandboxConfig().update({"pending_outcome": "maybe"})
+
+
+def test_settling_what_is_due_reads_the_pending_refunds_index_not_the_whole_ledger(sandbox: Sandbox) -> None:
+    """Every sandbox transaction first settles what is due; as a scan of every refund ever made,
+    under the sandbox's one lock, it made the sandbox slower with each benchmark repetition. The
+    statements are the ones the sandbox really sends (traced), each explained by SQLite."""
+    sent: list[str] = []
+    sandbox._db.set_trace_callback(sent.append)
+    try:
+        for number in range(3):
+            assert _create(sandbox, f"settle-plan-{number}").status == 200
+    finally:
+        sandbox._db.set_trace_callback(None)
+    settling = sorted({sql for sql in sent if "settle_at <=" in sql})
+    assert settling, "no statement settled what was due"
+    for sql in settling:
+        plan = " ".join(str(step[-1]) for step in sandbox._db.execute("EXPLAIN QUERY PLAN " + sql).fetchall())
+        assert "USING INDEX refunds_pending_settle" in plan, (sql, plan)
+        assert "SCAN refunds" not in plan, (sql, plan)
