@@ -276,7 +276,7 @@ def found(lookup: Lookup, base: QuerySet[Action]) -> Found:
     # matches hundreds of orders, and building 200 instances was a visible part of the page).
     order_pks = list(lookup.orders.order_by("-paid_at", "-pk").values_list("pk", flat=True)[:TARGET_LIMIT])
     shown = order_pks[: SECTION_LIMIT + 1]
-    by_pk = Order.objects.in_bulk(shown) if shown else {}
+    by_pk = Order.objects.in_bulk(shown)  # (no query for no keys)
     orders = [by_pk[pk] for pk in shown if pk in by_pk]
     request_pks = list(lookup.requests.order_by().values_list("pk", flat=True)[:TARGET_LIMIT])
     bills = list(lookup.bills.order_by("-issued_at", "-pk")[:TARGET_LIMIT])
