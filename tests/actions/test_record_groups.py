@@ -208,6 +208,30 @@ class HeldRecorder:
         return [RuntimeError(f"{name} failed") if name == self.fail else f"recorded {name}" for name in names]
 
 
+class Answers:
+    """Pool threads handing answers named "a", "b"... to ``enter`` (``RecordGroups.hand_over`` or
+    ``record``); what each got back, by name."""
+
+    def __init__(self, enter: Any) -> None:
+        self.enter = enter
+        self.results: dict[str, str | None] = {}
+
+    def give(self, name: str) -> None:
+        self.results[name] = self.enter(fake_sent(name))
+
+    def in_thread(self, name: str) -> threading.Thread:
+        thread = threading.Thread(target=self.give, args=(name,))
+        thread.start()
+        return thread
+
+    def first_held(self, recorder: HeldRecorder) -> threading.Thread:
+        """Answer "a" in a thread of its own, which becomes the recorder and is held in its first
+        group (until ``recorder.release``)."""
+        thread = self.in_thread("a")
+        wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+        return thread
+
+
 def test_an_answer_left_with_the_recorder_at_work_frees_its_thread_and_is_reported_once_committed() -> None:
     """A thread whose call returned while another records goes on to its next call instead of
     waiting for the commit (in-flight calls stay at the concurrency); the recorder records its
@@ -219,16 +243,11 @@ def test_an_answer_left_with_the_recorder_at_work_frees_its_thread_and_is_report
         on_recorded=lambda sent, result: reported.append((name_of(sent), result, list(recorder.groups))),
         backlog=2,
     )
-    results: dict[str, str | None] = {}
-
-    def answer(name: str) -> None:
-        results[name] = records.hand_over(fake_sent(name))
-
-    a = threading.Thread(target=answer, args=("a",))
-    a.start()
-    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
-    answer("b")
-    answer("c")
+    answers = Answers(records.hand_over)
+    results = answers.results
+    a = answers.first_held(recorder)
+    answers.give("b")
+    answers.give("c")
     # Both left at once, not recorded yet, and nobody reported yet.
     assert results == {"b": None, "c": None}
     assert reported == [] and len(records._waiting) == 2
@@ -250,17 +269,11 @@ def test_with_the_backlog_full_an_answer_waits_for_its_own_commit() -> None:
     recorder = HeldRecorder()
     reported: list[str] = []
     records = RecordGroups(record=recorder, on_recorded=lambda sent, result: reported.append(name_of(sent)), backlog=1)
-    results: dict[str, str | None] = {}
-
-    def answer(name: str) -> None:
-        results[name] = records.hand_over(fake_sent(name))
-
-    a = threading.Thread(target=answer, args=("a",))
-    a.start()
-    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
-    answer("b")  # the backlog's one place
-    c = threading.Thread(target=answer, args=("c",))
-    c.start()
+    answers = Answers(records.hand_over)
+    results = answers.results
+    a = answers.first_held(recorder)
+    answers.give("b")  # the backlog's one place
+    c = answers.in_thread("c")
     wait_until(lambda: len(records._waiting) == 2, timeout=10, what="the answer over the backlog waiting")
     assert "c" not in results, "an answer over the backlog left before its commit"
     recorder.release.set()
@@ -278,9 +291,7 @@ def test_a_record_that_failed_after_its_thread_left_is_reported_as_its_error() -
     records = RecordGroups(
         record=recorder, on_recorded=lambda sent, result: reported.append((name_of(sent), result)), backlog=4
     )
-    a = threading.Thread(target=records.hand_over, args=(fake_sent("a"),))
-    a.start()
-    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+    a = Answers(records.hand_over).first_held(recorder)
     assert records.hand_over(fake_sent("b")) is None
     recorder.release.set()
     a.join(timeout=10)
@@ -298,9 +309,7 @@ def test_a_report_that_raises_stops_neither_the_recorder_nor_the_next_answers(
         raise RuntimeError("the stats broke")
 
     records = RecordGroups(record=recorder, on_recorded=report, backlog=4)
-    a = threading.Thread(target=records.hand_over, args=(fake_sent("a"),))
-    a.start()
-    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
+    a = Answers(records.hand_over).first_held(recorder)
     records.hand_over(fake_sent("b"))
     records.hand_over(fake_sent("c"))
     recorder.release.set()
@@ -317,12 +326,10 @@ def test_without_anyone_to_report_to_an_answer_always_waits_for_its_commit() -> 
     nobody told of its result, a thread that left would lose it."""
     recorder = HeldRecorder()
     records = RecordGroups(record=recorder, backlog=4)
-    a = threading.Thread(target=records.record, args=(fake_sent("a"),))
-    a.start()
-    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the first answer being recorded")
-    results: dict[str, str | None] = {}
-    b = threading.Thread(target=lambda: results.update(b=records.hand_over(fake_sent("b"))))
-    b.start()
+    a = Answers(records.record).first_held(recorder)
+    answers = Answers(records.hand_over)
+    results = answers.results
+    b = answers.in_thread("b")
     wait_until(lambda: len(records._waiting) == 1, timeout=10, what="the second answer waiting")
     assert results == {}
     recorder.release.set()
