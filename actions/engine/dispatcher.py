@@ -342,14 +342,19 @@ class RecordGroups:
                 with self._changed:
                     group, self._waiting = self._waiting, []
                     if not group:
+                        # In the same hold of the lock as the empty check: an answer handed over
+                        # after it must find nobody recording and record itself, not be left
+                        # with a recorder that is leaving.
+                        self._recording = False
+                        self._changed.notify_all()
                         return
                 self._record_group(group)
-        finally:
-            # Also when something raised: the next answer must find nobody recording, or its
-            # thread would wait for ever.
+        except BaseException:
+            # The next answer must find nobody recording, or its thread would wait for ever.
             with self._changed:
                 self._recording = False
                 self._changed.notify_all()
+            raise
 
     def _record_group(self, group: list[_Waiting]) -> None:
         results: list[str | Exception] = []

@@ -9,6 +9,7 @@ point that decides who records which answers. The real-process crash matrix with
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from types import SimpleNamespace
@@ -336,3 +337,28 @@ def test_without_anyone_to_report_to_an_answer_always_waits_for_its_commit() -> 
     for thread in (a, b):
         thread.join(timeout=10)
     assert results == {"b": "recorded b"}
+
+
+def test_an_answer_handed_over_as_the_recorder_leaves_is_recorded_not_stranded() -> None:
+    """The recorder's last look (nothing waits) and its giving up the role are one hold of the
+    lock. Were they two, an answer handed over in between would find a recorder still "at work",
+    leave, and wait unrecorded until some later answer came along (for ever, at a shutdown)."""
+    recorder = HeldRecorder()
+    recorder.release.set()
+    records = RecordGroups(record=recorder, on_recorded=lambda sent, result: None, backlog=4)
+    between: list[str | None] = []
+
+    class HandsOverAfterTheLastLook(type(records._changed)):  # type: ignore[misc]
+        def __exit__(self, *exc: Any) -> None:
+            super().__exit__(*exc)
+            last_look = sys._getframe(1).f_code.co_name == "_record_until_none_waits"
+            if last_look and recorder.groups == [["a"]] and not between:
+                between.append(None)  # once
+                between[0] = records.hand_over(fake_sent("b"))
+
+    records._changed = HandsOverAfterTheLastLook()
+    assert records.record(fake_sent("a")) == "recorded a"
+
+    assert between == ["recorded b"], "the answer was left with a recorder that was leaving"
+    assert recorder.groups == [["a"], ["b"]]
+    assert records._waiting == [] and records._recording is False
