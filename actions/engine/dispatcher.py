@@ -11,15 +11,16 @@ lease-fenced record, the fault points, the outcome table). It claims at most one
 its threads (at most one action per thread, and only while the lease outlasts that wait), so
 under load every claim is a full batch and a claimed action waits for at most one call.
 
-Records are group-committed (``RecordGroups``): a thread whose call has returned records its answer
-at once if no other thread is recording; otherwise it leaves its answer with the thread that is
-recording, which records the answers that arrived meanwhile in one transaction
-(``submission_record_group``) as soon as its current one commits, and the thread goes on to its
-next call. Each answer is still recorded as soon as the recorder is free, under its own lease
-fence. Measured (README, "Worker profiles"): a thread that waited for its answer's commit spent
-about a tenth of its time waiting, so two dispatchers of 18 threads reached 70-77 % of their
-in-flight bound at 200 ms; leaving the answer brought them to about 80 % (83 % in the best
-run). At most ``concurrency`` answers wait for the recorder; beyond that a thread waits for its
+Records are group-committed (``RecordGroups``) by a recorder thread of the dispatcher's own: a
+thread whose call has returned leaves its answer with the recorder and goes on to its next call;
+the recorder records every answer waiting in one transaction (``submission_record_group``) and
+the answers that arrived meanwhile in the next, as soon as that one commits. Each answer is still
+recorded as soon as the recorder is free, under its own lease fence. Measured (README, "Worker
+profiles", two dispatchers of 18 threads at 200 ms): threads that waited for their own commits
+spent about a tenth of their time waiting and reached 70-77 % of their in-flight bound; leaving
+the answer with whichever calling thread was recording brought that to about 80 % (that thread
+then recorded instead of calling); a recorder thread of its own, with all C threads calling, to
+85 %. At most ``concurrency`` answers wait for the recorder; beyond that a thread waits for its
 own commit, so a slow database slows the calls down rather than piling answers up.
 
 Threads rather than asyncio: the receivers' adapters (the stripe SDK, the accounting client, SMTP)
@@ -128,6 +129,17 @@ class Dispatcher:
 
     def run(self, *, until: Callable[[], bool] | None = None) -> DispatcherStats:
         """Dispatch until ``stop`` is set (or ``until()`` is true), then wait for the calls in flight."""
+        self.records.start_recorder()
+        try:
+            self._loop(until)
+        finally:
+            # After the pool: every call has ended and left its answer; the recorder records
+            # what waits before it ends.
+            self.records.stop_recorder()
+            connection.close()
+        return self.stats
+
+    def _loop(self, until: Callable[[], bool] | None) -> None:
         idle = self.idle_seconds
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="dispatch") as pool:
             try:
@@ -155,8 +167,6 @@ class Dispatcher:
                             idle = min(idle * 2, self.max_idle_seconds)
             finally:
                 _close_thread_connections(pool, self.concurrency)
-                connection.close()
-        return self.stats
 
     # --- the claim loop's thread -----------------------------------------------------------
 
@@ -271,15 +281,18 @@ class Dispatcher:
 class RecordGroups:
     """Group commit for the answers of the dispatcher's threads.
 
-    A thread whose call has returned hands its answer over. If nobody is recording, it becomes
-    the recorder: it records every answer waiting (its own included) in one transaction, and goes
-    on recording the answers that arrived meanwhile, group after group, until none is left. A
-    thread that finds a recorder at work leaves its answer with it and is free for its next call
-    at once (``hand_over``), unless ``backlog`` answers are already waiting: then it waits until
-    its own answer is committed, so a slow database slows the calls down instead of piling up
-    answers in memory. ``record`` always waits. So each answer waits for at most one other
+    A thread whose call has returned hands its answer over. The dispatcher runs a recorder thread
+    of its own (``start_recorder``): it records every answer waiting in one transaction, then the
+    answers that arrived meanwhile, group after group, and the calling thread is free for its next
+    call at once (``hand_over``), unless ``backlog`` answers are already waiting: then it waits
+    until its own answer is committed, so a slow database slows the calls down instead of piling
+    up answers in memory. ``record`` always waits. So each answer waits for at most one other
     transaction, a busy dispatcher commits many answers at once, and an idle one records each
     alone.
+
+    Without a recorder thread (before ``start_recorder``, after ``stop_recorder``), the recorder
+    is whichever thread found nobody recording: it records its own answer and every answer left
+    with it meanwhile, until none is left, and only then goes back to calling.
 
     An answer handed over is reported to ``on_recorded`` (its result, or the error that stopped
     its record) by the recorder's thread, after its commit. A process killed before then loses
@@ -302,6 +315,8 @@ class RecordGroups:
         self._changed = threading.Condition()
         self._waiting: list[_Waiting] = []
         self._recording = False
+        self._recorder: threading.Thread | None = None  # see ``start_recorder``
+        self._stopping = False
 
     def record(self, sent: Sent) -> str:
         """Record ``sent`` (with whatever else is waiting) and return once it is committed."""
@@ -319,11 +334,13 @@ class RecordGroups:
         mine = _Waiting(sent)
         with self._changed:
             self._waiting.append(mine)
-            if may_leave and self._recording and len(self._waiting) <= self.backlog:
+            self._changed.notify_all()  # wakes a recorder thread waiting for answers
+            at_work = self._recorder is not None or self._recording
+            if may_leave and at_work and len(self._waiting) <= self.backlog:
                 # Under the lock, so the recorder takes it with its group already marked.
                 mine.handed_over = True
                 return None
-            while mine.result is None and self._recording:
+            while mine.result is None and (self._recorder is not None or self._recording):
                 self._changed.wait()
             if mine.result is None:
                 self._recording = True
@@ -333,6 +350,60 @@ class RecordGroups:
         if isinstance(mine.result, Exception):
             raise mine.result
         return mine.result
+
+    # --- a recorder thread of its own ---------------------------------------------------------
+
+    def start_recorder(self) -> None:
+        """Record every answer in a thread of its own, until ``stop_recorder``.
+
+        Without it the recorder is whichever calling thread found nobody recording, and under
+        load it records group after group instead of calling: C - 1 calls in flight. With it,
+        every calling thread leaves its answer (``hand_over``, backlog permitting) and all C
+        stay on calls. It costs a thread and a database connection.
+        """
+        with self._changed:
+            if self._recorder is not None:
+                raise RuntimeError("the recorder thread is already running")
+            self._stopping = False
+            self._recorder = threading.Thread(target=self._serve, name="dispatch-recorder", daemon=True)
+            self._recorder.start()
+
+    def stop_recorder(self, timeout: float | None = None) -> None:
+        """Record what waits, then end the recorder thread; later answers record themselves."""
+        with self._changed:
+            recorder = self._recorder
+            self._stopping = True
+            self._changed.notify_all()
+        if recorder is not None:
+            recorder.join(timeout)
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                with self._changed:
+                    while not self._waiting and not self._stopping:
+                        self._changed.wait()
+                    group, self._waiting = self._waiting, []
+                    if not group:
+                        # Stopping, nothing waits. In the same hold of the lock: an answer given
+                        # after this finds no recorder and records itself.
+                        self._recorder = None
+                        return
+                    self._recording = True
+                try:
+                    self._record_group(group)
+                finally:
+                    with self._changed:
+                        self._recording = False
+        except BaseException:
+            # Answers given from now on must not wait for a thread that is gone: the next one
+            # becomes the recorder, and records whatever was left here too.
+            with self._changed:
+                self._recorder = None
+                self._changed.notify_all()
+            raise
+        finally:
+            connection.close()  # a Django connection can only be closed by its own thread
 
     def _record_until_none_waits(self) -> None:
         """The recorder: one group after another, until no answer waits. Answers handed over

@@ -13,6 +13,8 @@ import time
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from actions.engine import dispatcher as module
@@ -201,3 +203,19 @@ def test_the_dispatcher_refuses_settings_that_would_cap_it_silently_and_says_why
             Dispatcher(concurrency=concurrency, batch_size=batch_size)
     Dispatcher(concurrency=1, batch_size=1)
 
+
+
+def test_the_dispatcher_command_refuses_a_pool_too_small_for_its_threads_loop_and_recorder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C calling threads, the claim loop and the recorder thread each hold a connection: a pool of
+    C + 1 would silently cap the calls in flight, so the command says so and starts nothing."""
+    database = django_settings.DATABASES["default"]
+    options = {**database.get("OPTIONS", {}), "pool": {"min_size": 1, "max_size": 9}}
+    monkeypatch.setitem(database, "OPTIONS", options)  # read by the command, no query made
+    with pytest.raises(CommandError) as refused:
+        call_command("dispatcher", concurrency=8, batch=4)
+    assert str(refused.value) == (
+        "DATABASE_POOL_MAX is 9: it must be at least --concurrency + 2 (10: a connection for each "
+        "calling thread, the claim loop and the recorder), or the pool would silently cap the calls in flight."
+    )

@@ -521,8 +521,8 @@ def test_a_record_that_raises_is_counted_frees_its_thread_and_leaves_the_lease_t
 ) -> None:
     action = authorized_refund(agent_actor)
     dispatcher = Dispatcher(concurrency=1, batch_size=1, idle_seconds=0.01)
-    # Who closed a connection, and whether the failed call had been counted yet: the pool
-    # thread's own close comes before its done-callback counts the error.
+    # Who closed a connection, and whether the failed record had been counted yet: the recorder
+    # thread, which ran the record, drops its connection before it counts the error.
     closes: list[tuple[str, int]] = []
 
     class Watched:
@@ -546,7 +546,7 @@ def test_a_record_that_raises_is_counted_frees_its_thread_and_leaves_the_lease_t
     assert (dispatcher.stats.errors, dispatcher.stats.recorded, dispatcher._outstanding) == (1, None, 0)
     stored = Action.objects.get(pk=action.pk)
     assert stored.status == S.SUBMITTING and stored.lease_token is not None
-    assert ("dispatch", 0) in closes, f"the pool thread kept a connection that had just failed: {closes}"
+    assert ("dispatch-recorder", 0) in closes, f"the recorder kept a connection that had just failed: {closes}"
 
 
 @pytest.mark.postgres
@@ -665,8 +665,8 @@ def test_a_pool_thread_that_finds_the_recorder_at_work_leaves_its_answer_and_say
 def test_a_dispatcher_that_stops_returns_only_once_every_answer_left_with_the_recorder_is_recorded(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nothing handed over is dropped at a clean stop: the recorder is a pool thread still in its
-    task, so the pool (and ``run``) ends after the last group it was left."""
+    """Nothing handed over is dropped at a clean stop: ``run`` stops the recorder thread only after
+    the pool has ended, and the recorder records what waits before it ends."""
     settings.LEASE_SECONDS, settings.PROVIDER_TIMEOUT_SECONDS = 60, 10
     dispatcher = Dispatcher(concurrency=3, batch_size=3, idle_seconds=0.01, max_idle_seconds=0.01)
     first_group = threading.Event()

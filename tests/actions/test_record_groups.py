@@ -362,3 +362,118 @@ def test_an_answer_handed_over_as_the_recorder_leaves_is_recorded_not_stranded()
     assert between == ["recorded b"], "the answer was left with a recorder that was leaving"
     assert recorder.groups == [["a"], ["b"]]
     assert records._waiting == [] and records._recording is False
+
+
+# --- a recorder thread of its own (issue 18, P-d) -------------------------------------------------
+
+
+class NamedRecorder(HeldRecorder):
+    """A ``HeldRecorder`` that also notes which thread recorded each group."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        super().__init__(fail)
+        self.threads: list[str] = []
+
+    def __call__(self, sent: Any) -> list[str | Exception]:
+        self.threads.append(threading.current_thread().name)
+        return super().__call__(sent)
+
+
+def test_with_a_recorder_thread_every_answer_is_left_at_once_and_recorded_there() -> None:
+    """No calling thread records: even the first answer, with nobody recording, is left (its
+    thread goes back to calling), recorded by the recorder thread and reported after its commit."""
+    recorder = NamedRecorder()
+    reported: list[tuple[str, str | Exception, int]] = []
+    records = RecordGroups(
+        record=recorder,
+        on_recorded=lambda sent, result: reported.append((name_of(sent), result, len(recorder.groups))),
+        backlog=3,
+    )
+    records.start_recorder()
+    try:
+        assert records.hand_over(fake_sent("a")) is None, "the first answer waited for its commit"
+        wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the recorder thread taking it")
+        assert records.hand_over(fake_sent("b")) is None
+        assert records.hand_over(fake_sent("c")) is None
+        assert reported == [], "reported before its commit"
+        recorder.release.set()
+        wait_until(lambda: len(reported) == 3, timeout=10, what="the three reports")
+    finally:
+        records.stop_recorder(timeout=10)
+
+    assert recorder.groups == [["a"], ["b", "c"]]
+    assert set(recorder.threads) == {"dispatch-recorder"}
+    assert reported == [("a", "recorded a", 1), ("b", "recorded b", 2), ("c", "recorded c", 2)]
+
+
+def test_with_a_recorder_thread_record_and_a_full_backlog_still_wait_for_their_commit() -> None:
+    recorder = NamedRecorder()
+    reported: list[str] = []
+    records = RecordGroups(record=recorder, on_recorded=lambda sent, result: reported.append(name_of(sent)), backlog=1)
+    records.start_recorder()
+    try:
+        assert records.hand_over(fake_sent("a")) is None
+        wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the recorder thread taking it")
+        answers = Answers(records.hand_over)
+        answers.give("b")  # the backlog's one place
+        c = answers.in_thread("c")
+        waits = Answers(records.record)
+        d = waits.in_thread("d")
+        wait_until(lambda: len(records._waiting) == 3, timeout=10, what="c and d waiting")
+        assert "c" not in answers.results and waits.results == {}
+        recorder.release.set()
+        for thread in (c, d):
+            thread.join(timeout=10)
+    finally:
+        records.stop_recorder(timeout=10)
+
+    assert answers.results == {"b": None, "c": "recorded c"} and waits.results == {"d": "recorded d"}
+    assert reported == ["a", "b"], "only the answers whose threads left are reported"
+    assert set(recorder.threads) == {"dispatch-recorder"}
+
+
+def test_stopping_the_recorder_thread_records_what_waits_and_later_answers_record_themselves() -> None:
+    recorder = NamedRecorder()
+    reported: list[str] = []
+    records = RecordGroups(record=recorder, on_recorded=lambda sent, result: reported.append(name_of(sent)), backlog=4)
+    records.start_recorder()
+    thread = records._recorder
+    assert thread is not None
+    records.hand_over(fake_sent("a"))
+    wait_until(lambda: recorder.groups == [["a"]], timeout=10, what="the recorder thread taking it")
+    records.hand_over(fake_sent("b"))
+    stopping = threading.Thread(target=records.stop_recorder)
+    stopping.start()
+    recorder.release.set()
+    stopping.join(timeout=10)
+
+    assert not thread.is_alive() and not stopping.is_alive()
+    assert recorder.groups == [["a"], ["b"]] and reported == ["a", "b"]
+    assert records._recorder is None and records._waiting == []
+    # Nobody records for the next answer any more: its own thread does, and waits for it.
+    assert records.hand_over(fake_sent("e")) == "recorded e"
+    assert recorder.threads[-1] == threading.current_thread().name
+
+
+def test_a_recorder_thread_that_dies_leaves_its_role_to_the_next_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were the role kept by a dead thread, every later answer would wait for ever. The group it
+    had taken is lost, as at a crash: those leases expire to reconciliation."""
+    recorder = NamedRecorder()
+    recorder.release.set()
+    records = RecordGroups(record=recorder, on_recorded=lambda sent, result: None, backlog=4)
+
+    def dies(group: Any) -> None:
+        raise SystemExit("the recorder thread ended")
+
+    monkeypatch.setattr(records, "_record_group", dies)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the thread's end, unprinted
+    records.start_recorder()
+    thread = records._recorder
+    assert thread is not None
+    assert records.hand_over(fake_sent("a")) is None
+    thread.join(timeout=10)
+    assert records._recorder is None and records._recording is False
+    monkeypatch.undo()
+
+    assert records.hand_over(fake_sent("b")) == "recorded b"
+    assert recorder.groups == [["b"]], "the answer the dead thread took is lost, as at a crash"

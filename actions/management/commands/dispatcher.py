@@ -4,8 +4,9 @@
 
 It runs beside the Celery workers and beat, which still do everything else (reconciliation,
 the sweeps, workflows). SIGTERM or SIGINT stops the claiming; the calls in flight finish and are
-recorded before the process exits. Set DATABASE_POOL_MAX to at least concurrency + 1: each
-thread keeps one database connection for its records, and the claim loop one more.
+recorded before the process exits. Set DATABASE_POOL_MAX to at least concurrency + 2: each
+calling thread may keep one database connection (a kind may read while it builds its call), the
+claim loop keeps one, and the recorder thread, which records every answer, one.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ class Command(BaseCommand):
         if concurrency < 1 or batch < 1:
             raise CommandError("--concurrency and --batch must be at least 1.")
         pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
-        if isinstance(pool, dict) and pool.get("max_size", 0) < concurrency + 1:
+        needed = concurrency + 2  # the calling threads, the claim loop and the recorder
+        if isinstance(pool, dict) and pool.get("max_size", 0) < needed:
             raise CommandError(
-                f"DATABASE_POOL_MAX is {pool.get('max_size')}: it must be at least --concurrency + 1 "
-                f"({concurrency + 1}), or the pool would silently cap the calls in flight."
+                f"DATABASE_POOL_MAX is {pool.get('max_size')}: it must be at least --concurrency + 2 "
+                f"({needed}: a connection for each calling thread, the claim loop and the recorder), "
+                "or the pool would silently cap the calls in flight."
             )
         dispatcher = Dispatcher(concurrency=concurrency, batch_size=batch, idle_seconds=options["idle"])
         # Only the flag: the handler runs in the claim loop's own thread, which may be inside the
