@@ -5,10 +5,11 @@ A person pastes what they have: an order number ("4821"), a customer's name or e
 charge it was drawn from), a supplier bill's number or the supplier's name.
 
 Exactly first, then any part of it. A term that is exactly an identifier something holds (an
-order's number, a customer's email, a ticket, a bill's number, an action id, an action's
-number, a provider reference) finds what holds it, and the actions hanging off it, by btree
+order's number, a customer's email or whole name, a ticket, a bill's number, an action id, an
+action's number, a provider reference) finds what holds it, and the actions hanging off it, by btree
 equality: the cost of that does not grow with the history (migration ``0018_search_exact_indexes``
-adds the case-insensitive ones). Only when that shows the person nothing is the term matched as a
+adds the case-insensitive ones, ``0019_search_customer_name_index`` the customer's name, in the
+order the search shows orders in). Only when that shows the person nothing is the term matched as a
 case-insensitive substring of every searched column. The term's shape decides which columns
 are asked: a ``re_...`` is only ever a refund's reference, an email only a customer's.
 
@@ -17,9 +18,10 @@ Speed of the substring search: on PostgreSQL the searched columns carry trigram 
 Django writes for ``icontains``. Each table is searched by its own query on its own columns: a join
 or an IN (subquery) inside one big OR would make PostgreSQL read the whole actions table. Actions
 are then fetched by the matching orders, requests and bills through their foreign-key indexes. A
-trigram scan reads every row sharing the term's trigrams, so a common name ("Grace Hopper") costs
-more as the history grows; ``tests/bench/bench_scale.py`` measures it. Terms shorter than three
-characters have no trigram and are not searched (named, not an error), except an action's number.
+trigram scan reads every row sharing the term's trigrams, so a common part of a name ("Hopper")
+costs more as the history grows (a whole name goes by the exact lookup's btree);
+``tests/bench/bench_scale.py`` measures both. Terms shorter than three characters have no
+trigram and are not searched (named, not an error), except an action's number.
 
 Who sees what: people who can open an action's page (managers, finance, accounts payable,
 admins) find every action, order and bill. Anybody else who may propose (an agent's owner) finds
@@ -181,6 +183,18 @@ def exact_orders(term: str) -> QuerySet[Order]:
     return Order.objects.none()
 
 
+def exact_named_orders(term: str) -> QuerySet[Order] | None:
+    """Orders whose customer's name is ``term`` in any case, newest first, by one btree that is
+    already in that order (``order_name_upper_paid_idx``: the upper-cased name, then paid_at and
+    id descending): the newest ``TARGET_LIMIT`` of a name thousands of orders share are read
+    from the front of the index, however long the history. Its own query, not another branch of
+    ``exact_orders``' OR: PostgreSQL answers an OR with a bitmap of every matching row, sorted
+    afterwards, which grows with the history again."""
+    if _shape(term) != "any":
+        return None
+    return Order.objects.filter(customer_name__iexact=term)
+
+
 def matching_requests(term: str) -> QuerySet[RefundRequest]:
     """Refund requests by any part of their ticket (the external reference)."""
     if _shape(term) != "any":
@@ -225,6 +239,8 @@ class Lookup:
     requests: QuerySet[RefundRequest]
     bills: QuerySet[Bill]
     number: int | None = None
+    # Orders by the customer's whole name (exact lookup only), run as a query of their own.
+    named_orders: QuerySet[Order] | None = None
 
 
 def lookup_exact(term: str) -> Lookup:
@@ -235,6 +251,7 @@ def lookup_exact(term: str) -> Lookup:
         requests=exact_requests(term),
         bills=exact_bills(term),
         number=action_number(term) if _shape(term) == "any" else None,
+        named_orders=exact_named_orders(term),
     )
 
 
@@ -274,7 +291,11 @@ def found(lookup: Lookup, base: QuerySet[Action]) -> Found:
     # Up to TARGET_LIMIT orders are followed to their actions, but only a section's worth is
     # shown: the rest are read as bare keys, not as model instances (at 1M actions a common name
     # matches hundreds of orders, and building 200 instances was a visible part of the page).
-    order_pks = list(lookup.orders.order_by("-paid_at", "-pk").values_list("pk", flat=True)[:TARGET_LIMIT])
+    newest = list(lookup.orders.order_by("-paid_at", "-pk").values_list("paid_at", "pk")[:TARGET_LIMIT])
+    if lookup.named_orders is not None:
+        newest += lookup.named_orders.order_by("-paid_at", "-pk").values_list("paid_at", "pk")[:TARGET_LIMIT]
+        newest = sorted(set(newest), reverse=True)  # the same order as each query's
+    order_pks = [pk for _, pk in newest[:TARGET_LIMIT]]
     shown = order_pks[: SECTION_LIMIT + 1]
     by_pk = Order.objects.in_bulk(shown)  # (no query for no keys)
     orders = [by_pk[pk] for pk in shown if pk in by_pk]
@@ -375,8 +396,8 @@ def clean_term(raw: str) -> tuple[str, str]:
 def search(*, user: Any, raw: str) -> SearchResults:
     """Searches for ``raw`` as ``user`` may see it: exactly first, then by any part of it.
 
-    A term that is exactly an order's number, a customer's email, a ticket, a bill's number, an
-    action id, an action's number or a provider reference finds what holds it (and the actions
+    A term that is exactly an order's number, a customer's email or whole name, a ticket, a bill's
+    number, an action id, an action's number or a provider reference finds what holds it (and the actions
     that hang off it) through btree indexes, whose cost does not grow with the history. Only when
     the exact lookup shows this person nothing is the term looked for as a part, by the trigram
     indexes, whose cost grows with the number of rows that share the term's trigrams.

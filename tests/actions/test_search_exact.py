@@ -1,6 +1,6 @@
 """The search's exact lookups: a term that is exactly an identifier finds what holds it.
 
-An order's number, a customer's email, a ticket, a bill's number, an action id or a provider
+An order's number, a customer's email or whole name, a ticket, a bill's number, an action id or a provider
 reference typed whole finds that row (and the actions hanging off it) by a btree, whose cost
 does not grow with the history; only when nothing the person may see holds it exactly is the
 term searched as a part. The person's role limits both lookups the same way (an agent's owner
@@ -9,6 +9,7 @@ sees only their own proposals, never an order), and odd input is a page, never a
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,7 +20,16 @@ from django.urls import reverse
 
 from actions.management.commands.search_bench import bulk_build, sample_terms
 from actions.models import Action, Order
-from actions.search import exact_bills, exact_orders, exact_requests, found, lookup_exact, search
+from actions.search import (
+    TARGET_LIMIT,
+    exact_bills,
+    exact_named_orders,
+    exact_orders,
+    exact_requests,
+    found,
+    lookup_exact,
+    search,
+)
 from actions.services import Actor, action_propose_refund
 from tests.actions.test_finance_services import succeeded
 from tests.factories import make_agent, make_bill, make_order, make_request, make_user
@@ -106,6 +116,41 @@ def test_a_whole_email_finds_every_order_of_that_customer_and_their_actions(
     assert results.exact
     assert _order_numbers(results) == {"7311", "7312"}
     assert _action_ids(results) == {first.action_id, second.action_id}
+
+
+def test_a_customers_whole_name_finds_their_orders_exactly_and_not_a_longer_name(
+    finance: Any, agent_actor: Actor, dispatched: list[int]
+) -> None:
+    first = _propose(_order("7321", name="Grace Hopper"), agent_actor)
+    second = _propose(_order("7322", name="GRACE HOPPER"), agent_actor)
+    longer = _propose(_order("7323", name="Grace Hopperson"), agent_actor)
+
+    whole = search(user=finance, raw="grace hopper")
+    part = search(user=finance, raw="Hopper")
+
+    assert whole.exact
+    assert _order_numbers(whole) == {"7321", "7322"}
+    assert _action_ids(whole) == {first.action_id, second.action_id}
+    assert not part.exact
+    assert _action_ids(part) == {first.action_id, second.action_id, longer.action_id}
+
+
+def test_an_order_numbered_like_a_name_and_that_names_orders_are_found_together_newest_first(
+    finance: Any, agent_actor: Actor, dispatched: list[int]
+) -> None:
+    """The name is its own query (see ``exact_named_orders``); its orders and the number's are
+    merged into one list, newest first, as one query would have ordered them."""
+    named = _order("7331", name="Ada")
+    numbered = _order("ADA", name="Charles Babbage")
+    older = _order("7332", name="ada")
+    base = named.paid_at
+    for order, days in ((named, 1), (numbered, 2), (older, 3)):
+        Order.objects.filter(pk=order.pk).update(paid_at=base - timedelta(days=days))
+
+    results = search(user=finance, raw="ada")
+
+    assert results.exact
+    assert [hit.order.number for hit in results.orders] == ["7331", "ADA", "7332"]
 
 
 def test_part_of_an_email_is_still_found_as_a_part(finance: Any, agent_actor: Actor, dispatched: list[int]) -> None:
@@ -345,6 +390,41 @@ def test_each_exact_lookup_is_a_btree_index_scan_on_postgresql() -> None:
         assert index in plan, plan
         assert "trgm" not in plan and "Seq Scan" not in plan, plan
     assert search(user=_Everyone(), raw=terms["customer email"]).exact
+
+
+# A thousand orders of one name, and a thousand of others, paid a minute apart.
+SHARED_NAME_SQL = """
+INSERT INTO actions_order (number, customer_name, customer_email, currency, captured_amount, refunded_amount,
+                           reserved_amount, outside_refunded_amount, version, charge_reference, paid_at, created_at)
+SELECT 'N-' || n, CASE WHEN n % 2 = 0 THEN 'Grace Hopper' ELSE 'Alan Turing ' || n END, 'c' || n || '@example.com',
+       'EUR', 100, 0, 0, 0, 1, 'ch_n' || n, now() - (n || ' minutes')::interval, now()
+FROM generate_series(1, 2000) AS n
+"""
+
+
+@pytest.mark.postgres
+def test_a_whole_name_reads_the_newest_orders_from_the_front_of_its_index_without_a_sort() -> None:
+    """A name shared by many orders: the newest ``TARGET_LIMIT`` come straight from
+    ``order_name_upper_paid_idx`` (name, then paid_at and id descending), so the database
+    reads those and stops, however many more share the name. A sort in the plan would mean
+    every order of that name was read first (the index's order is not the search's)."""
+    with connection.cursor() as cursor:
+        cursor.execute(SHARED_NAME_SQL)
+        cursor.execute("ANALYZE actions_order")
+        # Priced out: reading the small table whole, or a bitmap of every match (both sort after).
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+    named = exact_named_orders("grace HOPPER")
+    assert named is not None
+    newest = named.order_by("-paid_at", "-pk").values_list("paid_at", "pk")[:TARGET_LIMIT]
+
+    plan = str(newest.explain(analyze=True))
+
+    assert "order_name_upper_paid_idx" in plan, plan
+    assert "Sort" not in plan, plan
+    assert f"rows={TARGET_LIMIT} loops" in plan.split("order_name_upper_paid_idx")[1], plan  # stopped at the limit
+    assert len(newest) == TARGET_LIMIT
+    assert [paid for paid, _ in newest] == sorted((paid for paid, _ in newest), reverse=True)
 
 
 class _Everyone:
