@@ -127,14 +127,30 @@ class Completion:
         assert row is not None
         return int(row[0])
 
-    def wait(self, prefix: str, count: int, *, dispatchers: Dispatchers, timeout: float = 600.0) -> float:
+    def wait(
+        self, prefix: str, count: int, *, dispatchers: Dispatchers, timeout: float = 600.0, stall: float = 60.0
+    ) -> float:
         """Wait until ``count`` actions of the orders named ``<prefix>-...`` are SUCCEEDED; the
-        moment it saw them. Polled every 5 ms: fine-grained for the clock, cheap for PostgreSQL."""
-        deadline = time.monotonic() + timeout
-        while self.succeeded(prefix) < count:
+        moment it saw them. Polled every 5 ms: fine-grained for the clock, cheap for PostgreSQL.
+
+        Gives up, with the dispatchers' logs, when one died, when ``timeout`` has passed, or when
+        no action has succeeded for ``stall`` seconds: dispatchers that are alive but cannot do
+        anything (no database connection to be had, say) would otherwise hold the run for the
+        whole timeout, phase after phase."""
+        started = last_progress = time.monotonic()
+        done = -1
+        while (now_done := self.succeeded(prefix)) < count:
+            now = time.monotonic()
+            if now_done != done:
+                done, last_progress = now_done, now
             if not dispatchers.alive:
                 raise RuntimeError(f"a dispatcher died:\n{dispatchers.log_tail()}")
-            if time.monotonic() > deadline:
+            if now - last_progress > stall:
+                raise RuntimeError(
+                    f"no action of {prefix} succeeded for {stall:.0f}s ({done} of {count} did):\n"
+                    f"{dispatchers.log_tail()}"
+                )
+            if now - started > timeout:
                 raise RuntimeError(
                     f"the dispatchers did not drain {prefix} in {timeout:.0f}s:\n{dispatchers.log_tail()}"
                 )
