@@ -681,9 +681,18 @@ def test_a_dispatcher_that_stops_returns_only_once_every_answer_left_with_the_re
         return [S.SUCCEEDED] * len(group)
 
     dispatcher.records._record = record
-    claims = iter([[Claim(ClaimOutcome.CLAIMED, **claimed_parts()) for _ in range(3)]])
+    batch = [Claim(ClaimOutcome.CLAIMED, **claimed_parts()) for _ in range(3)]
+    claims = iter([batch])
     monkeypatch.setattr(dispatcher, "_claim", lambda limit: next(claims, []))
-    monkeypatch.setattr(module, "submission_send", lambda **kwargs: SimpleNamespace(action=kwargs["action"]))
+
+    def send(**kwargs: Any) -> Any:
+        if kwargs["action"] is not batch[0].action:
+            # The two others answer once the first is being recorded, so it is recorded alone
+            # whenever the recorder thread happens to wake.
+            wait_for(lambda: groups)
+        return SimpleNamespace(action=kwargs["action"])
+
+    monkeypatch.setattr(module, "submission_send", send)
     monkeypatch.setattr(module, "_drop_connection_if_dead", lambda: None)
     monkeypatch.setattr(module, "_close_thread_connections", lambda pool, threads: None)
 
