@@ -20,8 +20,9 @@ profiles", two dispatchers of 18 threads at 200 ms): threads that waited for the
 spent about a tenth of their time waiting and reached 70-77 % of their in-flight bound; leaving
 the answer with whichever calling thread was recording brought that to about 80 % (that thread
 then recorded instead of calling); a recorder thread of its own, with all C threads calling, to
-85 %. At most ``concurrency`` answers wait for the recorder; beyond that a thread waits for its
-own commit, so a slow database slows the calls down rather than piling answers up.
+85 % in two runs of three (72 % in the third: this machine's noise is that large). At most
+``concurrency`` answers wait for the recorder; beyond that a thread waits for its own commit, so
+a slow database slows the calls down rather than piling answers up.
 
 Threads rather than asyncio: the receivers' adapters (the stripe SDK, the accounting client, SMTP)
 and the ORM are synchronous; a network call releases the GIL, so threads give the concurrency
