@@ -213,6 +213,8 @@ def test_the_dispatcher_command_refuses_a_pool_too_small_for_its_threads_loop_an
     database = django_settings.DATABASES["default"]
     options = {**database.get("OPTIONS", {}), "pool": {"min_size": 1, "max_size": 9}}
     monkeypatch.setitem(database, "OPTIONS", options)  # read by the command, no query made
+    # Were the pool let through, the test fails here instead of dispatching for ever.
+    monkeypatch.setattr(Dispatcher, "run", lambda self, **kwargs: pytest.fail("the command started a dispatcher"))
     with pytest.raises(CommandError) as refused:
         call_command("dispatcher", concurrency=8, batch=4)
     assert str(refused.value) == (
