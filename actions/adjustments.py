@@ -38,6 +38,7 @@ from actions.services import (
     _check_evidence,
     _existing_or_conflict,
     _parse_amount,
+    answers_a_lost_proposal_race,
     payload_hash,
     proposal_record,
 )
@@ -159,6 +160,7 @@ def _request_or_conflict(request: AdjustmentRequest, bill_number: str) -> Adjust
 # --- proposals ----------------------------------------------------------------------------------
 
 
+@answers_a_lost_proposal_race
 def action_propose_invoice_adjustment(
     *,
     bill_number: object,
@@ -271,9 +273,11 @@ def action_propose_invoice_adjustment(
             policy_reasons=[],
             event_evidence={"payload": payload, "payload_hash": digest, "evidence": evidence_text},
             auto_policy=True,
+            savepoint=False,
         )
 
 
+@answers_a_lost_proposal_race
 def action_propose_credit_note_void(
     *,
     adjustment: Action,
@@ -343,6 +347,7 @@ def action_propose_credit_note_void(
             event_evidence={"payload": payload, "payload_hash": digest, "note": note},
             auto_policy=False,
             reason=f"Correction: void the duplicate credit note {credit_note_id} of {adjustment.action_id}.",
+            savepoint=False,
         )
 
 

@@ -4,13 +4,15 @@ event in that same transaction."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
@@ -46,8 +48,6 @@ REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$")
 AMOUNT_PATTERN = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?$")
 MAX_EVIDENCE_LENGTH = 4000
 MAX_AMOUNT_DIGITS = 12  # whole-unit digits: far above any real refund, well inside the column
-
-
 
 
 # --- proposals ----------------------------------------------------------------------------
@@ -221,6 +221,49 @@ def _existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) 
     raise ProposalConflict(action, _differing_fields(action.payload, payload))
 
 
+class ProposalRaceLost(Exception):
+    """Another transaction inserted this action id first (``proposal_record(savepoint=False)``).
+
+    Raised out of the proposal's own transaction, which PostgreSQL has aborted: the winner's row
+    is read once that transaction has ended (``answers_a_lost_proposal_race``).
+    """
+
+    def __init__(self, action: Action) -> None:
+        self.action_id = action.action_id
+        self.payload = action.payload
+        self.payload_hash = action.payload_hash
+        super().__init__(f"{action.action_id} was inserted by another proposal first.")
+
+    def result(self) -> ProposalResult:
+        """The winner (same payload) or ProposalConflict; the original IntegrityError when no
+        row holds the action id, i.e. when a race on the id was not what failed."""
+        winner = Action.objects.filter(action_id=self.action_id).first()
+        if winner is None:
+            raise self.__cause__ or self
+        return _existing_or_conflict(winner, self.payload, self.payload_hash)
+
+
+Params = ParamSpec("Params")
+
+
+def answers_a_lost_proposal_race(
+    propose: Callable[Params, ProposalResult],
+) -> Callable[Params, ProposalResult]:
+    """For a proposal function whose whole body is one transaction that calls
+    ``proposal_record(savepoint=False)``: a lost race on the action id returns the winner, read
+    after the transaction rolled back, as the savepoint path does inside it."""
+
+    @functools.wraps(propose)
+    def propose_or_read_the_winner(*args: Params.args, **kwargs: Params.kwargs) -> ProposalResult:
+        try:
+            return propose(*args, **kwargs)
+        except ProposalRaceLost as race:
+            return race.result()
+
+    return propose_or_read_the_winner
+
+
+@answers_a_lost_proposal_race
 def action_propose_refund(
     *,
     order_number: object,
@@ -351,6 +394,7 @@ def action_propose_refund(
             policy_reasons=policy_reasons,
             event_evidence={"payload": payload, "payload_hash": digest, "evidence": evidence_text},
             auto_policy=True,
+            savepoint=False,
         )
 
 
@@ -363,6 +407,7 @@ def proposal_record(
     event_evidence: dict[str, Any],
     auto_policy: bool,
     reason: str = "",
+    savepoint: bool = True,
 ) -> ProposalResult:
     """Record a new, validated proposal of any kind. Call inside the proposal's transaction.
 
@@ -370,20 +415,34 @@ def proposal_record(
     winner (same payload) or raises ProposalConflict. A proposal against policy is recorded as
     REJECTED with its reasons. ``auto_policy``: the auto-approval policy may authorize it in the
     same transaction (one commit).
+
+    ``savepoint``: the INSERT runs in a savepoint, so that a lost race leaves the caller's
+    transaction usable for reading the winner. A caller whose transaction holds nothing else
+    (a proposal function decorated with ``answers_a_lost_proposal_race``) passes False and saves
+    the SAVEPOINT and RELEASE statements of every proposal (issue 18): a lost race then raises
+    ProposalRaceLost, which ends the transaction, and the winner is read after it.
     """
     if policy_reasons:
         action.reject_proposal(reasons=policy_reasons)
     else:
         action.propose()
     action.status_changed_at = now
-    try:
-        # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
-        # transaction usable for reading the winner's row.
-        with transaction.atomic():
+    if not savepoint:
+        try:
             action.save()
-    except IntegrityError:
-        winner = Action.objects.get(action_id=action.action_id)
-        return _existing_or_conflict(winner, action.payload, action.payload_hash)
+        except IntegrityError as lost:
+            raise ProposalRaceLost(action) from lost
+    else:
+        try:
+            # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
+            # transaction usable for reading the winner's row.
+            with transaction.atomic():
+                action.save()
+        except IntegrityError:
+            winner = Action.objects.filter(action_id=action.action_id).first()
+            if winner is None:
+                raise  # not a race on the action id
+            return _existing_or_conflict(winner, action.payload, action.payload_hash)
     if abs(action.created_at - now) > timedelta(seconds=1):
         # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded with
         # its own time (an import, the demo's history) would show "a minute ago" on its card

@@ -31,6 +31,7 @@ from actions.services import (
     _check_evidence,
     _check_reference,
     _existing_or_conflict,
+    answers_a_lost_proposal_race,
     payload_hash,
     proposal_record,
 )
@@ -113,6 +114,7 @@ def _check_address(raw: object, problems: list[FieldProblem]) -> str | None:
     return address
 
 
+@answers_a_lost_proposal_race
 def supplier_email_propose(
     *,
     supplier: object,
@@ -201,6 +203,7 @@ def supplier_email_propose(
             event_evidence={"payload": payload, "payload_hash": digest, "evidence": evidence_text},
             auto_policy=True,
             reason=f"Rendered from template {found.name} version {found.version}.",
+            savepoint=False,
         )
 
 

@@ -1,0 +1,88 @@
+"""What one auto-approved refund proposal sends to the database (issue 18, P-a).
+
+Its transaction is the proposal function's own, so the INSERT needs no savepoint: a lost race on
+the action id ends the transaction and the winner is read after it
+(``answers_a_lost_proposal_race``; tests/concurrency/test_proposal_race.py races it on
+PostgreSQL). Here: the statements themselves, and that an IntegrityError that is not a lost race
+is raised, not taken for one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection
+from django.test.utils import CaptureQueriesContext
+
+from actions.models import Action, ActionEvent, ActionStatus
+from actions.services import Actor, action_propose_refund
+from approvals.models import Approval
+from tests.factories import make_order, make_request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+
+
+def propose(proposer: Actor, order_number: str = "1001") -> Any:
+    order = make_order(number=order_number, captured="100.00")
+    request = make_request(order)
+    return action_propose_refund(
+        order_number=order.number,
+        request_number=request.number,
+        amount="10.00",
+        currency="EUR",
+        reason_code="damaged",
+        proposer=proposer,
+    )
+
+
+def test_an_auto_approved_proposal_is_twelve_statements_and_no_savepoint(agent_actor: Actor) -> None:
+    propose(agent_actor, "1000")  # the first proposal of a process also loads what is cached
+    with CaptureQueriesContext(connection) as queries:
+        result = propose(agent_actor)
+    assert result.action.status == ActionStatus.AUTHORIZED
+    sent = [query["sql"] for query in queries.captured_queries]
+    proposal = sent[sent.index("BEGIN") + 1 : sent.index("COMMIT")]
+    assert not [sql for sql in proposal if "SAVEPOINT" in sql], proposal
+    # The request and order; the action; its proposal event; the agent's webhook; the order and
+    # the agent locked; the caps; the target's and the agent's totals; the approval; the
+    # transition and its event.
+    assert len(proposal) == 12, "\n".join(proposal)
+
+
+def test_an_integrity_error_that_is_not_a_lost_race_is_raised_and_writes_nothing(
+    agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused_insert(self: Action, *args: Any, **kwargs: Any) -> None:
+        raise IntegrityError('new row for relation "actions_action" violates check constraint "amount_positive"')
+
+    monkeypatch.setattr(Action, "save", refused_insert)
+    with pytest.raises(IntegrityError, match="amount_positive"):
+        propose(agent_actor)
+    assert not Action.objects.exists()
+    assert not ActionEvent.objects.exists()
+    assert not Approval.objects.exists()
+
+
+def test_a_repeated_proposal_meets_the_unique_action_id_and_returns_the_first_row(agent_actor: Actor) -> None:
+    """A repeat is not read first: its INSERT meets the UNIQUE action id, which ends its
+    transaction (nothing of it stays), and the row that holds the id is returned."""
+    first = propose(agent_actor).action
+    again = action_propose_refund(
+        order_number="1001",
+        request_number=1,
+        amount="10.00",
+        currency="EUR",
+        reason_code="damaged",
+        proposer=agent_actor,
+    )
+    assert again.created is False
+    assert again.action.pk == first.pk
+    assert Action.objects.count() == 1
+    assert sorted(ActionEvent.objects.values_list("transition", flat=True)) == ["approve", "propose"]
+    assert Approval.objects.count() == 1
