@@ -34,7 +34,7 @@ from actions.outbox import agent_webhooks_read_once
 from actions.providers.base import validate_idempotency_key
 from actions.providers.money import currency_exponent
 from actions.refusals import Refused
-from actions.trail import Actor, action_transition, event_record
+from actions.trail import Actor, action_transition, event_record, rows_written_together
 from approvals.policy import approval_apply_auto_policy
 
 if TYPE_CHECKING:
@@ -451,8 +451,9 @@ def proposal_record(
         action.created_at = now
 
     # The proposal's event and the policy's approval event are two state changes of one agent's
-    # action in one transaction: its webhook is read once for both.
-    with agent_webhooks_read_once():
+    # action in one transaction: its webhook is read once for both, and the events (with a
+    # cap's hold, if one holds it) are inserted together, in order, when the block ends.
+    with agent_webhooks_read_once(), rows_written_together():
         event_record(
             action=action,
             transition="propose" if not policy_reasons else "reject_proposal",

@@ -22,9 +22,9 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
-from django.utils import timezone
 
-from actions.models import Action, ActionEvent, ActorKind, Agent, Bill, Order
+from actions.models import Action, ActionEvent, Agent, Bill, Order
+from actions.trail import Actor, event_record
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision
 
 # The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card
@@ -150,15 +150,14 @@ def auto_approval_cap_lock(*, action: Action) -> None:
 
 def auto_approval_held_record(*, action: Action, reason: str, now: datetime | None = None) -> ActionEvent:
     """Write, in the policy's transaction, that a cap left ``action`` to a manager. The status
-    does not change (PROPOSED to PROPOSED); the inbox card shows ``reason``."""
-    return ActionEvent.objects.create(
+    does not change (PROPOSED to PROPOSED, so no agent webhook); the inbox card shows ``reason``.
+    Inside a proposal it is inserted with the proposal's event, after it (``rows_written_together``)."""
+    return event_record(
         action=action,
         transition=AUTO_APPROVAL_HELD,
         from_state=action.status,
-        to_state=action.status,
-        actor_kind=ActorKind.SYSTEM,
-        actor_label="system:auto-approval",
+        actor=Actor.system("auto-approval"),
         reason=reason,
         evidence={"policy": "auto_approval_caps"},
-        created_at=now or timezone.now(),
+        now=now,
     )

@@ -1,6 +1,7 @@
 """What one auto-approved refund proposal sends to the database (issue 18, P-a).
 
-Its transaction is the proposal function's own, so the INSERT needs no savepoint: a lost race on
+Its two events are inserted together (``rows_written_together``). Its transaction is the
+proposal function's own, so the INSERT needs no savepoint: a lost race on
 the action id ends the transaction and the winner is read after it
 (``answers_a_lost_proposal_race``; tests/concurrency/test_proposal_race.py races it on
 PostgreSQL). Here: the statements themselves, and that an IntegrityError that is not a lost race
@@ -41,7 +42,7 @@ def propose(proposer: Actor, order_number: str = "1001") -> Any:
     )
 
 
-def test_an_auto_approved_proposal_is_twelve_statements_and_no_savepoint(agent_actor: Actor) -> None:
+def test_an_auto_approved_proposal_is_eleven_statements_with_its_events_in_one_insert(agent_actor: Actor) -> None:
     propose(agent_actor, "1000")  # the first proposal of a process also loads what is cached
     with CaptureQueriesContext(connection) as queries:
         result = propose(agent_actor)
@@ -49,10 +50,13 @@ def test_an_auto_approved_proposal_is_twelve_statements_and_no_savepoint(agent_a
     sent = [query["sql"] for query in queries.captured_queries]
     proposal = sent[sent.index("BEGIN") + 1 : sent.index("COMMIT")]
     assert not [sql for sql in proposal if "SAVEPOINT" in sql], proposal
-    # The request and order; the action; its proposal event; the agent's webhook; the order and
-    # the agent locked; the caps; the target's and the agent's totals; the approval; the
-    # transition and its event.
-    assert len(proposal) == 12, "\n".join(proposal)
+    # The request and order; the action; the order and the agent locked; the caps; the
+    # target's and the agent's totals; the approval; the transition; both events in one INSERT;
+    # the agent's webhook (read once, for both events' outbox rows).
+    assert len(proposal) == 11, "\n".join(proposal)
+    assert len([sql for sql in proposal if sql.startswith('INSERT INTO "actions_actionevent"')]) == 1
+    trail = list(ActionEvent.objects.filter(action=result.action).values_list("transition", "from_state", "to_state"))
+    assert trail == [("propose", "", "PROPOSED"), ("approve", "PROPOSED", "AUTHORIZED")]
 
 
 def test_an_integrity_error_that_is_not_a_lost_race_is_raised_and_writes_nothing(
@@ -86,3 +90,17 @@ def test_a_repeated_proposal_meets_the_unique_action_id_and_returns_the_first_ro
     assert Action.objects.count() == 1
     assert sorted(ActionEvent.objects.values_list("transition", flat=True)) == ["approve", "propose"]
     assert Approval.objects.count() == 1
+
+
+def test_a_cap_that_holds_a_proposal_writes_its_hold_after_the_proposal_event(
+    agent_actor: Actor, settings: Any
+) -> None:
+    """The hold is inserted with the proposal's event, in order: the trail reads "proposed, then
+    held by the cap", and a PROPOSED-to-PROPOSED hold sends the agent no webhook."""
+    settings.AUTO_APPROVAL_TARGET_MAX_COUNT = 0
+    held = propose(agent_actor).action
+    assert held.status == ActionStatus.PROPOSED
+    trail = list(
+        ActionEvent.objects.filter(action=held).order_by("created_at", "id").values_list("transition", "to_state")
+    )
+    assert trail == [("propose", "PROPOSED"), ("auto_approval_held", "PROPOSED")]
