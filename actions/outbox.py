@@ -83,6 +83,15 @@ def agent_webhooks_read_once() -> Iterator[None]:
         _hooks_read.reset(token)
 
 
+def agent_webhook_known(agent_id: int, hook: AgentWebhook | None) -> None:
+    """Within ``agent_webhooks_read_once``, remember the agent's webhook as a read of the
+    caller's already found it (the auto-approval caps lock the agent's row and read its webhook
+    in the same statement), so the outbox does not read it again. Outside the block, nothing."""
+    memo = _hooks_read.get()
+    if memo is not None:
+        memo[agent_id] = hook if hook is not None and hook.is_active else None
+
+
 def _active_hook(agent_id: int) -> AgentWebhook | None:
     memo = _hooks_read.get()
     if memo is not None and agent_id in memo:

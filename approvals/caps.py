@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
 
 from actions.models import Action, ActionEvent, Agent, Bill, Order
+from actions.outbox import agent_webhook_known
 from actions.trail import Actor, event_record
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision
 
@@ -145,7 +146,15 @@ def auto_approval_cap_lock(*, action: Action) -> None:
     if action.bill_id is not None:
         list(Bill.objects.select_for_update().filter(pk=action.bill_id).values_list("pk", flat=True))
     if action.proposed_by_agent_id is not None:
-        list(Agent.objects.select_for_update().filter(pk=action.proposed_by_agent_id).values_list("pk", flat=True))
+        # The agent's webhook comes with its row (a LEFT JOIN; only the agent is locked): the
+        # proposal's events would read it next, for their outbox rows (issue 18: one read fewer).
+        agent = (
+            Agent.objects.select_for_update(of=("self",))
+            .select_related("webhook")
+            .only("pk", "webhook__id", "webhook__agent_id", "webhook__is_active")
+            .get(pk=action.proposed_by_agent_id)
+        )
+        agent_webhook_known(agent.pk, getattr(agent, "webhook", None))
 
 
 def auto_approval_held_record(*, action: Action, reason: str, now: datetime | None = None) -> ActionEvent:

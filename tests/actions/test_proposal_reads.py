@@ -46,7 +46,9 @@ def test_an_auto_approved_proposal_reads_the_agents_webhook_and_the_caps_once(ag
     with CaptureQueriesContext(connection) as queries:
         action = propose(agent_actor)
     assert action.status == S.AUTHORIZED
-    assert reads_of(queries, "actions_agentwebhook") == 1
+    # The webhook is read with the agent's lock (a join), once for both events.
+    webhook_reads = [q["sql"] for q in queries.captured_queries if '"actions_agentwebhook"' in q["sql"]]
+    assert len(webhook_reads) == 1, webhook_reads
     assert reads_of(queries, "approvals_autoapprovalcap") == 1
 
 
@@ -56,6 +58,16 @@ def test_an_agent_with_a_webhook_still_gets_both_state_changes_of_one_proposal(a
     action = propose(agent_actor)
     types = sorted(AgentWebhookDelivery.objects.filter(action=action).values_list("event_type", flat=True))
     assert types == ["action.authorized", "action.proposed"]
+
+
+def test_an_agents_inactive_webhook_gets_nothing(agent_actor: Actor) -> None:
+    assert agent_actor.agent is not None
+    AgentWebhook.objects.create(
+        agent=agent_actor.agent, url="https://hooks.example.test/console", secret="s" * 32, is_active=False
+    )
+    action = propose(agent_actor)
+    assert action.status == S.AUTHORIZED
+    assert not AgentWebhookDelivery.objects.filter(action=action).exists()
 
 
 def test_an_admins_cap_row_still_overrides_the_settings_for_its_scope_only(agent_actor: Actor) -> None:

@@ -50,10 +50,10 @@ def test_an_auto_approved_proposal_is_eleven_statements_with_its_events_in_one_i
     sent = [query["sql"] for query in queries.captured_queries]
     proposal = sent[sent.index("BEGIN") + 1 : sent.index("COMMIT")]
     assert not [sql for sql in proposal if "SAVEPOINT" in sql], proposal
-    # The request and order; the action; the order and the agent locked; the caps; the
-    # target's and the agent's totals; the approval; the transition; both events in one INSERT;
-    # the agent's webhook (read once, for both events' outbox rows).
-    assert len(proposal) == 11, "\n".join(proposal)
+    # The request and order; the action; the order locked; the agent locked, with its webhook
+    # (for both events' outbox rows); the caps; the target's and the agent's totals; the
+    # approval; the transition; both events in one INSERT.
+    assert len(proposal) == 10, "\n".join(proposal)
     assert len([sql for sql in proposal if sql.startswith('INSERT INTO "actions_actionevent"')]) == 1
     trail = list(ActionEvent.objects.filter(action=result.action).values_list("transition", "from_state", "to_state"))
     assert trail == [("propose", "", "PROPOSED"), ("approve", "PROPOSED", "AUTHORIZED")]
