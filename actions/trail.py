@@ -7,14 +7,18 @@ transaction (invariant 9).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import Q
 from django.utils import timezone
+from django_fsm import ConcurrentTransition
 
 from actions import publish
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent, Attempt
@@ -58,10 +62,28 @@ class Actor:
 # --- the audit trail ----------------------------------------------------------------------
 
 
+# A transition's UPDATE held back to the end of ``rows_written_together(actions_locked=True)``:
+# the row must still be in ``from_state`` then, and hold ``fence`` as its lease token when the
+# caller fenced the save (``Action.lease_fence``; _NO_FENCE when it did not).
+_NO_FENCE = object()
+
+
+@dataclass
+class _HeldSave:
+    action: Action
+    from_state: str
+    fields: set[str]
+    fence: Any = _NO_FENCE
+
+
 @dataclass
 class _RowsTogether:
     events: list[ActionEvent] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
+    # None: each transition saves at once. A dict (by action pk): the block's actions are
+    # locked and checked, and their transitions' UPDATEs are written together at its end.
+    saves: dict[int, _HeldSave] | None = None
+    attempt_answers: list[Attempt] = field(default_factory=list)
 
 
 # Inside a transaction that changes many actions at once (the batched claim, the grouped record):
@@ -70,7 +92,7 @@ _together: ContextVar[_RowsTogether | None] = ContextVar("rows_written_together"
 
 
 @contextmanager
-def rows_written_together() -> Iterator[None]:
+def rows_written_together(*, actions_locked: bool = False) -> Iterator[None]:
     """Within this block, insert the audit events and attempts it writes together when it ends:
     one INSERT for all the events and one for all the attempts, instead of one per row.
 
@@ -79,19 +101,92 @@ def rows_written_together() -> Iterator[None]:
     roll back with the changes they record (invariant 9). Nothing inside the block may read
     them back: they have no primary key until it ends. Each event's webhook outbox row is
     written after the events (it names the event's key).
+
+    ``actions_locked``: the caller has locked FOR UPDATE, in this transaction, every action
+    whose transition the block saves, and checked its status (and lease) after the lock (the
+    batched claim, the grouped record). The transitions' UPDATEs, and the answers written on
+    attempts (``attempt_answer_write``), are then also written together at the end: one UPDATE
+    per set of columns (a CASE per column, Django's ``bulk_update``), still conditional on each
+    row's former status and, where the caller fenced it, on its lease token; a row that no
+    longer matches raises ConcurrentTransition and the transaction rolls back. Nothing inside
+    the block may read those actions or attempts back from the database.
     """
-    together = _RowsTogether()
+    together = _RowsTogether(saves={} if actions_locked else None)
     token = _together.set(together)
     try:
         yield
+        if together.saves:
+            _held_saves_write(list(together.saves.values()))
         if together.events:
             ActionEvent.objects.bulk_create(together.events)
             for event in together.events:
                 webhook_outbox_write(event)
         if together.attempts:
             Attempt.objects.bulk_create(together.attempts)
+        if together.attempt_answers:
+            Attempt.objects.bulk_update(together.attempt_answers, list(ATTEMPT_ANSWER_FIELDS))
     finally:
         _together.reset(token)
+
+
+def _held_saves_write(saves: list[_HeldSave]) -> None:
+    """One UPDATE per (former status, columns, fenced or not), each row still conditional."""
+    groups: dict[tuple[str, frozenset[str], bool], list[_HeldSave]] = {}
+    for held in saves:
+        groups.setdefault((held.from_state, frozenset(held.fields), held.fence is not _NO_FENCE), []).append(held)
+    for (from_state, fields, fenced), members in groups.items():
+        rows = Action.objects.filter(status=from_state)
+        if fenced:
+            rows = rows.filter(
+                reduce(
+                    operator.or_,
+                    (
+                        Q(pk=held.action.pk, lease_token=held.fence)
+                        if held.fence is not None
+                        else Q(pk=held.action.pk, lease_token__isnull=True)
+                        for held in members
+                    ),
+                )
+            )
+        actions = [held.action for held in members]
+        updated = rows.bulk_update(actions, sorted(fields))
+        if updated != len(actions):
+            raise ConcurrentTransition(
+                f"{len(actions) - updated} of {len(actions)} actions left {from_state} (or their lease) before "
+                "their transitions were written"
+            )
+        for action in actions:
+            action.saved_elsewhere(fields)
+
+
+def _save_held_back(action: Action, *, from_state: str, fields: list[str]) -> bool:
+    """Hold back this transition's UPDATE to the end of the block, if the block allows it."""
+    together = _together.get()
+    if together is None or together.saves is None or action.pk is None or not action.may_save_elsewhere(fields):
+        return False
+    held = together.saves.get(action.pk)
+    if held is None:
+        held = together.saves[action.pk] = _HeldSave(action=action, from_state=from_state, fields=set())
+    if held.action is not action:
+        raise RuntimeError(f"{action.action_id}: two copies of one action changed in one block")
+    if "lease_fence" in action.__dict__ and held.fence is _NO_FENCE:
+        held.fence = action.__dict__.pop("lease_fence")
+    held.fields.update(fields)
+    return True
+
+
+# What ``attempt_answer_write`` sets on an attempt.
+ATTEMPT_ANSWER_FIELDS = ("response", "error", "outcome", "held_lease", "finished_at")
+
+
+def attempt_answer_write(answer: Attempt) -> None:
+    """Write what the receiver said on an attempt (``answer`` carries the attempt's pk and the
+    ATTEMPT_ANSWER_FIELDS): now, or with the others at the end of a block of locked actions."""
+    together = _together.get()
+    if together is not None and together.saves is not None:
+        together.attempt_answers.append(answer)
+        return
+    Attempt.objects.filter(pk=answer.pk).update(**{name: getattr(answer, name) for name in ATTEMPT_ANSWER_FIELDS})
 
 
 def attempt_write(attempt: Attempt) -> Attempt:
@@ -165,6 +260,8 @@ def action_transition(
     changed = action.changed_fields()
     if changed is None:
         action.save()
+    elif _save_held_back(action, from_state=from_state, fields=[*changed, "updated_at"]):
+        action.updated_at = now  # auto_now is not applied by bulk_update
     else:
         # Only the columns that differ from the row as loaded or last saved (what the transition
         # and the caller changed), plus the auto_now timestamp: a full save rewrites some 30

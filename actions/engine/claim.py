@@ -139,8 +139,9 @@ def submission_begin_batch(
     stale: list[tuple[int, list[dict[str, str]]]] = []
     candidate_pks: list[int] = []
     try:
-        # The events and attempts of the whole batch are inserted together, before the commit.
-        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together():
+        # The events and attempts of the whole batch are inserted together, before the commit,
+        # and the claimed actions (locked below, each found AUTHORIZED) updated in one statement.
+        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together(actions_locked=True):
             candidates = Action.objects.select_for_update(skip_locked=True).filter(status=S.AUTHORIZED)
             if authorized_before is not None:
                 candidates = candidates.filter(status_changed_at__lt=authorized_before)

@@ -32,7 +32,7 @@ from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
 from actions.outbox import agent_webhooks_read_once
 from actions.owners import owner_pick
-from actions.trail import Actor, action_transition, rows_written_together
+from actions.trail import Actor, action_transition, attempt_answer_write, rows_written_together
 
 log = logging.getLogger(__name__)
 S = ActionStatus
@@ -397,13 +397,17 @@ def _submission_record_held(
 
 
 def _attempt_answered(*, attempt_pk: int, answer: Answer, held_lease: bool, now: datetime) -> None:
-    """What the receiver said, on the attempt: always, whether or not the lease was still held."""
-    Attempt.objects.filter(pk=attempt_pk).update(
-        response=answer.response_json(),
-        error=answer.error_json(),
-        outcome=answer.outcome.value,
-        held_lease=held_lease,
-        finished_at=now,
+    """What the receiver said, on the attempt: always, whether or not the lease was still held
+    (in a group record, written with the group's other answers when it ends)."""
+    attempt_answer_write(
+        Attempt(
+            pk=attempt_pk,
+            response=answer.response_json(),
+            error=answer.error_json(),
+            outcome=answer.outcome.value,
+            held_lease=held_lease,
+            finished_at=now,
+        )
     )
 
 
@@ -440,7 +444,9 @@ def submission_record_group(*, sent: Sequence[Sent]) -> list[str | Exception]:
     now = timezone.now()
     results: dict[int, str] = {}
     try:
-        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together():
+        # The group's actions are locked and their leases checked first: their transitions'
+        # UPDATEs and the attempts' answers are written together when the block ends.
+        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together(actions_locked=True):
             leases = {
                 pk: (status, token)
                 for pk, status, token in Action.objects.select_for_update()

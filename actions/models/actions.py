@@ -273,6 +273,17 @@ class Action(ConcurrentTransitionMixin, models.Model):
                 values[field.name] = copy.deepcopy(value) if isinstance(value, dict | list) else value
         return values
 
+    def may_save_elsewhere(self, update_fields: Any) -> bool:
+        """Whether these columns may be written by an UPDATE of many actions at once
+        (``actions.trail.rows_written_together``): never a material column, whose check is here."""
+        return not set(update_fields) & _MATERIAL_NAMES
+
+    def saved_elsewhere(self, update_fields: Any) -> None:
+        """These columns were written by an UPDATE of many actions at once: remember them as
+        saved, and the status as the one the next conditional save must find."""
+        self._remember_saved(update_fields)
+        self._update_initial_state()
+
     def _remember_saved(self, update_fields: Any) -> None:
         saved: dict[str, Any] | None = getattr(self, "_saved", None)
         if saved is None:

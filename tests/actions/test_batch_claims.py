@@ -140,13 +140,16 @@ def test_a_batch_costs_fewer_statements_than_claiming_one_by_one(agent_actor: Ac
     with CaptureQueriesContext(connection) as batch:
         claims = submission_begin_batch(limit=8)
     assert len([c for c in claims if c.outcome == ClaimOutcome.CLAIMED]) == len(actions)
-    # Per action: the reservation and the transition; for the batch: the locked read of the
-    # actions, one read of their approvals, one of their agent's webhook, one INSERT of all their
-    # events and one of all their attempts (a single claim pays each of the last four itself).
+    # Per action: the reservation; for the batch: the locked read of the actions, one read of
+    # their approvals, one UPDATE of all their transitions, one read of their agent's webhook,
+    # one INSERT of all their events and one of all their attempts (a single claim pays each
+    # of the last four itself).
     statements = [q["sql"] for q in batch.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 2 * len(actions) + 5
+    assert len(statements) == len(actions) + 6, "\n".join(statements)
     inserts = [sql.split('"')[1] for sql in statements if sql.startswith("INSERT")]
     assert inserts == ["actions_actionevent", "actions_attempt"]
+    action_updates = [sql for sql in statements if sql.startswith('UPDATE "actions_action"')]
+    assert len(action_updates) == 1
 
 
 def test_a_batchs_events_and_attempts_are_written_inside_its_transaction(

@@ -97,6 +97,10 @@ def test_answers_recorded_together_share_one_commit_each_under_its_own_lease(
     # Both records' audit events in one INSERT, inside the group's transaction.
     event_inserts = [s for s in sql if s.startswith('INSERT INTO "actions_actionevent"')]
     assert len(event_inserts) == 1
+    # Both transitions in one UPDATE, fenced on each lease; all three answers on their attempts
+    # in one UPDATE (the lost one's too).
+    assert len([s for s in sql if s.startswith('UPDATE "actions_action"')]) == 1
+    assert len([s for s in sql if s.startswith('UPDATE "actions_attempt"')]) == 1
     assert ActionEvent.objects.filter(action__in=[first.action, last.action], transition="record_success").count() == 2
 
 
