@@ -7,16 +7,14 @@ transaction (invariant 9).
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import reduce
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Q
+from django.db.models import Case, Field, Model, QuerySet, Value, When
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
@@ -106,7 +104,7 @@ def rows_written_together(*, actions_locked: bool = False) -> Iterator[None]:
     whose transition the block saves, and checked its status (and lease) after the lock (the
     batched claim, the grouped record). The transitions' UPDATEs, and the answers written on
     attempts (``attempt_answer_write``), are then also written together at the end: one UPDATE
-    per set of columns (a CASE per column, Django's ``bulk_update``), still conditional on each
+    per set of columns (``_update_together``), still conditional on each
     row's former status and, where the caller fenced it, on its lease token; a row that no
     longer matches raises ConcurrentTransition and the transaction rolls back. Nothing inside
     the block may read those actions or attempts back from the database.
@@ -124,32 +122,29 @@ def rows_written_together(*, actions_locked: bool = False) -> Iterator[None]:
         if together.attempts:
             Attempt.objects.bulk_create(together.attempts)
         if together.attempt_answers:
-            Attempt.objects.bulk_update(together.attempt_answers, list(ATTEMPT_ANSWER_FIELDS))
+            answers = together.attempt_answers
+            _update_together(Attempt.objects.filter(pk__in=[a.pk for a in answers]), answers, ATTEMPT_ANSWER_FIELDS)
     finally:
         _together.reset(token)
 
 
 def _held_saves_write(saves: list[_HeldSave]) -> None:
-    """One UPDATE per (former status, columns, fenced or not), each row still conditional."""
-    groups: dict[tuple[str, frozenset[str], bool], list[_HeldSave]] = {}
+    """One UPDATE per (former status, columns, fence), each row still conditional."""
+    groups: dict[tuple[str, frozenset[str], str], list[_HeldSave]] = {}
     for held in saves:
-        groups.setdefault((held.from_state, frozenset(held.fields), held.fence is not _NO_FENCE), []).append(held)
-    for (from_state, fields, fenced), members in groups.items():
-        rows = Action.objects.filter(status=from_state)
-        if fenced:
-            rows = rows.filter(
-                reduce(
-                    operator.or_,
-                    (
-                        Q(pk=held.action.pk, lease_token=held.fence)
-                        if held.fence is not None
-                        else Q(pk=held.action.pk, lease_token__isnull=True)
-                        for held in members
-                    ),
-                )
-            )
+        fence = "none" if held.fence is _NO_FENCE else "no lease" if held.fence is None else "lease"
+        groups.setdefault((held.from_state, frozenset(held.fields), fence), []).append(held)
+    for (from_state, fields, fence), members in groups.items():
         actions = [held.action for held in members]
-        updated = rows.bulk_update(actions, sorted(fields))
+        rows = Action.objects.filter(pk__in=[action.pk for action in actions], status=from_state)
+        if fence == "no lease":
+            rows = rows.filter(lease_token__isnull=True)
+        elif fence == "lease":
+            # Each row must hold its own fence. A lease token is a fresh uuid4 written only on
+            # the row it was taken for, so a row holding any of the group's tokens holds its own:
+            # "pk IN (...) AND lease_token IN (...)" matching every row is that, pair by pair.
+            rows = rows.filter(lease_token__in=[held.fence for held in members])
+        updated = _update_together(rows, actions, sorted(fields))
         if updated != len(actions):
             raise ConcurrentTransition(
                 f"{len(actions) - updated} of {len(actions)} actions left {from_state} (or their lease) before "
@@ -157,6 +152,35 @@ def _held_saves_write(saves: list[_HeldSave]) -> None:
             )
         for action in actions:
             action.saved_elsewhere(fields)
+
+
+def _update_together(rows: QuerySet[Any], objects: Sequence[Model], fields: Iterable[str]) -> int:
+    """One UPDATE of ``rows`` writing each object's values of ``fields`` on its own row.
+
+    A column every object holds the same value of is set to that value; only the others are a
+    CASE on the primary key. Django's ``bulk_update`` makes every column a CASE, and resolving
+    those cost more CPU than the one UPDATE per row it replaces (measured: 3.7 ms per action in
+    a batch of 16, against 2 ms for a save each); here it is about one CASE, the lease tokens.
+    """
+    if not objects:
+        return 0
+    meta = objects[0]._meta
+    values: dict[str, Any] = {}
+    for name in fields:
+        field = meta.get_field(name)
+        assert isinstance(field, Field), name  # a column, not a relation's other side
+        column = [getattr(obj, field.attname) for obj in objects]
+        if all(value == column[0] for value in column[1:]):
+            values[field.attname] = column[0]
+        else:
+            values[field.attname] = Case(
+                *(
+                    When(pk=obj.pk, then=Value(value, output_field=field))
+                    for obj, value in zip(objects, column, strict=True)
+                ),
+                output_field=field,
+            )
+    return rows.update(**values)
 
 
 def _save_held_back(action: Action, *, from_state: str, fields: list[str]) -> bool:
@@ -261,7 +285,7 @@ def action_transition(
     if changed is None:
         action.save()
     elif _save_held_back(action, from_state=from_state, fields=[*changed, "updated_at"]):
-        action.updated_at = now  # auto_now is not applied by bulk_update
+        action.updated_at = now  # auto_now is applied by save(), not by the UPDATE of the block
     else:
         # Only the columns that differ from the row as loaded or last saved (what the transition
         # and the caller changed), plus the auto_now timestamp: a full save rewrites some 30
