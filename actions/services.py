@@ -35,7 +35,7 @@ from actions.providers.base import validate_idempotency_key
 from actions.providers.money import currency_exponent
 from actions.refusals import Refused
 from actions.trail import Actor, action_transition, event_record, rows_written_together
-from approvals.policy import approval_apply_auto_policy
+from approvals.policy import auto_policy_apply, auto_policy_decide
 
 if TYPE_CHECKING:
     pass
@@ -427,44 +427,53 @@ def proposal_record(
     else:
         action.propose()
     action.status_changed_at = now
-    if not savepoint:
-        try:
-            action.save()
-        except IntegrityError as lost:
-            raise ProposalRaceLost(action) from lost
-    else:
-        try:
-            # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
-            # transaction usable for reading the winner's row.
-            with transaction.atomic():
-                action.save()
-        except IntegrityError:
-            winner = Action.objects.filter(action_id=action.action_id).first()
-            if winner is None:
-                raise  # not a race on the action id
-            return _existing_or_conflict(winner, action.payload, action.payload_hash)
-    if abs(action.created_at - now) > timedelta(seconds=1):
-        # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded with
-        # its own time (an import, the demo's history) would show "a minute ago" on its card
-        # and "2 days ago" in its trail. The card and the trail read the same time.
-        Action.objects.filter(pk=action.pk).update(created_at=now)
-        action.created_at = now
 
     # The proposal's event and the policy's approval event are two state changes of one agent's
     # action in one transaction: its webhook is read once for both, and the events (with a
     # cap's hold, if one holds it) are inserted together, in order, when the block ends.
     with agent_webhooks_read_once(), rows_written_together():
+        # The auto-approval policy decides before the INSERT (it locks the target and the agent
+        # and reads the caps, writing nothing), so that an approved proposal is inserted
+        # AUTHORIZED: no UPDATE after it (issue 18). A lost race on the action id below then
+        # finds the winner after the same locks.
+        decision = auto_policy_decide(action=action, now=now) if auto_policy and action.status == S.PROPOSED else None
+        if decision is not None and decision.held is None:
+            action.approve()
+        if not savepoint:
+            try:
+                action.save()
+            except IntegrityError as lost:
+                raise ProposalRaceLost(action) from lost
+        else:
+            try:
+                # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
+                # transaction usable for reading the winner's row.
+                with transaction.atomic():
+                    action.save()
+            except IntegrityError:
+                winner = Action.objects.filter(action_id=action.action_id).first()
+                if winner is None:
+                    raise  # not a race on the action id
+                return _existing_or_conflict(winner, action.payload, action.payload_hash)
+        if abs(action.created_at - now) > timedelta(seconds=1):
+            # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded
+            # with its own time (an import, the demo's history) would show "a minute ago" on its
+            # card and "2 days ago" in its trail. The card and the trail read the same time.
+            Action.objects.filter(pk=action.pk).update(created_at=now)
+            action.created_at = now
+
         event_record(
             action=action,
             transition="propose" if not policy_reasons else "reject_proposal",
             from_state="",
+            to_state=S.PROPOSED if not policy_reasons else S.REJECTED,
             actor=proposer,
             reason="; ".join(r["message"] for r in policy_reasons) or reason or "Validation passed.",
             evidence=event_evidence,
             now=now,
         )
-        if auto_policy and action.status == S.PROPOSED:
-            approval_apply_auto_policy(action=action, now=now)
+        if decision is not None:
+            auto_policy_apply(action=action, decision=decision, now=now, transitioned=True)
     return ProposalResult(action=action, created=True)
 
 

@@ -232,8 +232,13 @@ def event_record(
     reason: str = "",
     evidence: dict[str, Any] | None = None,
     now: datetime | None = None,
+    to_state: str | None = None,
 ) -> ActionEvent:
     """Append one audit event. Call it inside the transaction that made the change.
+
+    ``to_state``: the state the event moved to, when the action is already past it (a proposal
+    the policy approved before its INSERT is inserted AUTHORIZED; its "propose" event ends in
+    PROPOSED). By default the action's status.
 
     A state change of an agent's action also writes the agent's webhook outbox row, in the same
     transaction (actions.outbox). Inside ``rows_written_together`` both are written when the
@@ -243,7 +248,7 @@ def event_record(
         action=action,
         transition=transition,
         from_state=from_state,
-        to_state=action.status,
+        to_state=to_state or action.status,
         actor_kind=actor.kind,
         actor_user=actor.user if actor.kind == ActorKind.USER else None,
         actor_agent=actor.agent,

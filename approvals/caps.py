@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import F, Func, QuerySet, Subquery
 
 from actions.models import Action, ActionEvent, Agent, Bill, Order
 from actions.outbox import agent_webhook_known
@@ -73,6 +74,11 @@ def _auto_approved(*, since: datetime, until: datetime, exclude: Action) -> Quer
     return Action.objects.filter(pk__in=approved).exclude(pk=exclude.pk)
 
 
+def _aggregate(rows: QuerySet[Action], function: str, column: str) -> Subquery:
+    """``function(column)`` over all of ``rows``, as a scalar subquery (NULL when there are none)."""
+    return Subquery(rows.order_by().annotate(value=Func(F(column), function=function)).values("value")[:1])
+
+
 def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
     """Why the auto-approval policy must leave ``action`` to a manager, or None within every cap.
 
@@ -96,16 +102,40 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
         same_target = {"bill_id": action.bill_id}
     else:
         same_target = {}
+    agent_cap = caps[CapScope.AGENT] if action.proposed_by_agent_id is not None else None
+    if same_target and target.max_amount is None:
+        return f"No auto-approval cap is configured for {currency} per {noun}, so a manager decides."
+    if agent_cap is not None and agent_cap.max_amount is None and not same_target:
+        return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
+
+    # The target's and the agent's totals, each the query it was on its own, in one statement
+    # (issue 18): scalar subqueries read as columns of a row the lock above holds, the agent's
+    # or else the target's (a plain read after the lock, so they see every commit before it).
+    totals: dict[str, Subquery] = {}
     if same_target:
-        if target.max_amount is None:
-            return f"No auto-approval cap is configured for {currency} per {noun}, so a manager decides."
-        totals = (
-            _auto_approved(since=now - target.window, until=now, exclude=action)
-            .filter(**same_target)
-            .aggregate(total=Sum("amount"), count=Count("pk"))
+        on_target = _auto_approved(since=now - target.window, until=now, exclude=action).filter(**same_target)
+        totals["target_total"] = _aggregate(on_target, "SUM", "amount")
+        totals["target_count"] = _aggregate(on_target, "COUNT", "pk")
+    if agent_cap is not None and agent_cap.max_amount is not None:
+        by_agent = _auto_approved(since=now - agent_cap.window, until=now, exclude=action).filter(
+            proposed_by_agent_id=action.proposed_by_agent_id, currency=currency
         )
-        total = totals["total"] or Decimal("0")
-        count = totals["count"] or 0
+        totals["agent_total"] = _aggregate(by_agent, "SUM", "amount")
+    found: dict[str, Any] = {}
+    if totals:
+        if action.proposed_by_agent_id is not None:
+            anchor: QuerySet[Any] = Agent.objects.filter(pk=action.proposed_by_agent_id)
+        elif action.order_id is not None:
+            anchor = Order.objects.filter(pk=action.order_id)
+        else:
+            assert action.bill_id is not None  # totals are read only for a target or an agent
+            anchor = Bill.objects.filter(pk=action.bill_id)
+        found = anchor.values(**totals).get()
+
+    if same_target:
+        assert target.max_amount is not None
+        total = found["target_total"] or Decimal("0")
+        count = found["target_count"] or 0
         hours = int(target.window.total_seconds() // 3600)
         if target.max_count is not None and count + 1 > target.max_count:
             return (
@@ -119,13 +149,10 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
                 "A manager decides this one."
             )
 
-    if action.proposed_by_agent_id is not None:
-        agent_cap = caps[CapScope.AGENT]
+    if agent_cap is not None:
         if agent_cap.max_amount is None:
             return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
-        total = _auto_approved(since=now - agent_cap.window, until=now, exclude=action).filter(
-            proposed_by_agent_id=action.proposed_by_agent_id, currency=currency
-        ).aggregate(total=Sum("amount"))["total"] or Decimal("0")
+        total = found["agent_total"] or Decimal("0")
         if total + amount > agent_cap.max_amount:
             hours = int(agent_cap.window.total_seconds() // 3600)
             return (

@@ -8,7 +8,9 @@ currency, payload hash and an expiry (DESIGN.md section 5).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -16,7 +18,7 @@ from django.conf import settings
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
 from actions.publish import dispatch_enqueue_on_commit
-from actions.trail import Actor, action_transition
+from actions.trail import Actor, action_transition, event_record
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal, auto_approval_held_record
 from approvals.models import Approval, ApprovalGroup, ApprovalPolicy, Decision
 
@@ -44,10 +46,14 @@ def approval_record(
     now: datetime,
     actor: Actor,
     group: ApprovalGroup | None = None,
+    transitioned: bool = False,
 ) -> Approval:
     """PROPOSED -> AUTHORIZED with an approval bound to the action and its target as they are now.
 
     Runs inside the caller's transaction; the dispatch is published once it commits.
+    ``transitioned``: the action was inserted AUTHORIZED in this transaction (a proposal the
+    policy approved before its INSERT, ``auto_policy_decide``): the approval and its "approve"
+    event are written, the transition is not run again.
     """
     expires_at = now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
     binding = approval_binding(action)
@@ -64,35 +70,51 @@ def approval_record(
         group=group,
         **binding,
     )
-    action_transition(
-        action=action,
-        transition="approve",
-        actor=actor,
-        reason=note or "Approved.",
-        evidence={
-            "approval_id": approval.pk,
-            "policy": policy,
-            "binding": {
-                "order_version": binding["order_version"],
-                "amount": str(action.amount),
-                "currency": action.currency,
-                "payload_hash": action.payload_hash,
-            },
-            "expires_at": expires_at.isoformat(),
-            **({"group_id": group.pk, "group_size": group.size} if group is not None else {}),
+    evidence = {
+        "approval_id": approval.pk,
+        "policy": policy,
+        "binding": {
+            "order_version": binding["order_version"],
+            "amount": str(action.amount),
+            "currency": action.currency,
+            "payload_hash": action.payload_hash,
         },
-        now=now,
-    )
+        "expires_at": expires_at.isoformat(),
+        **({"group_id": group.pk, "group_size": group.size} if group is not None else {}),
+    }
+    if transitioned:
+        if action.status != S.AUTHORIZED:
+            raise ValueError(f"{action.action_id} is {action.status}, not inserted AUTHORIZED")
+        event_record(
+            action=action,
+            transition="approve",
+            from_state=S.PROPOSED,
+            actor=actor,
+            reason=note or "Approved.",
+            evidence=evidence,
+            now=now,
+        )
+    else:
+        action_transition(
+            action=action, transition="approve", actor=actor, reason=note or "Approved.", evidence=evidence, now=now
+        )
     dispatch_enqueue_on_commit(action.pk)
     return approval
 
 
-def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | None:
-    """Approve by policy when the amount is at or below the currency's threshold and the kind
-    sees no reason to leave it to a manager.
+@dataclass(frozen=True)
+class AutoPolicyDecision:
+    """What the auto-approval policy decided for one action, before it wrote anything."""
 
-    Runs inside the proposal's transaction, so intent and authorization are one commit.
-    """
+    threshold: Decimal
+    held: str | None  # why a cap leaves the action to a manager (the card shows it); None: approve
+
+
+def auto_policy_decide(*, action: Action, now: datetime) -> AutoPolicyDecision | None:
+    """Whether the auto-approval policy approves ``action``; None where it does not apply (a
+    person decides). Writes nothing, and needs no row of the action: a proposal asks before its
+    INSERT, so that an approved one is inserted AUTHORIZED. Locks the target and the agent
+    (``auto_approval_cap_lock``) until the caller's transaction ends."""
     kind = kind_for(action.kind)
     if not kind.moves_money:
         return None  # the threshold is about money; a kind without it is always a person's call
@@ -105,21 +127,39 @@ def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | N
     # Caps on autonomy: past any cap (per target, per agent) a manager decides, and the card
     # says why. The lock serialises concurrent auto-approvals on one target or by one agent.
     auto_approval_cap_lock(action=action)
-    held = auto_approval_cap_refusal(action=action, now=now)
-    if held is not None:
-        auto_approval_held_record(action=action, reason=held, now=now)
+    return AutoPolicyDecision(threshold=threshold, held=auto_approval_cap_refusal(action=action, now=now))
+
+
+def auto_policy_apply(
+    *, action: Action, decision: AutoPolicyDecision, now: datetime, transitioned: bool = False
+) -> Approval | None:
+    """Write what ``auto_policy_decide`` decided: the approval, or the cap's hold. Inside the
+    transaction that decided it. ``transitioned``: see ``approval_record``."""
+    if decision.held is not None:
+        auto_approval_held_record(action=action, reason=decision.held, now=now)
         return None
-    label = f"policy:auto-approval (<= {threshold} {action.currency})"
+    label = f"policy:auto-approval (<= {decision.threshold} {action.currency})"
     return approval_record(
         action=action,
         approver=None,
         label=label,
         policy=ApprovalPolicy.AUTO,
-        policy_detail={"threshold": str(threshold), "currency": action.currency},
-        note=f"Auto-approved: {action.amount} {action.currency} is at or below {threshold} {action.currency}.",
+        policy_detail={"threshold": str(decision.threshold), "currency": action.currency},
+        note=f"Auto-approved: {action.amount} {action.currency} is at or below {decision.threshold} {action.currency}.",
         now=now,
         actor=Actor.system("auto-approval"),
+        transitioned=transitioned,
     )
+
+
+def approval_apply_auto_policy(*, action: Action, now: datetime) -> Approval | None:
+    """Approve by policy when the amount is at or below the currency's threshold and the kind
+    sees no reason to leave it to a manager (an action in PROPOSED, e.g. one reopened).
+
+    Runs inside the caller's transaction, so the decision and what it writes are one commit.
+    """
+    decision = auto_policy_decide(action=action, now=now)
+    return None if decision is None else auto_policy_apply(action=action, decision=decision, now=now)
 
 
 def latest_approval(action: Action) -> Approval | None:

@@ -42,7 +42,7 @@ def propose(proposer: Actor, order_number: str = "1001") -> Any:
     )
 
 
-def test_an_auto_approved_proposal_is_eleven_statements_with_its_events_in_one_insert(agent_actor: Actor) -> None:
+def test_an_auto_approved_proposal_is_eight_statements_inserted_authorized_with_its_events_in_one_insert(agent_actor: Actor) -> None:
     propose(agent_actor, "1000")  # the first proposal of a process also loads what is cached
     with CaptureQueriesContext(connection) as queries:
         result = propose(agent_actor)
@@ -50,10 +50,11 @@ def test_an_auto_approved_proposal_is_eleven_statements_with_its_events_in_one_i
     sent = [query["sql"] for query in queries.captured_queries]
     proposal = sent[sent.index("BEGIN") + 1 : sent.index("COMMIT")]
     assert not [sql for sql in proposal if "SAVEPOINT" in sql], proposal
-    # The request and order; the action; the order locked; the agent locked, with its webhook
-    # (for both events' outbox rows); the caps; the target's and the agent's totals; the
-    # approval; the transition; both events in one INSERT.
-    assert len(proposal) == 10, "\n".join(proposal)
+    # The request and order; the order locked; the agent locked, with its webhook (for both
+    # events' outbox rows); the caps; the target's and the agent's totals in one read; the
+    # action, inserted AUTHORIZED (the policy decided first); the approval; both events.
+    assert len(proposal) == 8, "\n".join(proposal)
+    assert not [sql for sql in proposal if sql.startswith('UPDATE "actions_action"')]
     assert len([sql for sql in proposal if sql.startswith('INSERT INTO "actions_actionevent"')]) == 1
     trail = list(ActionEvent.objects.filter(action=result.action).values_list("transition", "from_state", "to_state"))
     assert trail == [("propose", "", "PROPOSED"), ("approve", "PROPOSED", "AUTHORIZED")]

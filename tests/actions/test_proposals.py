@@ -241,13 +241,13 @@ def test_a_failing_auto_approval_leaves_no_proposal_behind(
     recorded as PROPOSED without the policy's decision."""
     import actions.services
 
-    real = actions.services.approval_apply_auto_policy
+    real = actions.services.auto_policy_apply
 
     def approve_then_crash(**kwargs: Any) -> Any:
         real(**kwargs)
         raise RuntimeError("crash after the approval was written")
 
-    monkeypatch.setattr(actions.services, "approval_apply_auto_policy", approve_then_crash)
+    monkeypatch.setattr(actions.services, "auto_policy_apply", approve_then_crash)
 
     with pytest.raises(RuntimeError, match="crash after the approval"):
         propose(amount="10.00")
