@@ -1,11 +1,12 @@
 """What one auto-approved refund proposal sends to the database (issue 18, P-a).
 
-Its two events are inserted together (``rows_written_together``). Its transaction is the
-proposal function's own, so the INSERT needs no savepoint: a lost race on
-the action id ends the transaction and the winner is read after it
-(``answers_a_lost_proposal_race``; tests/concurrency/test_proposal_race.py races it on
-PostgreSQL). Here: the statements themselves, and that an IntegrityError that is not a lost race
-is raised, not taken for one.
+The auto-approval policy decides before the INSERT, so the action is inserted AUTHORIZED; its
+two events are inserted together (``rows_written_together``). Its transaction is the proposal
+function's own, so the INSERT needs no savepoint: a lost race on the action id ends the
+transaction and the winner is read after it (``answers_a_lost_proposal_race``;
+tests/concurrency/test_proposal_race.py races it on PostgreSQL). Here: the statements
+themselves, the trail they leave, and that an IntegrityError that is not a lost race is raised,
+not taken for one.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def propose(proposer: Actor, order_number: str = "1001") -> Any:
     )
 
 
-def test_an_auto_approved_proposal_is_eight_statements_inserted_authorized_with_its_events_in_one_insert(agent_actor: Actor) -> None:
+def test_an_auto_approved_proposal_is_eight_statements_and_inserted_authorized(agent_actor: Actor) -> None:
     propose(agent_actor, "1000")  # the first proposal of a process also loads what is cached
     with CaptureQueriesContext(connection) as queries:
         result = propose(agent_actor)
