@@ -320,7 +320,8 @@ class ChaosReport:
             f"{round(self.config['actions'] * self.config['adjustment_share'])} planned; accounting ledger: "
             f"{self.credit_notes} credit note(s) on {self.bills_checked} bill(s), "
             f"{len(self.accounting_problems)} problem(s) (must be 0)",
-            "  accounting faults " + ", ".join(f"{k} {v}" for k, v in sorted(self.accounting_faults_fired.items())),
+            "  accounting faults "
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.accounting_faults_fired.items())),
             *workflow_report_lines(self.workflows, work=self.work()),
             f"  invariants       {'all hold' if audit and audit.ok and not self.accounting_problems else 'VIOLATED'}",
         ]
@@ -1092,7 +1093,9 @@ class ChaosRun:
         )
 
     def _adjustments(self) -> Any:
-        return Action.objects.filter(action_id__startswith=f"{ActionKind.INVOICE_ADJUSTMENT}:bill-CB{self.stamp}-")
+        return Action.objects.filter(
+            action_id__startswith=f"{ActionKind.INVOICE_ADJUSTMENT}:bill-CB{self.stamp}-"
+        )
 
     def _run_actions(self) -> Any:
         # This run's own orders only: a database that held an earlier run keeps its actions.
@@ -1252,12 +1255,10 @@ class ChaosRun:
                 ).count()
             )
             self.report.reached_review = _db_retry(
-                lambda: (
-                    ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW)
-                    .values("action_id")
-                    .distinct()
-                    .count()
-                )
+                lambda: ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW)
+                .values("action_id")
+                .distinct()
+                .count()
             )
             receivers: dict[str, Receiver] = {ActionKind.REFUND.value: RefundReceiver(provider)}
             if self.accounting_url:
@@ -1281,7 +1282,9 @@ class ChaosRun:
             # Reading the ledger settles what was due; its events go out now. Every event must
             # have reached the console before its bookings are judged.
             self._wait_for_webhooks()
-            self.report.outside_refunds_booked = _db_retry(lambda: OutsideRefund.objects.filter(booked=True).count())
+            self.report.outside_refunds_booked = _db_retry(
+                lambda: OutsideRefund.objects.filter(booked=True).count()
+            )
             self.report.money_mismatches = _db_retry(lambda: money_per_order(ledger))
             self.report.stale_by_policy = _db_retry(stale_by_policy_count)
             ledger += mail_ledger
@@ -1536,7 +1539,9 @@ def money_per_order(ledger: list[Any]) -> list[str]:
     """Per order, the provider's refunds (succeeded or pending) must equal what the console
     booked: refunded by its actions plus refunded outside. The refunds of actions still in
     NEEDS_REVIEW are left out: their money is reserved, waiting for finance's word."""
-    in_review = set(Action.objects.filter(status=ActionStatus.NEEDS_REVIEW).values_list("action_id", flat=True))
+    in_review = set(
+        Action.objects.filter(status=ActionStatus.NEEDS_REVIEW).values_list("action_id", flat=True)
+    )
     by_charge: dict[str, int] = {}
     for effect in ledger:
         if effect.is_effect and (effect.action_id or "") not in in_review:

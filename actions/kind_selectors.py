@@ -63,7 +63,10 @@ def _duration(delta: timedelta | float | None) -> str:
 def consequence_of(contract: ReceiverContract) -> str:
     """What the step class and the contract mean for an ambiguous send, in one sentence."""
     if not contract.can_be_asked:
-        return "No key and no lookup: an ambiguous send goes straight to a person; never resent automatically."
+        return (
+            "No key and no lookup: an ambiguous send goes straight to a person; "
+            "never resent automatically."
+        )
     if contract.supports_lookup and contract.honours_keys:
         return (
             "Keys and a lookup: an ambiguous send is looked up first, and re-sent "
@@ -71,7 +74,8 @@ def consequence_of(contract: ReceiverContract) -> str:
         )
     if contract.supports_lookup:
         return (
-            "A lookup but no keys: an ambiguous send is looked up; it is re-sent only after an authoritative not-found."
+            "A lookup but no keys: an ambiguous send is looked up; it is re-sent only "
+            "after an authoritative not-found."
         )
     return (
         "Keys but no lookup: an ambiguous send is re-sent with the same key only "
@@ -215,3 +219,4 @@ def kind_cards() -> list[KindCard]:
             )
         )
     return cards
+

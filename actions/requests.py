@@ -99,7 +99,9 @@ def _check_reason_code(raw: object, problems: list[FieldProblem], *, required: b
             problems.append(FieldProblem("reason_code", "required", "Say why the customer asks: a reason code."))
         return ""
     if value not in ReasonCode.values:
-        problems.append(FieldProblem("reason_code", "invalid_choice", f"Use one of: {', '.join(ReasonCode.values)}."))
+        problems.append(
+            FieldProblem("reason_code", "invalid_choice", f"Use one of: {', '.join(ReasonCode.values)}.")
+        )
     return value
 
 

@@ -71,6 +71,7 @@ OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
 QUEUE_PAGE_SIZE = 50
 
 
+
 class ItemKind:
     ACTION = "action"
     REMEDY = "remedy"
@@ -564,7 +565,8 @@ class LookupView:
 
     def refund_lines(self) -> list[dict[str, str]]:
         return [
-            {name: value for name, value in _effect_fields(refund).items() if name != "noun"} for refund in self.refunds
+            {name: value for name, value in _effect_fields(refund).items() if name != "noun"}
+            for refund in self.refunds
         ]
 
 

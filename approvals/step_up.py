@@ -28,7 +28,9 @@ def step_up_needed(*, amount: Decimal, currency: str) -> bool:
     return threshold is not None and amount > threshold
 
 
-def step_up_refusal(*, user: Any, amount: Decimal, currency: str, verified_at: float | None, now: float) -> str | None:
+def step_up_refusal(
+    *, user: Any, amount: Decimal, currency: str, verified_at: float | None, now: float
+) -> str | None:
     """Why ``user`` may not approve ``amount currency`` now without a fresh second factor, or None.
 
     ``verified_at`` is when the deciding session last confirmed a code (``step_up_verified_at``

@@ -73,7 +73,9 @@ def _check_body(request: HttpRequest) -> None:
         )
 
 
-def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None, limited: bool = True) -> None:
+def _admit(
+    request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None, limited: bool = True
+) -> None:
     if methods is not None and request.method not in methods:
         raise ApiProblem(
             "method-not-allowed",

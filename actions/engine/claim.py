@@ -157,7 +157,9 @@ def submission_begin_batch(
             actions.sort(key=target_lock_order)
             for action in actions:
                 try:
-                    claims.append(_claim_locked(action=action, approval=approvals.get(action.pk), actor=actor, now=now))
+                    claims.append(
+                        _claim_locked(action=action, approval=approvals.get(action.pk), actor=actor, now=now)
+                    )
                 except _BindingFailed as failed:
                     stale.append((action.pk, failed.failures))
     except Exception:

@@ -12,519 +12,244 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
     dependencies = [
-        ("auth", "0012_alter_user_first_name_max_length"),
+        ('auth', '0012_alter_user_first_name_max_length'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="Agent",
+            name='Agent',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("name", models.CharField(max_length=100, unique=True)),
-                (
-                    "scopes",
-                    models.JSONField(
-                        blank=True, default=list, help_text='Action kinds it may propose, e.g. ["refund"].'
-                    ),
-                ),
-                ("is_active", models.BooleanField(default=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "owner",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="agents", to=settings.AUTH_USER_MODEL
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=100, unique=True)),
+                ('scopes', models.JSONField(blank=True, default=list, help_text='Action kinds it may propose, e.g. ["refund"].')),
+                ('is_active', models.BooleanField(default=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='agents', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "ordering": ["name"],
+                'ordering': ['name'],
             },
         ),
         migrations.CreateModel(
-            name="AgentToken",
+            name='AgentToken',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("label", models.CharField(blank=True, max_length=100)),
-                (
-                    "prefix",
-                    models.CharField(
-                        db_index=True, help_text="The token's first characters, to recognise it.", max_length=16
-                    ),
-                ),
-                ("token_hash", models.CharField(max_length=64, unique=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("last_used_at", models.DateTimeField(blank=True, null=True)),
-                ("revoked_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "agent",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="tokens", to="actions.agent"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('label', models.CharField(blank=True, max_length=100)),
+                ('prefix', models.CharField(db_index=True, help_text="The token's first characters, to recognise it.", max_length=16)),
+                ('token_hash', models.CharField(max_length=64, unique=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('last_used_at', models.DateTimeField(blank=True, null=True)),
+                ('revoked_at', models.DateTimeField(blank=True, null=True)),
+                ('agent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='actions.agent')),
             ],
             options={
-                "ordering": ["-created_at"],
+                'ordering': ['-created_at'],
             },
         ),
         migrations.CreateModel(
-            name="Order",
+            name='Order',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("number", models.CharField(max_length=32, unique=True)),
-                ("customer_name", models.CharField(max_length=200)),
-                ("customer_email", models.EmailField(blank=True, max_length=254)),
-                ("currency", models.CharField(max_length=3)),
-                ("captured_amount", models.DecimalField(decimal_places=2, max_digits=14)),
-                ("refunded_amount", models.DecimalField(decimal_places=2, default=Decimal("0"), max_digits=14)),
-                ("reserved_amount", models.DecimalField(decimal_places=2, default=Decimal("0"), max_digits=14)),
-                ("version", models.PositiveIntegerField(default=1)),
-                (
-                    "charge_reference",
-                    models.CharField(blank=True, help_text="The provider's charge id.", max_length=255),
-                ),
-                ("paid_at", models.DateTimeField()),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('number', models.CharField(max_length=32, unique=True)),
+                ('customer_name', models.CharField(max_length=200)),
+                ('customer_email', models.EmailField(blank=True, max_length=254)),
+                ('currency', models.CharField(max_length=3)),
+                ('captured_amount', models.DecimalField(decimal_places=2, max_digits=14)),
+                ('refunded_amount', models.DecimalField(decimal_places=2, default=Decimal('0'), max_digits=14)),
+                ('reserved_amount', models.DecimalField(decimal_places=2, default=Decimal('0'), max_digits=14)),
+                ('version', models.PositiveIntegerField(default=1)),
+                ('charge_reference', models.CharField(blank=True, help_text="The provider's charge id.", max_length=255)),
+                ('paid_at', models.DateTimeField()),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                "ordering": ["-paid_at"],
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            ("refunded_amount__gte", 0),
-                            ("reserved_amount__gte", 0),
-                            (
-                                "captured_amount__gte",
-                                django.db.models.expressions.CombinedExpression(
-                                    models.F("refunded_amount"), "+", models.F("reserved_amount")
-                                ),
-                            ),
-                        ),
-                        name="order_money_adds_up",
-                    )
-                ],
+                'ordering': ['-paid_at'],
+                'constraints': [models.CheckConstraint(condition=models.Q(('refunded_amount__gte', 0), ('reserved_amount__gte', 0), ('captured_amount__gte', django.db.models.expressions.CombinedExpression(models.F('refunded_amount'), '+', models.F('reserved_amount')))), name='order_money_adds_up')],
             },
         ),
         migrations.CreateModel(
-            name="OwnerGroup",
+            name='OwnerGroup',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("kind", models.CharField(max_length=32, unique=True)),
-                (
-                    "group",
-                    models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name="+", to="auth.group"),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('kind', models.CharField(max_length=32, unique=True)),
+                ('group', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='auth.group')),
             ],
         ),
         migrations.CreateModel(
-            name="RefundRequest",
+            name='RefundRequest',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("number", models.PositiveIntegerField()),
-                (
-                    "external_reference",
-                    models.CharField(
-                        blank=True, help_text="E.g. the support ticket's id.", max_length=100, null=True, unique=True
-                    ),
-                ),
-                (
-                    "source",
-                    models.CharField(
-                        choices=[
-                            ("ticket", "Support ticket"),
-                            ("email", "Customer email"),
-                            ("agent", "Agent"),
-                            ("console", "Console"),
-                        ],
-                        default="ticket",
-                        max_length=16,
-                    ),
-                ),
-                ("note", models.TextField(blank=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "order",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="refund_requests", to="actions.order"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('number', models.PositiveIntegerField()),
+                ('external_reference', models.CharField(blank=True, help_text="E.g. the support ticket's id.", max_length=100, null=True, unique=True)),
+                ('source', models.CharField(choices=[('ticket', 'Support ticket'), ('email', 'Customer email'), ('agent', 'Agent'), ('console', 'Console')], default='ticket', max_length=16)),
+                ('note', models.TextField(blank=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('order', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='refund_requests', to='actions.order')),
             ],
             options={
-                "ordering": ["order", "number"],
+                'ordering': ['order', 'number'],
             },
         ),
         migrations.CreateModel(
-            name="Action",
+            name='Action',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("action_id", models.CharField(max_length=255, unique=True)),
-                ("kind", models.CharField(choices=[("refund", "Refund")], max_length=32)),
-                ("idempotency_key", models.CharField(max_length=255, unique=True)),
-                ("payload", models.JSONField(help_text="The material payload, as proposed.")),
-                ("payload_hash", models.CharField(help_text="sha256 of the payload's canonical JSON.", max_length=80)),
-                ("amount", models.DecimalField(decimal_places=2, max_digits=14)),
-                ("currency", models.CharField(max_length=3)),
-                (
-                    "reason_code",
-                    models.CharField(
-                        choices=[
-                            ("duplicate_charge", "Duplicate charge"),
-                            ("not_received", "Goods not received"),
-                            ("damaged", "Damaged or defective"),
-                            ("not_as_described", "Not as described"),
-                            ("cancelled_order", "Order cancelled"),
-                            ("late_delivery", "Late delivery"),
-                            ("goodwill", "Goodwill gesture"),
-                        ],
-                        max_length=64,
-                    ),
-                ),
-                ("evidence", models.TextField(blank=True, help_text="The proposer's explanation for the manager.")),
-                (
-                    "status",
-                    django_fsm.FSMField(
-                        choices=[
-                            ("NEW", "New"),
-                            ("PROPOSED", "Proposed"),
-                            ("REJECTED", "Rejected"),
-                            ("AUTHORIZED", "Authorized"),
-                            ("STALE", "Stale"),
-                            ("CANCELLED", "Cancelled"),
-                            ("SUBMITTING", "Submitting"),
-                            ("SETTLING", "Settling"),
-                            ("SUCCEEDED", "Succeeded"),
-                            ("FAILED_FINAL", "Failed (final)"),
-                            ("UNKNOWN", "Unknown"),
-                            ("NEEDS_REVIEW", "Needs review"),
-                        ],
-                        default="NEW",
-                        max_length=50,
-                        protected=True,
-                    ),
-                ),
-                ("rejection_reasons", models.JSONField(blank=True, default=list)),
-                ("due_at", models.DateTimeField(blank=True, null=True)),
-                ("lease_token", models.UUIDField(blank=True, null=True)),
-                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
-                ("attempt_count", models.PositiveIntegerField(default=0)),
-                ("first_attempt_at", models.DateTimeField(blank=True, null=True)),
-                ("last_attempt_at", models.DateTimeField(blank=True, null=True)),
-                ("reconcile_attempts", models.PositiveIntegerField(default=0)),
-                ("reconcile_failures", models.PositiveIntegerField(default=0)),
-                ("next_reconcile_at", models.DateTimeField(blank=True, null=True)),
-                ("provider_reference", models.CharField(blank=True, max_length=255)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
-                ("status_changed_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "owner",
-                    models.ForeignKey(
-                        blank=True,
-                        help_text="The named person who must resolve this action when it needs review.",
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="owned_actions",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "proposed_by_user",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="proposed_actions",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "proposed_by_agent",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="actions",
-                        to="actions.agent",
-                    ),
-                ),
-                (
-                    "order",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="actions",
-                        to="actions.order",
-                    ),
-                ),
-                (
-                    "refund_request",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="actions",
-                        to="actions.refundrequest",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('action_id', models.CharField(max_length=255, unique=True)),
+                ('kind', models.CharField(choices=[('refund', 'Refund')], max_length=32)),
+                ('idempotency_key', models.CharField(max_length=255, unique=True)),
+                ('payload', models.JSONField(help_text='The material payload, as proposed.')),
+                ('payload_hash', models.CharField(help_text="sha256 of the payload's canonical JSON.", max_length=80)),
+                ('amount', models.DecimalField(decimal_places=2, max_digits=14)),
+                ('currency', models.CharField(max_length=3)),
+                ('reason_code', models.CharField(choices=[('duplicate_charge', 'Duplicate charge'), ('not_received', 'Goods not received'), ('damaged', 'Damaged or defective'), ('not_as_described', 'Not as described'), ('cancelled_order', 'Order cancelled'), ('late_delivery', 'Late delivery'), ('goodwill', 'Goodwill gesture')], max_length=64)),
+                ('evidence', models.TextField(blank=True, help_text="The proposer's explanation for the manager.")),
+                ('status', django_fsm.FSMField(choices=[('NEW', 'New'), ('PROPOSED', 'Proposed'), ('REJECTED', 'Rejected'), ('AUTHORIZED', 'Authorized'), ('STALE', 'Stale'), ('CANCELLED', 'Cancelled'), ('SUBMITTING', 'Submitting'), ('SETTLING', 'Settling'), ('SUCCEEDED', 'Succeeded'), ('FAILED_FINAL', 'Failed (final)'), ('UNKNOWN', 'Unknown'), ('NEEDS_REVIEW', 'Needs review')], default='NEW', max_length=50, protected=True)),
+                ('rejection_reasons', models.JSONField(blank=True, default=list)),
+                ('due_at', models.DateTimeField(blank=True, null=True)),
+                ('lease_token', models.UUIDField(blank=True, null=True)),
+                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
+                ('attempt_count', models.PositiveIntegerField(default=0)),
+                ('first_attempt_at', models.DateTimeField(blank=True, null=True)),
+                ('last_attempt_at', models.DateTimeField(blank=True, null=True)),
+                ('reconcile_attempts', models.PositiveIntegerField(default=0)),
+                ('reconcile_failures', models.PositiveIntegerField(default=0)),
+                ('next_reconcile_at', models.DateTimeField(blank=True, null=True)),
+                ('provider_reference', models.CharField(blank=True, max_length=255)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
+                ('status_changed_at', models.DateTimeField(blank=True, null=True)),
+                ('owner', models.ForeignKey(blank=True, help_text='The named person who must resolve this action when it needs review.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='owned_actions', to=settings.AUTH_USER_MODEL)),
+                ('proposed_by_user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='proposed_actions', to=settings.AUTH_USER_MODEL)),
+                ('proposed_by_agent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='actions', to='actions.agent')),
+                ('order', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='actions', to='actions.order')),
+                ('refund_request', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='actions', to='actions.refundrequest')),
             ],
             options={
-                "ordering": ["-created_at"],
-                "permissions": [
-                    ("propose_action", "Can propose actions"),
-                    ("decide_action", "Can approve or reject proposed actions"),
-                    ("cancel_action", "Can cancel actions before submission"),
-                    ("resolve_action", "Can resolve actions that need review"),
-                    ("correct_action", "Can correct actions through the admin"),
-                ],
+                'ordering': ['-created_at'],
+                'permissions': [('propose_action', 'Can propose actions'), ('decide_action', 'Can approve or reject proposed actions'), ('cancel_action', 'Can cancel actions before submission'), ('resolve_action', 'Can resolve actions that need review'), ('correct_action', 'Can correct actions through the admin')],
             },
             bases=(django_fsm.ConcurrentTransitionMixin, models.Model),
         ),
         migrations.CreateModel(
-            name="Remedy",
+            name='Remedy',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                (
-                    "kind",
-                    models.CharField(
-                        choices=[
-                            ("undecided", "Not decided yet"),
-                            ("store_credit", "Store credit"),
-                            ("manual_transfer", "Manual bank transfer"),
-                            ("cheque", "Cheque"),
-                            ("none", "None (with a reason)"),
-                        ],
-                        default="undecided",
-                        max_length=32,
-                    ),
-                ),
-                (
-                    "status",
-                    models.CharField(
-                        choices=[("open", "Open"), ("in_progress", "In progress"), ("done", "Done")],
-                        default="open",
-                        max_length=16,
-                    ),
-                ),
-                (
-                    "amount",
-                    models.DecimalField(decimal_places=2, help_text="What the customer expects back.", max_digits=14),
-                ),
-                ("currency", models.CharField(max_length=3)),
-                ("note", models.TextField(blank=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
-                (
-                    "action",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="remedies", to="actions.action"
-                    ),
-                ),
-                (
-                    "owner",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="remedies",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('kind', models.CharField(choices=[('undecided', 'Not decided yet'), ('store_credit', 'Store credit'), ('manual_transfer', 'Manual bank transfer'), ('cheque', 'Cheque'), ('none', 'None (with a reason)')], default='undecided', max_length=32)),
+                ('status', models.CharField(choices=[('open', 'Open'), ('in_progress', 'In progress'), ('done', 'Done')], default='open', max_length=16)),
+                ('amount', models.DecimalField(decimal_places=2, help_text='What the customer expects back.', max_digits=14)),
+                ('currency', models.CharField(max_length=3)),
+                ('note', models.TextField(blank=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
+                ('action', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='remedies', to='actions.action')),
+                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='remedies', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "verbose_name_plural": "remedies",
-                "ordering": ["-created_at"],
+                'verbose_name_plural': 'remedies',
+                'ordering': ['-created_at'],
             },
         ),
         migrations.CreateModel(
-            name="ActionEvent",
+            name='ActionEvent',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("transition", models.CharField(max_length=64)),
-                ("from_state", models.CharField(blank=True, max_length=16)),
-                ("to_state", models.CharField(max_length=16)),
-                (
-                    "actor_kind",
-                    models.CharField(
-                        choices=[("user", "User"), ("agent", "Agent"), ("system", "System")], max_length=8
-                    ),
-                ),
-                ("actor_label", models.CharField(help_text="Who acted, as shown in the trail.", max_length=200)),
-                ("reason", models.TextField(blank=True)),
-                ("evidence", models.JSONField(blank=True, default=dict)),
-                ("created_at", models.DateTimeField(db_index=True)),
-                (
-                    "action",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="events", to="actions.action"
-                    ),
-                ),
-                (
-                    "actor_user",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="+",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "actor_agent",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="+",
-                        to="actions.agent",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('transition', models.CharField(max_length=64)),
+                ('from_state', models.CharField(blank=True, max_length=16)),
+                ('to_state', models.CharField(max_length=16)),
+                ('actor_kind', models.CharField(choices=[('user', 'User'), ('agent', 'Agent'), ('system', 'System')], max_length=8)),
+                ('actor_label', models.CharField(help_text='Who acted, as shown in the trail.', max_length=200)),
+                ('reason', models.TextField(blank=True)),
+                ('evidence', models.JSONField(blank=True, default=dict)),
+                ('created_at', models.DateTimeField(db_index=True)),
+                ('action', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='events', to='actions.action')),
+                ('actor_user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ('actor_agent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='actions.agent')),
             ],
             options={
-                "ordering": ["created_at", "id"],
-                "indexes": [models.Index(fields=["action", "created_at"], name="event_action_created_idx")],
+                'ordering': ['created_at', 'id'],
+                'indexes': [models.Index(fields=['action', 'created_at'], name='event_action_created_idx')],
             },
         ),
         migrations.CreateModel(
-            name="Attempt",
+            name='Attempt',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("kind", models.CharField(choices=[("submit", "Submission"), ("lookup", "Lookup")], max_length=16)),
-                ("lease_token", models.UUIDField(blank=True, null=True)),
-                ("idempotency_key", models.CharField(blank=True, max_length=255)),
-                ("request", models.JSONField(blank=True, default=dict)),
-                ("response", models.JSONField(blank=True, null=True)),
-                ("error", models.JSONField(blank=True, null=True)),
-                (
-                    "outcome",
-                    models.CharField(
-                        blank=True, help_text="What the console concluded from the answer.", max_length=32
-                    ),
-                ),
-                (
-                    "held_lease",
-                    models.BooleanField(
-                        help_text="Whether the worker still held the lease when it recorded.", null=True
-                    ),
-                ),
-                ("started_at", models.DateTimeField()),
-                ("finished_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "action",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="attempts", to="actions.action"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('kind', models.CharField(choices=[('submit', 'Submission'), ('lookup', 'Lookup')], max_length=16)),
+                ('lease_token', models.UUIDField(blank=True, null=True)),
+                ('idempotency_key', models.CharField(blank=True, max_length=255)),
+                ('request', models.JSONField(blank=True, default=dict)),
+                ('response', models.JSONField(blank=True, null=True)),
+                ('error', models.JSONField(blank=True, null=True)),
+                ('outcome', models.CharField(blank=True, help_text='What the console concluded from the answer.', max_length=32)),
+                ('held_lease', models.BooleanField(help_text='Whether the worker still held the lease when it recorded.', null=True)),
+                ('started_at', models.DateTimeField()),
+                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ('action', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='attempts', to='actions.action')),
             ],
             options={
-                "ordering": ["started_at", "id"],
-                "indexes": [models.Index(fields=["action", "started_at"], name="attempt_action_started_idx")],
+                'ordering': ['started_at', 'id'],
+                'indexes': [models.Index(fields=['action', 'started_at'], name='attempt_action_started_idx')],
             },
         ),
         migrations.CreateModel(
-            name="Discrepancy",
+            name='Discrepancy',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                (
-                    "kind",
-                    models.CharField(
-                        choices=[
-                            ("effect_without_action", "Effect with no action"),
-                            ("duplicate_effect", "Two effects for one action"),
-                            ("amount_mismatch", "Amount or currency differs"),
-                            ("succeeded_without_effect", "Succeeded with no effect"),
-                        ],
-                        max_length=32,
-                    ),
-                ),
-                ("provider_reference", models.CharField(blank=True, max_length=255)),
-                ("details", models.JSONField(blank=True, default=dict)),
-                (
-                    "status",
-                    models.CharField(
-                        choices=[
-                            ("open", "Open"),
-                            ("in_progress", "In progress"),
-                            ("explained", "Explained"),
-                            ("corrected", "Corrected"),
-                        ],
-                        default="open",
-                        max_length=16,
-                    ),
-                ),
-                ("note", models.TextField(blank=True)),
-                ("detected_at", models.DateTimeField(auto_now_add=True)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
-                (
-                    "action",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="discrepancies",
-                        to="actions.action",
-                    ),
-                ),
-                (
-                    "owner",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="discrepancies",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('kind', models.CharField(choices=[('effect_without_action', 'Effect with no action'), ('duplicate_effect', 'Two effects for one action'), ('amount_mismatch', 'Amount or currency differs'), ('succeeded_without_effect', 'Succeeded with no effect')], max_length=32)),
+                ('provider_reference', models.CharField(blank=True, max_length=255)),
+                ('details', models.JSONField(blank=True, default=dict)),
+                ('status', models.CharField(choices=[('open', 'Open'), ('in_progress', 'In progress'), ('explained', 'Explained'), ('corrected', 'Corrected')], default='open', max_length=16)),
+                ('note', models.TextField(blank=True)),
+                ('detected_at', models.DateTimeField(auto_now_add=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
+                ('action', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='discrepancies', to='actions.action')),
+                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='discrepancies', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "verbose_name_plural": "discrepancies",
-                "ordering": ["-detected_at"],
-                "indexes": [models.Index(fields=["status", "detected_at"], name="discrepancy_status_idx")],
+                'verbose_name_plural': 'discrepancies',
+                'ordering': ['-detected_at'],
+                'indexes': [models.Index(fields=['status', 'detected_at'], name='discrepancy_status_idx')],
             },
         ),
         migrations.AddConstraint(
-            model_name="refundrequest",
-            constraint=models.UniqueConstraint(fields=("order", "number"), name="refund_request_number_per_order"),
+            model_name='refundrequest',
+            constraint=models.UniqueConstraint(fields=('order', 'number'), name='refund_request_number_per_order'),
         ),
         migrations.AddIndex(
-            model_name="action",
-            index=models.Index(fields=["status", "lease_expires_at"], name="action_status_lease_idx"),
+            model_name='action',
+            index=models.Index(fields=['status', 'lease_expires_at'], name='action_status_lease_idx'),
         ),
         migrations.AddIndex(
-            model_name="action",
-            index=models.Index(fields=["status", "next_reconcile_at"], name="action_status_reconcile_idx"),
+            model_name='action',
+            index=models.Index(fields=['status', 'next_reconcile_at'], name='action_status_reconcile_idx'),
         ),
         migrations.AddIndex(
-            model_name="action",
-            index=models.Index(fields=["owner", "status"], name="action_owner_status_idx"),
+            model_name='action',
+            index=models.Index(fields=['owner', 'status'], name='action_owner_status_idx'),
         ),
         migrations.AddIndex(
-            model_name="action",
-            index=models.Index(fields=["status", "created_at"], name="action_status_created_idx"),
+            model_name='action',
+            index=models.Index(fields=['status', 'created_at'], name='action_status_created_idx'),
         ),
         migrations.AddIndex(
-            model_name="action",
-            index=models.Index(
-                condition=models.Q(("status__in", ["AUTHORIZED", "SUBMITTING", "UNKNOWN", "SETTLING", "NEEDS_REVIEW"])),
-                fields=["status", "created_at"],
-                name="action_live_idx",
-            ),
+            model_name='action',
+            index=models.Index(condition=models.Q(('status__in', ['AUTHORIZED', 'SUBMITTING', 'UNKNOWN', 'SETTLING', 'NEEDS_REVIEW'])), fields=['status', 'created_at'], name='action_live_idx'),
         ),
         migrations.AddConstraint(
-            model_name="action",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("status", "NEW"), _negated=True), name="action_status_not_new"
-            ),
+            model_name='action',
+            constraint=models.CheckConstraint(condition=models.Q(('status', 'NEW'), _negated=True), name='action_status_not_new'),
         ),
         migrations.AddConstraint(
-            model_name="action",
-            constraint=models.CheckConstraint(condition=models.Q(("amount__gt", 0)), name="action_amount_positive"),
+            model_name='action',
+            constraint=models.CheckConstraint(condition=models.Q(('amount__gt', 0)), name='action_amount_positive'),
         ),
         migrations.AddIndex(
-            model_name="remedy",
-            index=models.Index(fields=["status", "created_at"], name="remedy_status_idx"),
+            model_name='remedy',
+            index=models.Index(fields=['status', 'created_at'], name='remedy_status_idx'),
         ),
     ]

@@ -4,25 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0002_database_guards"),
+        ('actions', '0002_database_guards'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="LedgerAuditRun",
+            name='LedgerAuditRun',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("started_at", models.DateTimeField()),
-                ("finished_at", models.DateTimeField(blank=True, null=True)),
-                ("refunds_seen", models.PositiveIntegerField(default=0)),
-                ("actions_checked", models.PositiveIntegerField(default=0)),
-                ("discrepancies_found", models.PositiveIntegerField(default=0)),
-                ("discrepancies_new", models.PositiveIntegerField(default=0)),
-                ("error", models.TextField(blank=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('started_at', models.DateTimeField()),
+                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ('refunds_seen', models.PositiveIntegerField(default=0)),
+                ('actions_checked', models.PositiveIntegerField(default=0)),
+                ('discrepancies_found', models.PositiveIntegerField(default=0)),
+                ('discrepancies_new', models.PositiveIntegerField(default=0)),
+                ('error', models.TextField(blank=True)),
             ],
             options={
-                "ordering": ["-started_at"],
+                'ordering': ['-started_at'],
             },
         ),
     ]

@@ -4,14 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0003_ledger_audit_run"),
+        ('actions', '0003_ledger_audit_run'),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name="action",
-            name="kind",
-            field=models.CharField(choices=[("refund", "Refund"), ("compensation", "Compensation")], max_length=32),
+            model_name='action',
+            name='kind',
+            field=models.CharField(choices=[('refund', 'Refund'), ('compensation', 'Compensation')], max_length=32),
         ),
     ]

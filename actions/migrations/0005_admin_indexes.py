@@ -6,30 +6,31 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0004_action_kind_compensation"),
+        ('actions', '0004_action_kind_compensation'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name="action",
-            index=models.Index(fields=["kind", "created_at"], name="action_kind_created_idx"),
+            model_name='action',
+            index=models.Index(fields=['kind', 'created_at'], name='action_kind_created_idx'),
         ),
         migrations.AddIndex(
-            model_name="action",
-            index=models.Index(fields=["provider_reference"], name="action_provider_ref_idx"),
+            model_name='action',
+            index=models.Index(fields=['provider_reference'], name='action_provider_ref_idx'),
         ),
         migrations.AddIndex(
-            model_name="actionevent",
-            index=models.Index(fields=["transition", "created_at"], name="event_transition_created_idx"),
+            model_name='actionevent',
+            index=models.Index(fields=['transition', 'created_at'], name='event_transition_created_idx'),
         ),
         migrations.AddIndex(
-            model_name="order",
-            index=models.Index(fields=["charge_reference"], name="order_charge_ref_idx"),
+            model_name='order',
+            index=models.Index(fields=['charge_reference'], name='order_charge_ref_idx'),
         ),
         migrations.AddIndex(
-            model_name="order",
-            index=models.Index(django.db.models.functions.text.Upper("customer_email"), name="order_email_upper_idx"),
+            model_name='order',
+            index=models.Index(django.db.models.functions.text.Upper('customer_email'), name='order_email_upper_idx'),
         ),
     ]

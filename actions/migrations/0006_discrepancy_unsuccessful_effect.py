@@ -4,23 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0005_admin_indexes"),
+        ('actions', '0005_admin_indexes'),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name="discrepancy",
-            name="kind",
-            field=models.CharField(
-                choices=[
-                    ("effect_without_action", "Effect with no action"),
-                    ("duplicate_effect", "Two effects for one action"),
-                    ("amount_mismatch", "Amount or currency differs"),
-                    ("succeeded_without_effect", "Succeeded with no effect"),
-                    ("effect_for_unsuccessful_action", "Effect for an action that did not succeed"),
-                ],
-                max_length=32,
-            ),
+            model_name='discrepancy',
+            name='kind',
+            field=models.CharField(choices=[('effect_without_action', 'Effect with no action'), ('duplicate_effect', 'Two effects for one action'), ('amount_mismatch', 'Amount or currency differs'), ('succeeded_without_effect', 'Succeeded with no effect'), ('effect_for_unsuccessful_action', 'Effect for an action that did not succeed')], max_length=32),
         ),
     ]

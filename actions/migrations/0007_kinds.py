@@ -4,14 +4,15 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0006_discrepancy_unsuccessful_effect"),
+        ('actions', '0006_discrepancy_unsuccessful_effect'),
     ]
 
     operations = [
         migrations.RenameField(
-            model_name="ledgerauditrun",
-            old_name="refunds_seen",
-            new_name="effects_seen",
+            model_name='ledgerauditrun',
+            old_name='refunds_seen',
+            new_name='effects_seen',
         ),
     ]

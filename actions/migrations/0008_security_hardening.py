@@ -8,89 +8,59 @@ from actions.db_guards import install_security_guards, refuse_duplicate_charges,
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0007_kinds"),
+        ('actions', '0007_kinds'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="RateCounter",
+            name='RateCounter',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("key", models.CharField(max_length=100)),
-                ("window", models.BigIntegerField(help_text="Epoch minute the window starts at.")),
-                ("count", models.PositiveIntegerField(default=0)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('key', models.CharField(max_length=100)),
+                ('window', models.BigIntegerField(help_text='Epoch minute the window starts at.')),
+                ('count', models.PositiveIntegerField(default=0)),
             ],
         ),
         migrations.CreateModel(
-            name="SecurityEvent",
+            name='SecurityEvent',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                (
-                    "kind",
-                    models.CharField(
-                        choices=[
-                            ("token_issued", "Agent token issued"),
-                            ("token_rotated", "Agent token rotated"),
-                            ("token_revoked", "Agent token revoked"),
-                            ("agent_owner_changed", "Agent owner changed"),
-                            ("approval_limit_changed", "Approval limit changed"),
-                            ("approval_limit_deleted", "Approval limit deleted"),
-                            ("cap_changed", "Auto-approval cap changed"),
-                            ("cap_deleted", "Auto-approval cap deleted"),
-                        ],
-                        max_length=32,
-                    ),
-                ),
-                ("actor_label", models.CharField(max_length=200)),
-                ("subject", models.CharField(help_text="What changed, e.g. 'agent refund-bot'.", max_length=200)),
-                ("detail", models.JSONField(blank=True, default=dict, help_text="Before and after, never a secret.")),
-                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('kind', models.CharField(choices=[('token_issued', 'Agent token issued'), ('token_rotated', 'Agent token rotated'), ('token_revoked', 'Agent token revoked'), ('agent_owner_changed', 'Agent owner changed'), ('approval_limit_changed', 'Approval limit changed'), ('approval_limit_deleted', 'Approval limit deleted'), ('cap_changed', 'Auto-approval cap changed'), ('cap_deleted', 'Auto-approval cap deleted')], max_length=32)),
+                ('actor_label', models.CharField(max_length=200)),
+                ('subject', models.CharField(help_text="What changed, e.g. 'agent refund-bot'.", max_length=200)),
+                ('detail', models.JSONField(blank=True, default=dict, help_text='Before and after, never a secret.')),
+                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
             ],
             options={
-                "ordering": ["-created_at", "-id"],
+                'ordering': ['-created_at', '-id'],
             },
         ),
         migrations.AddField(
-            model_name="refundrequest",
-            name="opened_by_agent",
-            field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="refund_requests",
-                to="actions.agent",
-            ),
+            model_name='refundrequest',
+            name='opened_by_agent',
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='refund_requests', to='actions.agent'),
         ),
         migrations.AddField(
-            model_name="refundrequest",
-            name="reason_code",
+            model_name='refundrequest',
+            name='reason_code',
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.RunPython(refuse_duplicate_charges, migrations.RunPython.noop),
         migrations.AddConstraint(
-            model_name="order",
-            constraint=models.UniqueConstraint(
-                condition=models.Q(("charge_reference", ""), _negated=True),
-                fields=("charge_reference",),
-                name="order_charge_reference_unique",
-            ),
+            model_name='order',
+            constraint=models.UniqueConstraint(condition=models.Q(('charge_reference', ''), _negated=True), fields=('charge_reference',), name='order_charge_reference_unique'),
         ),
         migrations.AddConstraint(
-            model_name="ratecounter",
-            constraint=models.UniqueConstraint(fields=("key", "window"), name="rate_counter_key_window"),
+            model_name='ratecounter',
+            constraint=models.UniqueConstraint(fields=('key', 'window'), name='rate_counter_key_window'),
         ),
         migrations.AddField(
-            model_name="securityevent",
-            name="actor",
-            field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="+",
-                to=settings.AUTH_USER_MODEL,
-            ),
+            model_name='securityevent',
+            name='actor',
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL),
         ),
         migrations.RunPython(install_security_guards, remove_security_guards),
     ]

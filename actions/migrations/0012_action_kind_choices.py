@@ -4,23 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0011_invoice_adjustments"),
+        ('actions', '0011_invoice_adjustments'),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name="action",
-            name="kind",
-            field=models.CharField(
-                choices=[
-                    ("refund", "Refund"),
-                    ("compensation", "Compensation"),
-                    ("supplier_email", "Supplier email"),
-                    ("invoice-adjustment", "Invoice adjustment"),
-                    ("credit-note-void", "Credit note void"),
-                ],
-                max_length=32,
-            ),
+            model_name='action',
+            name='kind',
+            field=models.CharField(choices=[('refund', 'Refund'), ('compensation', 'Compensation'), ('supplier_email', 'Supplier email'), ('invoice-adjustment', 'Invoice adjustment'), ('credit-note-void', 'Credit note void')], max_length=32),
         ),
     ]

@@ -8,55 +8,27 @@ import actions.models.people
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0012_action_kind_choices"),
+        ('actions', '0012_action_kind_choices'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="UserSettings",
+            name='UserSettings',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                (
-                    "time_zone",
-                    models.CharField(
-                        default="UTC", max_length=64, validators=[actions.models.people.validate_time_zone]
-                    ),
-                ),
-                (
-                    "notify_waiting_proposals",
-                    models.BooleanField(
-                        default=True,
-                        help_text="Managers: e-mail me when proposals have waited longer than the limit below.",
-                    ),
-                ),
-                (
-                    "waiting_minutes",
-                    models.PositiveIntegerField(
-                        default=30, help_text="How long a proposal may wait before a manager is told."
-                    ),
-                ),
-                (
-                    "notify_escalations",
-                    models.BooleanField(default=True, help_text="E-mail me when an item is escalated to me."),
-                ),
-                (
-                    "notify_overdue",
-                    models.BooleanField(default=True, help_text="E-mail me when an item I own is overdue."),
-                ),
-                (
-                    "user",
-                    models.OneToOneField(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="console_settings",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('time_zone', models.CharField(default='UTC', max_length=64, validators=[actions.models.people.validate_time_zone])),
+                ('notify_waiting_proposals', models.BooleanField(default=True, help_text='Managers: e-mail me when proposals have waited longer than the limit below.')),
+                ('waiting_minutes', models.PositiveIntegerField(default=30, help_text='How long a proposal may wait before a manager is told.')),
+                ('notify_escalations', models.BooleanField(default=True, help_text='E-mail me when an item is escalated to me.')),
+                ('notify_overdue', models.BooleanField(default=True, help_text='E-mail me when an item I own is overdue.')),
+                ('user', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='console_settings', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "verbose_name": "user settings",
-                "verbose_name_plural": "user settings",
+                'verbose_name': 'user settings',
+                'verbose_name_plural': 'user settings',
             },
         ),
     ]

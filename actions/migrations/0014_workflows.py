@@ -9,218 +9,103 @@ from actions.db_guards import install_workflow_guards, remove_workflow_guards
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0013_user_settings"),
+        ('actions', '0013_user_settings'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name="action",
-            name="kind",
-            field=models.CharField(
-                choices=[
-                    ("refund", "Refund"),
-                    ("compensation", "Compensation"),
-                    ("supplier_email", "Supplier email"),
-                    ("invoice-adjustment", "Invoice adjustment"),
-                    ("credit-note-void", "Credit note void"),
-                    ("customer_email", "Customer email"),
-                ],
-                max_length=32,
-            ),
+            model_name='action',
+            name='kind',
+            field=models.CharField(choices=[('refund', 'Refund'), ('compensation', 'Compensation'), ('supplier_email', 'Supplier email'), ('invoice-adjustment', 'Invoice adjustment'), ('credit-note-void', 'Credit note void'), ('customer_email', 'Customer email')], max_length=32),
         ),
         migrations.CreateModel(
-            name="Workflow",
+            name='Workflow',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("workflow_id", models.CharField(max_length=200, unique=True)),
-                ("template", models.CharField(max_length=64)),
-                ("case", models.CharField(max_length=200)),
-                ("parameters", models.JSONField(help_text="The template's parameters, as proposed.")),
-                ("plan", models.JSONField(help_text="The steps as planned: kinds, payloads, money, compensations.")),
-                ("plan_hash", models.CharField(max_length=80)),
-                (
-                    "state",
-                    django_fsm.FSMField(
-                        choices=[
-                            ("NEW", "New"),
-                            ("PROPOSED", "Proposed"),
-                            ("AUTHORIZED", "Authorized"),
-                            ("RUNNING", "Running"),
-                            ("PAUSED", "Paused"),
-                            ("COMPENSATING", "Compensating"),
-                            ("COMPLETED", "Completed"),
-                            ("COMPENSATED", "Compensated"),
-                            ("FAILED", "Failed (needs review)"),
-                            ("REJECTED", "Rejected"),
-                        ],
-                        default="NEW",
-                        max_length=50,
-                        protected=True,
-                    ),
-                ),
-                ("rejection_reasons", models.JSONField(blank=True, default=list)),
-                (
-                    "waiting_for",
-                    models.TextField(blank=True, help_text="Why the workflow is paused or failed, in plain words."),
-                ),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
-                ("state_changed_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "owner",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="owned_workflows",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "proposed_by_agent",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="workflows",
-                        to="actions.agent",
-                    ),
-                ),
-                (
-                    "proposed_by_user",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="proposed_workflows",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('workflow_id', models.CharField(max_length=200, unique=True)),
+                ('template', models.CharField(max_length=64)),
+                ('case', models.CharField(max_length=200)),
+                ('parameters', models.JSONField(help_text="The template's parameters, as proposed.")),
+                ('plan', models.JSONField(help_text='The steps as planned: kinds, payloads, money, compensations.')),
+                ('plan_hash', models.CharField(max_length=80)),
+                ('state', django_fsm.FSMField(choices=[('NEW', 'New'), ('PROPOSED', 'Proposed'), ('AUTHORIZED', 'Authorized'), ('RUNNING', 'Running'), ('PAUSED', 'Paused'), ('COMPENSATING', 'Compensating'), ('COMPLETED', 'Completed'), ('COMPENSATED', 'Compensated'), ('FAILED', 'Failed (needs review)'), ('REJECTED', 'Rejected')], default='NEW', max_length=50, protected=True)),
+                ('rejection_reasons', models.JSONField(blank=True, default=list)),
+                ('waiting_for', models.TextField(blank=True, help_text='Why the workflow is paused or failed, in plain words.')),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
+                ('state_changed_at', models.DateTimeField(blank=True, null=True)),
+                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='owned_workflows', to=settings.AUTH_USER_MODEL)),
+                ('proposed_by_agent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='workflows', to='actions.agent')),
+                ('proposed_by_user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='proposed_workflows', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "ordering": ["-created_at"],
+                'ordering': ['-created_at'],
             },
             bases=(django_fsm.ConcurrentTransitionMixin, models.Model),
         ),
         migrations.CreateModel(
-            name="WorkflowEvent",
+            name='WorkflowEvent',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("transition", models.CharField(max_length=64)),
-                ("from_state", models.CharField(blank=True, max_length=16)),
-                ("to_state", models.CharField(max_length=16)),
-                (
-                    "actor_kind",
-                    models.CharField(
-                        choices=[("user", "User"), ("agent", "Agent"), ("system", "System")], max_length=8
-                    ),
-                ),
-                ("actor_label", models.CharField(max_length=200)),
-                ("reason", models.TextField(blank=True)),
-                ("evidence", models.JSONField(blank=True, default=dict)),
-                ("created_at", models.DateTimeField(db_index=True)),
-                (
-                    "actor_agent",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="+",
-                        to="actions.agent",
-                    ),
-                ),
-                (
-                    "actor_user",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="+",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "workflow",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="events", to="actions.workflow"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('transition', models.CharField(max_length=64)),
+                ('from_state', models.CharField(blank=True, max_length=16)),
+                ('to_state', models.CharField(max_length=16)),
+                ('actor_kind', models.CharField(choices=[('user', 'User'), ('agent', 'Agent'), ('system', 'System')], max_length=8)),
+                ('actor_label', models.CharField(max_length=200)),
+                ('reason', models.TextField(blank=True)),
+                ('evidence', models.JSONField(blank=True, default=dict)),
+                ('created_at', models.DateTimeField(db_index=True)),
+                ('actor_agent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='actions.agent')),
+                ('actor_user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ('workflow', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='events', to='actions.workflow')),
             ],
             options={
-                "ordering": ["created_at", "id"],
+                'ordering': ['created_at', 'id'],
             },
         ),
         migrations.CreateModel(
-            name="WorkflowStep",
+            name='WorkflowStep',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("position", models.PositiveSmallIntegerField()),
-                ("name", models.CharField(max_length=40)),
-                ("kind", models.CharField(help_text="The effect kind, or 'read' for a read step.", max_length=32)),
-                ("step_class", models.CharField(max_length=16)),
-                ("compensation_kind", models.CharField(blank=True, max_length=32)),
-                ("compensation_none_reason", models.TextField(blank=True)),
-                ("result", models.JSONField(blank=True, null=True)),
-                ("completion_order", models.PositiveSmallIntegerField(blank=True, null=True)),
-                ("completed_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "action",
-                    models.OneToOneField(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="workflow_step",
-                        to="actions.action",
-                    ),
-                ),
-                (
-                    "compensation",
-                    models.OneToOneField(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="compensated_step",
-                        to="actions.action",
-                    ),
-                ),
-                (
-                    "workflow",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="steps", to="actions.workflow"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('position', models.PositiveSmallIntegerField()),
+                ('name', models.CharField(max_length=40)),
+                ('kind', models.CharField(help_text="The effect kind, or 'read' for a read step.", max_length=32)),
+                ('step_class', models.CharField(max_length=16)),
+                ('compensation_kind', models.CharField(blank=True, max_length=32)),
+                ('compensation_none_reason', models.TextField(blank=True)),
+                ('result', models.JSONField(blank=True, null=True)),
+                ('completion_order', models.PositiveSmallIntegerField(blank=True, null=True)),
+                ('completed_at', models.DateTimeField(blank=True, null=True)),
+                ('action', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='workflow_step', to='actions.action')),
+                ('compensation', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='compensated_step', to='actions.action')),
+                ('workflow', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='steps', to='actions.workflow')),
             ],
             options={
-                "ordering": ["workflow", "position"],
+                'ordering': ['workflow', 'position'],
             },
         ),
         migrations.AddIndex(
-            model_name="workflow",
-            index=models.Index(fields=["state", "updated_at"], name="workflow_state_idx"),
+            model_name='workflow',
+            index=models.Index(fields=['state', 'updated_at'], name='workflow_state_idx'),
         ),
         migrations.AddConstraint(
-            model_name="workflow",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("state", "NEW"), _negated=True), name="workflow_state_not_new"
-            ),
+            model_name='workflow',
+            constraint=models.CheckConstraint(condition=models.Q(('state', 'NEW'), _negated=True), name='workflow_state_not_new'),
         ),
         migrations.AddConstraint(
-            model_name="workflow",
-            constraint=models.UniqueConstraint(
-                condition=models.Q(("state__in", ["AUTHORIZED", "COMPENSATING", "PAUSED", "PROPOSED", "RUNNING"])),
-                fields=("case",),
-                name="workflow_one_live_per_case",
-            ),
+            model_name='workflow',
+            constraint=models.UniqueConstraint(condition=models.Q(('state__in', ['AUTHORIZED', 'COMPENSATING', 'PAUSED', 'PROPOSED', 'RUNNING'])), fields=('case',), name='workflow_one_live_per_case'),
         ),
         migrations.AddConstraint(
-            model_name="workflowstep",
-            constraint=models.UniqueConstraint(fields=("workflow", "position"), name="workflow_step_position"),
+            model_name='workflowstep',
+            constraint=models.UniqueConstraint(fields=('workflow', 'position'), name='workflow_step_position'),
         ),
         migrations.AddConstraint(
-            model_name="workflowstep",
-            constraint=models.UniqueConstraint(fields=("workflow", "name"), name="workflow_step_name"),
+            model_name='workflowstep',
+            constraint=models.UniqueConstraint(fields=('workflow', 'name'), name='workflow_step_name'),
         ),
         migrations.RunPython(install_workflow_guards, remove_workflow_guards),
     ]

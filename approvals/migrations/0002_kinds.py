@@ -4,14 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("approvals", "0001_initial"),
+        ('approvals', '0001_initial'),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name="approval",
-            name="order_version",
+            model_name='approval',
+            name='order_version',
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
     ]

@@ -7,79 +7,55 @@ import approvals.models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("approvals", "0002_kinds"),
+        ('approvals', '0002_kinds'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="AutoApprovalCap",
+            name='AutoApprovalCap',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                (
-                    "scope",
-                    models.CharField(choices=[("target", "Per target (order)"), ("agent", "Per agent")], max_length=16),
-                ),
-                ("currency", models.CharField(max_length=3, validators=[approvals.models.validate_currency])),
-                (
-                    "max_amount",
-                    models.DecimalField(
-                        decimal_places=2, max_digits=14, validators=[approvals.models.validate_positive]
-                    ),
-                ),
-                (
-                    "max_count",
-                    models.PositiveIntegerField(
-                        blank=True,
-                        help_text="Per target only: how many auto-approved actions; empty for no count limit.",
-                        null=True,
-                    ),
-                ),
-                ("window_hours", models.PositiveIntegerField(default=24)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('scope', models.CharField(choices=[('target', 'Per target (order)'), ('agent', 'Per agent')], max_length=16)),
+                ('currency', models.CharField(max_length=3, validators=[approvals.models.validate_currency])),
+                ('max_amount', models.DecimalField(decimal_places=2, max_digits=14, validators=[approvals.models.validate_positive])),
+                ('max_count', models.PositiveIntegerField(blank=True, help_text='Per target only: how many auto-approved actions; empty for no count limit.', null=True)),
+                ('window_hours', models.PositiveIntegerField(default=24)),
             ],
             options={
-                "ordering": ["scope", "currency"],
+                'ordering': ['scope', 'currency'],
             },
         ),
         migrations.AlterField(
-            model_name="approvallimit",
-            name="currency",
+            model_name='approvallimit',
+            name='currency',
             field=models.CharField(max_length=3, validators=[approvals.models.validate_currency]),
         ),
         migrations.AlterField(
-            model_name="approvallimit",
-            name="max_amount",
+            model_name='approvallimit',
+            name='max_amount',
             field=models.DecimalField(decimal_places=2, max_digits=14, validators=[approvals.models.validate_positive]),
         ),
         migrations.AddConstraint(
-            model_name="approvallimit",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("max_amount__gt", 0)), name="approval_limit_positive"
-            ),
+            model_name='approvallimit',
+            constraint=models.CheckConstraint(condition=models.Q(('max_amount__gt', 0)), name='approval_limit_positive'),
         ),
         migrations.AddConstraint(
-            model_name="approvallimit",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("currency__regex", "^[A-Z]{3}$")), name="approval_limit_iso_currency"
-            ),
+            model_name='approvallimit',
+            constraint=models.CheckConstraint(condition=models.Q(('currency__regex', '^[A-Z]{3}$')), name='approval_limit_iso_currency'),
         ),
         migrations.AddConstraint(
-            model_name="autoapprovalcap",
-            constraint=models.UniqueConstraint(
-                fields=("scope", "currency"), name="auto_approval_cap_per_scope_currency"
-            ),
+            model_name='autoapprovalcap',
+            constraint=models.UniqueConstraint(fields=('scope', 'currency'), name='auto_approval_cap_per_scope_currency'),
         ),
         migrations.AddConstraint(
-            model_name="autoapprovalcap",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("max_amount__gt", 0)), name="auto_approval_cap_positive"
-            ),
+            model_name='autoapprovalcap',
+            constraint=models.CheckConstraint(condition=models.Q(('max_amount__gt', 0)), name='auto_approval_cap_positive'),
         ),
         migrations.AddConstraint(
-            model_name="autoapprovalcap",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("window_hours__gt", 0)), name="auto_approval_cap_window_positive"
-            ),
+            model_name='autoapprovalcap',
+            constraint=models.CheckConstraint(condition=models.Q(('window_hours__gt', 0)), name='auto_approval_cap_window_positive'),
         ),
     ]

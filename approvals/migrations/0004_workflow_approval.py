@@ -6,67 +6,34 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0014_workflows"),
-        ("approvals", "0003_security_hardening"),
+        ('actions', '0014_workflows'),
+        ('approvals', '0003_security_hardening'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="WorkflowApproval",
+            name='WorkflowApproval',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("decided_by_label", models.CharField(max_length=200)),
-                (
-                    "policy",
-                    models.CharField(
-                        choices=[
-                            ("manager", "Manager's decision"),
-                            ("auto_threshold", "Auto-approval below threshold"),
-                        ],
-                        max_length=32,
-                    ),
-                ),
-                ("policy_detail", models.JSONField(blank=True, default=dict)),
-                (
-                    "decision",
-                    models.CharField(choices=[("approve", "Approved"), ("reject", "Rejected")], max_length=16),
-                ),
-                ("note", models.TextField(blank=True)),
-                ("decided_at", models.DateTimeField()),
-                ("plan_hash", models.CharField(max_length=80)),
-                (
-                    "bindings",
-                    models.JSONField(default=list, help_text="Per step: target, target version, amount, currency."),
-                ),
-                ("totals", models.JSONField(default=dict, help_text="The plan's money per currency.")),
-                ("expires_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "approver",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="workflow_approvals",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "workflow",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="approvals", to="actions.workflow"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('decided_by_label', models.CharField(max_length=200)),
+                ('policy', models.CharField(choices=[('manager', "Manager's decision"), ('auto_threshold', 'Auto-approval below threshold')], max_length=32)),
+                ('policy_detail', models.JSONField(blank=True, default=dict)),
+                ('decision', models.CharField(choices=[('approve', 'Approved'), ('reject', 'Rejected')], max_length=16)),
+                ('note', models.TextField(blank=True)),
+                ('decided_at', models.DateTimeField()),
+                ('plan_hash', models.CharField(max_length=80)),
+                ('bindings', models.JSONField(default=list, help_text='Per step: target, target version, amount, currency.')),
+                ('totals', models.JSONField(default=dict, help_text="The plan's money per currency.")),
+                ('expires_at', models.DateTimeField(blank=True, null=True)),
+                ('approver', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='workflow_approvals', to=settings.AUTH_USER_MODEL)),
+                ('workflow', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='approvals', to='actions.workflow')),
             ],
             options={
-                "ordering": ["-decided_at"],
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(("decision", "reject"), ("expires_at__isnull", False), _connector="OR"),
-                        name="workflow_approval_expires_when_approved",
-                    )
-                ],
+                'ordering': ['-decided_at'],
+                'constraints': [models.CheckConstraint(condition=models.Q(('decision', 'reject'), ('expires_at__isnull', False), _connector='OR'), name='workflow_approval_expires_when_approved')],
             },
         ),
     ]

@@ -6,110 +6,67 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0013_user_settings"),
-        ("approvals", "0004_workflow_approval"),
+        ('actions', '0013_user_settings'),
+        ('approvals', '0004_workflow_approval'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="PendingRejection",
+            name='PendingRejection',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                (
-                    "reason_code",
-                    models.CharField(
-                        choices=[
-                            ("not_enough_evidence", "Not enough evidence"),
-                            ("duplicate", "Duplicate of another request"),
-                            ("wrong_amount", "The amount is wrong"),
-                            ("not_eligible", "The customer is not eligible"),
-                            ("against_policy", "Against our policy"),
-                            ("other", "Other (say why in the note)"),
-                        ],
-                        max_length=32,
-                    ),
-                ),
-                ("note", models.TextField(blank=True)),
-                ("requested_at", models.DateTimeField()),
-                ("commit_at", models.DateTimeField(db_index=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('reason_code', models.CharField(choices=[('not_enough_evidence', 'Not enough evidence'), ('duplicate', 'Duplicate of another request'), ('wrong_amount', 'The amount is wrong'), ('not_eligible', 'The customer is not eligible'), ('against_policy', 'Against our policy'), ('other', 'Other (say why in the note)')], max_length=32)),
+                ('note', models.TextField(blank=True)),
+                ('requested_at', models.DateTimeField()),
+                ('commit_at', models.DateTimeField(db_index=True)),
             ],
         ),
         migrations.AddField(
-            model_name="approval",
-            name="reason_code",
-            field=models.CharField(
-                blank=True,
-                choices=[
-                    ("not_enough_evidence", "Not enough evidence"),
-                    ("duplicate", "Duplicate of another request"),
-                    ("wrong_amount", "The amount is wrong"),
-                    ("not_eligible", "The customer is not eligible"),
-                    ("against_policy", "Against our policy"),
-                    ("other", "Other (say why in the note)"),
-                ],
-                max_length=32,
-            ),
+            model_name='approval',
+            name='reason_code',
+            field=models.CharField(blank=True, choices=[('not_enough_evidence', 'Not enough evidence'), ('duplicate', 'Duplicate of another request'), ('wrong_amount', 'The amount is wrong'), ('not_eligible', 'The customer is not eligible'), ('against_policy', 'Against our policy'), ('other', 'Other (say why in the note)')], max_length=32),
         ),
         migrations.CreateModel(
-            name="ApprovalGroup",
+            name='ApprovalGroup',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("decided_at", models.DateTimeField()),
-                ("approved_version", models.PositiveIntegerField()),
-                ("next_version", models.PositiveIntegerField()),
-                ("size", models.PositiveSmallIntegerField(help_text="How many proposals the decision approved.")),
-                ("total_amount", models.DecimalField(decimal_places=2, max_digits=14)),
-                ("currency", models.CharField(max_length=3)),
-                ("note", models.TextField(blank=True)),
-                (
-                    "approver",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="approval_groups",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('decided_at', models.DateTimeField()),
+                ('approved_version', models.PositiveIntegerField()),
+                ('next_version', models.PositiveIntegerField()),
+                ('size', models.PositiveSmallIntegerField(help_text='How many proposals the decision approved.')),
+                ('total_amount', models.DecimalField(decimal_places=2, max_digits=14)),
+                ('currency', models.CharField(max_length=3)),
+                ('note', models.TextField(blank=True)),
+                ('approver', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='approval_groups', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "ordering": ["-decided_at"],
+                'ordering': ['-decided_at'],
             },
         ),
         migrations.AddField(
-            model_name="approval",
-            name="group",
-            field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="approvals",
-                to="approvals.approvalgroup",
-            ),
+            model_name='approval',
+            name='group',
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='approvals', to='approvals.approvalgroup'),
         ),
         migrations.AddIndex(
-            model_name="approval",
-            index=models.Index(fields=["approver", "decided_at"], name="approval_approver_idx"),
+            model_name='approval',
+            index=models.Index(fields=['approver', 'decided_at'], name='approval_approver_idx'),
         ),
         migrations.AddField(
-            model_name="pendingrejection",
-            name="action",
-            field=models.OneToOneField(
-                on_delete=django.db.models.deletion.CASCADE, related_name="pending_rejection", to="actions.action"
-            ),
+            model_name='pendingrejection',
+            name='action',
+            field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='pending_rejection', to='actions.action'),
         ),
         migrations.AddField(
-            model_name="pendingrejection",
-            name="requested_by",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT, related_name="+", to=settings.AUTH_USER_MODEL
-            ),
+            model_name='pendingrejection',
+            name='requested_by',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL),
         ),
         migrations.AddConstraint(
-            model_name="approvalgroup",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("next_version__gte", models.F("approved_version"))),
-                name="approval_group_version_forward",
-            ),
+            model_name='approvalgroup',
+            constraint=models.CheckConstraint(condition=models.Q(('next_version__gte', models.F('approved_version'))), name='approval_group_version_forward'),
         ),
     ]

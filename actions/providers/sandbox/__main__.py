@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m actions.providers.sandbox",
         description="A Stripe-compatible refund provider with fault injection.",
     )
-    parser.add_argument("--host", default=os.environ.get("SANDBOX_HOST", "127.0.0.1"), help="env SANDBOX_HOST")
+    parser.add_argument(
+        "--host", default=os.environ.get("SANDBOX_HOST", "127.0.0.1"), help="env SANDBOX_HOST"
+    )
     parser.add_argument(
         "--port",
         type=int,
@@ -56,13 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lookup-visibility-delay-seconds",
         type=float,
-        default=_env_float("SANDBOX_LOOKUP_VISIBILITY_DELAY_SECONDS", defaults.lookup_visibility_delay_seconds),
-        help="how long a new refund stays out of list results (env SANDBOX_LOOKUP_VISIBILITY_DELAY_SECONDS)",
+        default=_env_float(
+            "SANDBOX_LOOKUP_VISIBILITY_DELAY_SECONDS", defaults.lookup_visibility_delay_seconds
+        ),
+        help="how long a new refund stays out of list results "
+        "(env SANDBOX_LOOKUP_VISIBILITY_DELAY_SECONDS)",
     )
     parser.add_argument(
         "--pending-settle-after-seconds",
         type=float,
-        default=_env_float("SANDBOX_PENDING_SETTLE_AFTER_SECONDS", defaults.pending_settle_after_seconds),
+        default=_env_float(
+            "SANDBOX_PENDING_SETTLE_AFTER_SECONDS", defaults.pending_settle_after_seconds
+        ),
         help="when pending refunds settle (env SANDBOX_PENDING_SETTLE_AFTER_SECONDS)",
     )
     parser.add_argument(
@@ -88,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_int("SANDBOX_FAULT_SEED", None),
         help="seed for probabilistic faults, for reproducible runs (env SANDBOX_FAULT_SEED)",
     )
-    parser.add_argument("--port-file", default=os.environ.get("SANDBOX_PORT_FILE"), help="env SANDBOX_PORT_FILE")
+    parser.add_argument(
+        "--port-file", default=os.environ.get("SANDBOX_PORT_FILE"), help="env SANDBOX_PORT_FILE"
+    )
     parser.add_argument(
         "--verbose",
         action="store_true",

@@ -165,7 +165,9 @@ class FaultPlan:
                 raise FaultError("action_id must be a string")
         if mode == "created_with_status" and options["status"] is None:
             raise FaultError('created_with_status needs a "status"')
-        fault = Fault(mode=mode, id=f"flt_{next(self._ids)}", times=times, action_id=action_id, **options)
+        fault = Fault(
+            mode=mode, id=f"flt_{next(self._ids)}", times=times, action_id=action_id, **options
+        )
         self._queue.append(fault)
         return fault
 

@@ -52,7 +52,9 @@ class SandboxHandler(BaseHTTPRequestHandler):
             response = self.server.sandbox.handle(request)
         except Exception:
             traceback.print_exc(file=sys.stderr)
-            response = Response(500, {"error": {"type": "api_error", "message": "sandbox internal error"}})
+            response = Response(
+                500, {"error": {"type": "api_error", "message": "sandbox internal error"}}
+            )
         if response.drop:
             self._drop_connection()
             return
