@@ -221,6 +221,13 @@ def _existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) 
     raise ProposalConflict(action, _differing_fields(action.payload, payload))
 
 
+def _race_winner(action_id: str, payload: dict[str, Any], digest: str) -> ProposalResult | None:
+    """After a proposal's INSERT met the UNIQUE action id: the row that holds it (same payload)
+    or ProposalConflict; None when no row holds it, i.e. the IntegrityError was not that race."""
+    winner = Action.objects.filter(action_id=action_id).first()
+    return None if winner is None else _existing_or_conflict(winner, payload, digest)
+
+
 class ProposalRaceLost(Exception):
     """Another transaction inserted this action id first (``proposal_record(savepoint=False)``).
 
@@ -237,10 +244,10 @@ class ProposalRaceLost(Exception):
     def result(self) -> ProposalResult:
         """The winner (same payload) or ProposalConflict; the original IntegrityError when no
         row holds the action id, i.e. when a race on the id was not what failed."""
-        winner = Action.objects.filter(action_id=self.action_id).first()
-        if winner is None:
+        result = _race_winner(self.action_id, self.payload, self.payload_hash)
+        if result is None:
             raise self.__cause__ or self
-        return _existing_or_conflict(winner, self.payload, self.payload_hash)
+        return result
 
 
 Params = ParamSpec("Params")
@@ -451,10 +458,10 @@ def proposal_record(
                 with transaction.atomic():
                     action.save()
             except IntegrityError:
-                winner = Action.objects.filter(action_id=action.action_id).first()
-                if winner is None:
+                result = _race_winner(action.action_id, action.payload, action.payload_hash)
+                if result is None:
                     raise  # not a race on the action id
-                return _existing_or_conflict(winner, action.payload, action.payload_hash)
+                return result
         if abs(action.created_at - now) > timedelta(seconds=1):
             # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded
             # with its own time (an import, the demo's history) would show "a minute ago" on its

@@ -105,8 +105,6 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
     agent_cap = caps[CapScope.AGENT] if action.proposed_by_agent_id is not None else None
     if same_target and target.max_amount is None:
         return f"No auto-approval cap is configured for {currency} per {noun}, so a manager decides."
-    if agent_cap is not None and agent_cap.max_amount is None and not same_target:
-        return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
 
     # The target's and the agent's totals, each the query it was on its own, in one statement
     # (issue 18): scalar subqueries read as columns of a row the lock above holds, the agent's

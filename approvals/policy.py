@@ -55,6 +55,8 @@ def approval_record(
     policy approved before its INSERT, ``auto_policy_decide``): the approval and its "approve"
     event are written, the transition is not run again.
     """
+    if transitioned and action.status != S.AUTHORIZED:
+        raise ValueError(f"{action.action_id} is {action.status}, not inserted AUTHORIZED")
     expires_at = now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
     binding = approval_binding(action)
     approval = Approval.objects.create(
@@ -82,22 +84,19 @@ def approval_record(
         "expires_at": expires_at.isoformat(),
         **({"group_id": group.pk, "group_size": group.size} if group is not None else {}),
     }
+    reason = note or "Approved."
     if transitioned:
-        if action.status != S.AUTHORIZED:
-            raise ValueError(f"{action.action_id} is {action.status}, not inserted AUTHORIZED")
         event_record(
             action=action,
             transition="approve",
             from_state=S.PROPOSED,
             actor=actor,
-            reason=note or "Approved.",
+            reason=reason,
             evidence=evidence,
             now=now,
         )
     else:
-        action_transition(
-            action=action, transition="approve", actor=actor, reason=note or "Approved.", evidence=evidence, now=now
-        )
+        action_transition(action=action, transition="approve", actor=actor, reason=reason, evidence=evidence, now=now)
     dispatch_enqueue_on_commit(action.pk)
     return approval
 

@@ -106,3 +106,31 @@ def test_a_cap_that_holds_a_proposal_writes_its_hold_after_the_proposal_event(
         ActionEvent.objects.filter(action=held).order_by("created_at", "id").values_list("transition", "to_state")
     )
     assert trail == [("propose", "PROPOSED"), ("auto_approval_held", "PROPOSED")]
+
+
+def test_an_approval_for_an_action_not_inserted_authorized_is_refused_before_anything_is_written(
+    agent_actor: Actor, settings: Any
+) -> None:
+    """``approval_record(transitioned=True)`` writes the "approve" event without the transition,
+    so it must only ever see an action the proposal inserted AUTHORIZED."""
+    from django.utils import timezone
+
+    from approvals.policy import approval_record
+
+    settings.AUTO_APPROVAL_TARGET_MAX_COUNT = 0  # the cap holds it: it stays PROPOSED
+    held = propose(agent_actor).action
+    assert held.status == ActionStatus.PROPOSED
+    with pytest.raises(ValueError, match="not inserted AUTHORIZED"):
+        approval_record(
+            action=held,
+            approver=None,
+            label="policy:test",
+            policy="auto_threshold",
+            policy_detail={},
+            note="",
+            now=timezone.now(),
+            actor=Actor.system("test"),
+            transitioned=True,
+        )
+    assert not Approval.objects.filter(action=held).exists()
+    assert not ActionEvent.objects.filter(action=held, transition="approve").exists()
