@@ -1,0 +1,132 @@
+"""UPDATEs compiled once and run with new values (actions.compiled_statements, issue 18 P-a).
+
+A compiled update must do exactly what the queryset it was written as does, each run with that
+run's values: the same rows changed, the same count returned, nothing written where its filter
+does not hold. It is compiled once per database alias, refuses a statement that is not a single
+UPDATE of one table, and marks an atomic block for rollback on an error as QuerySet.update does.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+
+from actions.compiled_statements import CompiledUpdate
+from actions.kinds import refund
+from actions.models import Order
+from tests.factories import make_order
+
+pytestmark = pytest.mark.django_db
+
+
+def reserve(pk: int, version: int, amount: str) -> int:
+    return refund._ORDER_RESERVE.run(pk=pk, version=version, amount=Decimal(amount))
+
+
+def money(order: Order) -> tuple[Decimal, Decimal, int]:
+    order.refresh_from_db()
+    return order.reserved_amount, order.refunded_amount, order.version
+
+
+def test_each_run_writes_its_own_values_on_its_own_row() -> None:
+    first, second = make_order(captured="100.00"), make_order(captured="50.00")
+
+    assert reserve(first.pk, 1, "30.00") == 1
+    assert reserve(second.pk, 1, "20.00") == 1
+    assert reserve(first.pk, 2, "5.50") == 1
+
+    assert money(first) == (Decimal("35.50"), Decimal("0.00"), 3)
+    assert money(second) == (Decimal("20.00"), Decimal("0.00"), 2)
+
+    refund._ORDER_BOOK.run(pk=first.pk, amount=Decimal("30.00"))
+    refund._ORDER_RELEASE.run(pk=first.pk, amount=Decimal("5.50"))
+    assert money(first) == (Decimal("0.00"), Decimal("30.00"), 3)
+    assert money(second) == (Decimal("20.00"), Decimal("0.00"), 2)
+
+
+def test_a_run_whose_filter_does_not_hold_writes_nothing_and_says_so() -> None:
+    order = make_order(captured="100.00")
+
+    assert reserve(order.pk, 7, "10.00") == 0  # not the order's version
+    assert reserve(order.pk, 1, "100.01") == 0  # more than the refundable balance
+    assert money(order) == (Decimal("0.00"), Decimal("0.00"), 1)
+
+    assert reserve(order.pk, 1, "100.00") == 1  # exactly the balance
+    assert reserve(order.pk, 2, "0.01") == 0
+    assert money(order) == (Decimal("100.00"), Decimal("0.00"), 2)
+
+
+def test_it_is_compiled_once_and_runs_one_statement_each_time() -> None:
+    built: list[dict[str, Any]] = []
+
+    def build(pk: Any, amount: Any) -> Any:
+        built.append({"pk": pk, "amount": amount})
+        return Order.objects.filter(pk=pk), {"reserved_amount": F("reserved_amount") + amount}
+
+    statement = CompiledUpdate(Order, build, pk=Order._meta.pk, amount=Order._meta.get_field("reserved_amount"))
+    order = make_order()
+
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            assert statement.run(pk=order.pk, amount=Decimal("1.00")) == 1
+
+    assert len(built) == 1
+    assert len(queries) == 3
+    assert all(query["sql"].startswith('UPDATE "actions_order" SET') for query in queries)
+    assert money(order)[0] == Decimal("3.00")
+
+
+def test_it_refuses_an_update_through_a_join() -> None:
+    """Filtered through a join, Django's UPDATE is a subquery on PostgreSQL, but on a database that
+    cannot select from the table it updates Django first SELECTs the rows and then updates them by
+    id: a compiled statement would carry one run's ids for ever. Only one-table updates compile."""
+    joined = CompiledUpdate(
+        Order,
+        lambda pk: (Order.objects.filter(refund_requests__pk=pk), {"version": F("version") + 1}),
+        pk=Order._meta.pk,
+    )
+
+    with pytest.raises(ValueError, match="not one UPDATE of one table"):
+        joined.run(pk=1)
+
+
+def test_it_refuses_values_that_are_not_its_slots() -> None:
+    order = make_order()
+
+    with pytest.raises(TypeError, match=r"takes \['amount', 'pk', 'version'\]"):
+        refund._ORDER_RESERVE.run(pk=order.pk, amount=Decimal("1.00"))
+    with pytest.raises(TypeError):
+        refund._ORDER_BOOK.run(pk=order.pk, amount=Decimal("1.00"), version=1)
+    assert money(order) == (Decimal("0.00"), Decimal("0.00"), 1)
+
+
+def test_a_slot_the_statement_does_not_use_is_refused_when_it_is_compiled() -> None:
+    unused = CompiledUpdate(
+        Order,
+        lambda pk, amount: (Order.objects.filter(pk=pk), {"version": F("version") + 1}),
+        pk=Order._meta.pk,
+        amount=Order._meta.get_field("reserved_amount"),
+    )
+
+    with pytest.raises(ValueError, match=r"uses the slots \['pk'\]"):
+        unused.run(pk=1, amount=Decimal("1.00"))
+
+
+def test_an_error_marks_the_atomic_block_for_rollback_even_when_caught() -> None:
+    """As QuerySet.update: releasing more than is reserved breaks the order's CHECK constraint;
+    a caller that catches the error cannot go on writing in the broken transaction."""
+    order = make_order()
+
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            refund._ORDER_RELEASE.run(pk=order.pk, amount=Decimal("1.00"))
+        with pytest.raises(TransactionManagementError):
+            Order.objects.filter(pk=order.pk).update(version=F("version") + 1)
+
+    assert money(order) == (Decimal("0.00"), Decimal("0.00"), 1)
