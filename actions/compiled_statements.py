@@ -16,11 +16,11 @@ filters, the same columns, one table (no UPDATE that needs Django's pre-select o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models import Expression, Field, Model, QuerySet
+from django.db.models import Expression, F, Field, Model, QuerySet
 from django.db.models.sql.subqueries import UpdateQuery
 
 
@@ -100,3 +100,38 @@ class CompiledUpdate:
         with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
+
+
+class ValuesByPrimaryKey(Expression):
+    """``CASE <pk> WHEN %s THEN %s ... END``: each row's own value of one column, for an UPDATE
+    of several rows that sets a column to a different value on each.
+
+    What ``Case(When(pk=..., then=Value(...)), ...)`` writes, without its cost: each ``When`` is a
+    filter Django resolves against the model (about 0.1 ms of CPU a row), and the values here are
+    only prepared, as ``Value`` prepares a value being saved. Rows of no branch get NULL, as with
+    ``Case``: update only the rows named.
+    """
+
+    def __init__(self, field: Field, values: dict[Any, Any]) -> None:
+        super().__init__(output_field=field)
+        self.values = values
+        self.key = F("pk")
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.key]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        (self.key,) = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:
+        field = self.output_field
+        key_field = compiler.query.model._meta.pk
+        key_sql, key_params = compiler.compile(self.key)
+        placeholder = getattr(field, "get_placeholder", None)
+        branches: list[str] = []
+        params: list[Any] = list(key_params)
+        for key, value in self.values.items():
+            prepared = field.get_db_prep_save(value, connection)
+            branches.append(f"WHEN %s THEN {placeholder(prepared, compiler, connection) if placeholder else '%s'}")
+            params += [key_field.get_db_prep_value(key, connection), prepared]
+        return f"CASE {key_sql} {' '.join(branches)} END", params

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Case, Field, Model, QuerySet, Value, When
+from django.db.models import Field, Model, QuerySet
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from actions import publish
+from actions.compiled_statements import ValuesByPrimaryKey
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent, Attempt
 from actions.outbox import webhook_outbox_write
 
@@ -160,7 +161,9 @@ def _update_together(rows: QuerySet[Any], objects: Sequence[Model], fields: Iter
     A column every object holds the same value of is set to that value; only the others are a
     CASE on the primary key. Django's ``bulk_update`` makes every column a CASE, and resolving
     those cost more CPU than the one UPDATE per row it replaces (measured: 3.7 ms per action in
-    a batch of 16, against 2 ms for a save each); here it is about one CASE, the lease tokens.
+    a batch of 16, against 2 ms for a save each); here it is about one CASE, the lease tokens,
+    and that one a ``ValuesByPrimaryKey``, which skips ``When``'s filter per row (0.9 ms to
+    compile the claim's UPDATE of 8 rows with ``Case``, against 0.1 ms with no CASE).
     """
     if not objects:
         return 0
@@ -173,12 +176,8 @@ def _update_together(rows: QuerySet[Any], objects: Sequence[Model], fields: Iter
         if all(value == column[0] for value in column[1:]):
             values[field.attname] = column[0]
         else:
-            values[field.attname] = Case(
-                *(
-                    When(pk=obj.pk, then=Value(value, output_field=field))
-                    for obj, value in zip(objects, column, strict=True)
-                ),
-                output_field=field,
+            values[field.attname] = ValuesByPrimaryKey(
+                field, {obj.pk: value for obj, value in zip(objects, column, strict=True)}
             )
     return rows.update(**values)
 

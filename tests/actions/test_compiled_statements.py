@@ -17,7 +17,7 @@ from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
-from actions.compiled_statements import CompiledUpdate
+from actions.compiled_statements import CompiledUpdate, ValuesByPrimaryKey
 from actions.kinds import refund
 from actions.models import Order
 from tests.factories import make_order
@@ -130,3 +130,20 @@ def test_an_error_marks_the_atomic_block_for_rollback_even_when_caught() -> None
             Order.objects.filter(pk=order.pk).update(version=F("version") + 1)
 
     assert money(order) == (Decimal("0.00"), Decimal("0.00"), 1)
+
+
+def test_values_by_primary_key_sets_each_named_row_to_its_own_value() -> None:
+    first, second, untouched = make_order(), make_order(), make_order()
+    name = Order._meta.get_field("customer_name")
+    captured = Order._meta.get_field("captured_amount")
+
+    updated = Order.objects.filter(pk__in=[first.pk, second.pk]).update(
+        customer_name=ValuesByPrimaryKey(name, {first.pk: "Grace Hopper", second.pk: "Edsger's"}),
+        captured_amount=ValuesByPrimaryKey(captured, {first.pk: Decimal("12.34"), second.pk: Decimal("0.01")}),
+    )
+
+    assert updated == 2
+    rows = {o.pk: (o.customer_name, o.captured_amount) for o in Order.objects.all()}
+    assert rows[first.pk] == ("Grace Hopper", Decimal("12.34"))
+    assert rows[second.pk] == ("Edsger's", Decimal("0.01"))
+    assert rows[untouched.pk] == ("Ada Lovelace", Decimal("100.00"))
