@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import stripe
+import urllib3
+from requests.utils import get_environ_proxies
 
 from actions.providers.base import (
     AmbiguousError,
@@ -68,6 +70,80 @@ class _SessionPerThreadClient(stripe.RequestsClient):
         return super()._request_internal(method, url, headers, post_data, is_streaming)
 
 
+class _PoolPerThreadClient(stripe.HTTPClient):
+    """The stripe SDK's HTTP client on urllib3 itself: one keep-alive connection pool per thread.
+
+    urllib3 is what ``requests`` sends through. Calling it directly skips what ``requests`` does
+    around each call (the request prepared and hooked, cookies, settings merged, the response
+    wrapped): measured on this machine, 1.35 ms of client CPU per refund call through a
+    ``requests.Session`` against 0.76 ms through urllib3, on a P-a budget of 5 ms per action
+    (issue 18). Everything above the transport (headers, idempotency keys, errors by status) is
+    still the SDK's. Used when no proxy applies to the receiver (``_http_client_for``).
+
+    Errors are the SDK's ``APIConnectionError``, as its own clients raise them, and the adapter
+    maps every one to ambiguous: a timeout or a dropped connection may follow an executed
+    refund. No retries, no redirects: retrying is reconciliation's decision.
+    """
+
+    name = "urllib3"
+
+    def __init__(self, *, timeout: float) -> None:
+        super().__init__()
+        # As requests takes timeout=t: t to connect, and t for each read.
+        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
+
+    def _pool(self) -> urllib3.PoolManager:
+        pool: urllib3.PoolManager | None = getattr(self._thread_local, "pool", None)
+        if pool is None:
+            # maxsize=1: a thread has one call in flight at a time, and keeps that connection.
+            pool = self._thread_local.pool = urllib3.PoolManager(
+                maxsize=1, cert_reqs="CERT_REQUIRED", ca_certs=stripe.ca_bundle_path
+            )
+        return pool
+
+    def request(  # type: ignore[override]
+        self, method: str, url: str, headers: Mapping[str, str] | None, post_data: Any = None
+    ) -> tuple[bytes, int, Mapping[str, str]]:
+        try:
+            response = self._pool().urlopen(
+                method.upper(),
+                url,
+                body=post_data,
+                headers=dict(headers or {}),
+                timeout=self._timeout,
+                retries=False,
+                redirect=False,
+            )
+            return response.data, response.status, response.headers
+        except Exception as error:  # as the SDK's clients: anything raised while calling
+            self._raise_connection_error(error)
+
+    def _raise_connection_error(self, error: Exception) -> NoReturn:
+        # As the SDK's RequestsClient: a certificate problem is not worth retrying; timeouts,
+        # refused and dropped connections are; anything else is a local problem.
+        should_retry = isinstance(error, urllib3.exceptions.HTTPError) and not isinstance(
+            error, urllib3.exceptions.SSLError
+        )
+        raise stripe.APIConnectionError(
+            f"Unexpected error communicating with the receiver (network error: {type(error).__name__}: {error})",
+            should_retry=should_retry,
+        ) from error
+
+    def close(self) -> None:
+        pool: urllib3.PoolManager | None = getattr(self._thread_local, "pool", None)
+        if pool is not None:
+            pool.clear()
+
+
+def _http_client_for(*, api_base: str, timeout: float) -> stripe.HTTPClient:
+    """urllib3 directly, unless the environment names a proxy for the receiver: then the
+    ``requests`` client, which applies it (urllib3 alone reads no proxy variables). The
+    environment is read here, once, as ``environment_session`` reads it once per session."""
+    if get_environ_proxies(api_base):
+        return _SessionPerThreadClient(timeout=timeout, api_base=api_base)
+    return _PoolPerThreadClient(timeout=timeout)
+
+
 class StripeProvider:
     """Refunds through Stripe's API (or the Stripe-compatible sandbox at ``api_base``)."""
 
@@ -115,10 +191,9 @@ class StripeProvider:
             # console's decision (section 7): an ambiguous answer goes to reconciliation first.
             max_network_retries=0,
             # An explicit client so the timeout is ours, not the library's 80-second default.
-            # It keeps one requests.Session per thread (keep-alive): a worker thread reuses its
-            # connection to the receiver, and threads never share a Session (which requests does
-            # not promise to be thread-safe).
-            http_client=_SessionPerThreadClient(timeout=timeout_seconds, api_base=self.api_base),
+            # It keeps one connection per thread (keep-alive): a worker thread reuses its
+            # connection to the receiver, and threads never share one.
+            http_client=_http_client_for(api_base=self.api_base, timeout=timeout_seconds),
         )
 
     def __repr__(self) -> str:

@@ -14,11 +14,19 @@ from typing import Any
 
 import pytest
 import requests
+import stripe
+import urllib3
 
 from actions.providers.accounting.client import AccountingClient
 from actions.providers.base import AmbiguousError
 from actions.providers.http import ThreadSessions, environment_session
-from actions.providers.stripe_adapter import StripeProvider
+from actions.providers.stripe_adapter import (
+    StripeProvider,
+    _http_client_for,
+    _PoolPerThreadClient,
+    _SessionPerThreadClient,
+    map_create_error,
+)
 from tests.providers.sandbox_client import API_KEY, SandboxClient
 from tests.providers.test_stripe_adapter import _request
 
@@ -108,3 +116,63 @@ def test_a_refund_goes_through_the_proxy_the_environment_names(
     direct = StripeProvider(api_key=API_KEY, api_base=sandbox.url, timeout_seconds=2)
     assert direct.create_refund(_request()).amount_minor == 1000
     assert len(sandbox.ledger()) == 1
+
+
+def test_with_no_proxy_for_the_receiver_stripe_calls_go_through_urllib3_with_a_pool_per_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = _http_client_for(api_base=RECEIVER, timeout=3)
+    assert isinstance(client, _PoolPerThreadClient)
+    mine = client._pool()
+    assert client._pool() is mine
+    assert _in_a_thread(client._pool) is not mine
+    # The timeout applies to the connection and to every read, as requests' timeout=3 did.
+    assert (client._timeout.connect_timeout, client._timeout.read_timeout) == (3, 3)
+
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    assert isinstance(_http_client_for(api_base=RECEIVER, timeout=3), _SessionPerThreadClient)
+    monkeypatch.setenv("NO_PROXY", "receiver.invalid")
+    assert isinstance(_http_client_for(api_base=RECEIVER, timeout=3), _PoolPerThreadClient)
+
+
+@pytest.mark.parametrize(
+    ("raised", "should_retry"),
+    [
+        (urllib3.exceptions.NewConnectionError(None, "refused"), True),  # type: ignore[arg-type]
+        (urllib3.exceptions.ReadTimeoutError(None, "/v1/refunds", "timed out"), True),  # type: ignore[arg-type]
+        (urllib3.exceptions.ProtocolError("Connection aborted."), True),
+        (urllib3.exceptions.SSLError("certificate verify failed"), False),
+        (ValueError("a local problem"), False),
+    ],
+)
+def test_a_transport_error_is_the_sdks_connection_error_as_its_own_clients_raise_it(
+    monkeypatch: pytest.MonkeyPatch, raised: Exception, should_retry: bool
+) -> None:
+    """The adapter maps every APIConnectionError to ambiguous (map_create_error): whatever the
+    transport raised, the refund's outcome is unknown, never failed."""
+    client = _PoolPerThreadClient(timeout=1)
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise raised
+
+    monkeypatch.setattr(client._pool(), "urlopen", fail)
+    with pytest.raises(stripe.APIConnectionError) as error:
+        client.request("post", f"{RECEIVER}/v1/refunds", {}, "amount=1")
+
+    assert error.value.should_retry is should_retry
+    assert error.value.__cause__ is raised
+    assert isinstance(map_create_error(error.value), AmbiguousError)
+
+
+@pytest.mark.processes
+def test_a_thread_sends_its_refunds_over_one_kept_connection(sandbox: SandboxClient) -> None:
+    sandbox.seed_charge("ch_1", 5000, "eur")
+    provider = StripeProvider(api_key=API_KEY, api_base=sandbox.url, timeout_seconds=2)
+    client = provider._client._requestor._client
+    assert isinstance(client, _PoolPerThreadClient)
+
+    for number in range(3):
+        assert provider.create_refund(_request(f"act-{number}", amount_minor=100)).amount_minor == 100
+
+    assert client._pool().connection_from_url(sandbox.url).num_connections == 1
+    assert len(sandbox.ledger()) == 3
