@@ -216,21 +216,26 @@ class StripeProvider:
         if req.reason is not None:
             params["reason"] = req.reason
         try:
-            refund = self._client.v1.refunds.create(
-                params=params,  # type: ignore[arg-type]
-                options={"idempotency_key": req.idempotency_key},
+            # The SDK's raw_request is refunds.create without the StripeObject built from the
+            # answer (about 0.2 ms of CPU a refund), which the adapter read back as JSON anyway:
+            # the same request, the same headers and idempotency key, the same errors raised
+            # by status.
+            response = self._client.raw_request(
+                "post", "/v1/refunds", **params, idempotency_key=req.idempotency_key
             )
         except stripe.StripeError as exc:
             raise map_create_error(exc) from exc
         try:
-            return refund_from_stripe_json(_raw_json(refund))
+            if not isinstance(response.data, dict):
+                raise ValueError(f"expected a JSON object, got {type(response.data).__name__}")
+            return refund_from_stripe_json(response.data)
         except (KeyError, TypeError, ValueError) as exc:
             # A 2xx means Stripe very likely created the refund; an answer that cannot be read is
             # therefore ambiguous, never a failure.
             raise AmbiguousError(
                 f"Stripe answered the refund request with an unreadable refund: {exc}",
                 code="unreadable_response",
-                http_status=_http_status(refund),
+                http_status=response.code,
             ) from exc
 
     def _check_charge_currency(self, req: CreateRefund) -> None:
@@ -351,11 +356,6 @@ def _raw_json(obj: stripe.StripeObject) -> dict[str, Any]:
     if response is not None and isinstance(response.data, dict):
         return response.data
     return obj.to_dict()
-
-
-def _http_status(obj: stripe.StripeObject) -> int | None:
-    response = obj.last_response
-    return response.code if response is not None else None
 
 
 # -- error mapping (DESIGN.md section 6, in one place) -----------------------------------------
