@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import stripe
 import urllib3
-from requests.utils import get_environ_proxies
+from requests.utils import get_environ_proxies, select_proxy
 
 from actions.providers.base import (
     AmbiguousError,
@@ -139,7 +139,7 @@ def _http_client_for(*, api_base: str, timeout: float) -> stripe.HTTPClient:
     """urllib3 directly, unless the environment names a proxy for the receiver: then the
     ``requests`` client, which applies it (urllib3 alone reads no proxy variables). The
     environment is read here, once, as ``environment_session`` reads it once per session."""
-    if get_environ_proxies(api_base):
+    if select_proxy(api_base, get_environ_proxies(api_base)):  # as requests picks one: scheme, host, "all"
         return _SessionPerThreadClient(timeout=timeout, api_base=api_base)
     return _PoolPerThreadClient(timeout=timeout)
 

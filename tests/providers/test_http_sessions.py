@@ -131,6 +131,8 @@ def test_with_no_proxy_for_the_receiver_stripe_calls_go_through_urllib3_with_a_p
 
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
     assert isinstance(_http_client_for(api_base=RECEIVER, timeout=3), _SessionPerThreadClient)
+    # A proxy for plain http says nothing of an https receiver.
+    assert isinstance(_http_client_for(api_base="https://receiver.invalid", timeout=3), _PoolPerThreadClient)
     monkeypatch.setenv("NO_PROXY", "receiver.invalid")
     assert isinstance(_http_client_for(api_base=RECEIVER, timeout=3), _PoolPerThreadClient)
 
