@@ -127,11 +127,10 @@ class ValuesByPrimaryKey(Expression):
         field = self.output_field
         key_field = compiler.query.model._meta.pk
         key_sql, key_params = compiler.compile(self.key)
-        placeholder = getattr(field, "get_placeholder", None)
-        branches: list[str] = []
+        # A field's own placeholder (get_placeholder, GIS fields) is not applied per branch: the
+        # UPDATE compiler applies it around the whole CASE. No column written this way has one.
+        branches = " ".join(["WHEN %s THEN %s"] * len(self.values))
         params: list[Any] = list(key_params)
         for key, value in self.values.items():
-            prepared = field.get_db_prep_save(value, connection)
-            branches.append(f"WHEN %s THEN {placeholder(prepared, compiler, connection) if placeholder else '%s'}")
-            params += [key_field.get_db_prep_value(key, connection), prepared]
-        return f"CASE {key_sql} {' '.join(branches)} END", params
+            params += [key_field.get_db_prep_value(key, connection), field.get_db_prep_save(value, connection)]
+        return f"CASE {key_sql} {branches} END", params

@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 from actions.compiled_statements import CompiledUpdate, ValuesByPrimaryKey
 from actions.kinds import refund
-from actions.models import Order
+from actions.models import Order, RefundRequest
 from tests.factories import make_order
 
 pytestmark = pytest.mark.django_db
@@ -94,6 +94,18 @@ def test_it_refuses_an_update_through_a_join() -> None:
 
     with pytest.raises(ValueError, match="not one UPDATE of one table"):
         joined.run(pk=1)
+
+
+def test_it_refuses_a_statement_built_on_another_model() -> None:
+    """Its rows would be another table's, its slots prepared as another model's columns."""
+    other = CompiledUpdate(
+        Order,
+        lambda pk: (RefundRequest.objects.filter(pk=pk), {"number": F("number") + 1}),
+        pk=Order._meta.pk,
+    )
+
+    with pytest.raises(TypeError, match="a compiled update of Order built a queryset of RefundRequest"):
+        other.run(pk=1)
 
 
 def test_it_refuses_values_that_are_not_its_slots() -> None:
