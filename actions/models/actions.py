@@ -61,6 +61,9 @@ RESERVING_STATUSES = frozenset({S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REV
 TERMINAL_STATUSES = frozenset({S.REJECTED, S.CANCELLED, S.SUCCEEDED, S.FAILED_FINAL})
 # Statuses whose effect is unresolved: the finance review queue watches these.
 UNRESOLVED_STATUSES = frozenset({S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REVIEW})
+# The statuses the partial index action_live_idx holds (in its migration's order): an action
+# still to be claimed or with its outcome open. A query that names them all is answered from it.
+LIVE_INDEX_STATUSES = ("AUTHORIZED", "SUBMITTING", "UNKNOWN", "SETTLING", "NEEDS_REVIEW")
 
 
 class ReasonCode(models.TextChoices):
@@ -196,7 +199,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
             models.Index(
                 fields=["status", "created_at"],
                 name="action_live_idx",
-                condition=Q(status__in=["AUTHORIZED", "SUBMITTING", "UNKNOWN", "SETTLING", "NEEDS_REVIEW"]),
+                condition=Q(status__in=list(LIVE_INDEX_STATUSES)),
             ),
         ]
 

@@ -128,19 +128,20 @@ class Completion:
         )
         self.readings = 0
 
-    def _count(self, sql: str, params: list[Any]) -> int:
+    def _count(self, query: Any, params: list[Any]) -> int:
         self.readings += 1
-        row = self._connection.execute(sql, params).fetchone()
+        row = self._connection.execute(query, params).fetchone()
         assert row is not None
         return int(row[0])
 
     def live(self) -> int:
-        # The statuses of action_live_idx's condition, written out so the planner can use it.
-        return self._count(
-            "SELECT count(*) FROM actions_action "
-            "WHERE status IN ('AUTHORIZED', 'SUBMITTING', 'UNKNOWN', 'SETTLING', 'NEEDS_REVIEW')",
-            [],
-        )
+        from psycopg import sql
+
+        from actions.models.actions import LIVE_INDEX_STATUSES
+
+        # The statuses of action_live_idx's condition as literals, so the planner can use it.
+        statuses = sql.SQL(", ").join(sql.Literal(status) for status in LIVE_INDEX_STATUSES)
+        return self._count(sql.SQL("SELECT count(*) FROM actions_action WHERE status IN ({})").format(statuses), [])
 
     def succeeded(self, prefix: str) -> int:
         return self._count(
