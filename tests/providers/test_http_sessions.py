@@ -178,3 +178,37 @@ def test_a_thread_sends_its_refunds_over_one_kept_connection(sandbox: SandboxCli
 
     assert client._pool().connection_from_url(sandbox.url).num_connections == 1
     assert len(sandbox.ledger()) == 3
+
+
+class _Answers(stripe.HTTPClient):
+    """A transport that answers every call with the given status and body."""
+
+    name = "fixed"
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__()
+        self.answer = (body, status, {"Content-Type": "application/json"})
+
+    def request(self, method: str, url: str, headers: Any, post_data: Any = None) -> Any:  # type: ignore[override]
+        return self.answer
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[1, 2]", b'"refunded"', b'{"object": "refund", "id": "re_1"}', b'{"object": "charge", "id": "ch_1"}'],
+)
+def test_a_2xx_answer_that_is_no_readable_refund_is_ambiguous_never_failed(body: bytes) -> None:
+    """raw_request hands back the parsed JSON whatever its shape: a list, a string, a refund
+    missing its fields or another object. The refund was very likely made, so its outcome is
+    unknown and reconciliation asks."""
+    provider = StripeProvider(api_key=API_KEY, api_base=RECEIVER, timeout_seconds=1)
+    provider._client._requestor._client = _Answers(200, body)
+
+    with pytest.raises(AmbiguousError) as unreadable:
+        provider.create_refund(_request())
+
+    assert unreadable.value.code == "unreadable_response"
+    assert unreadable.value.http_status == 200
