@@ -24,6 +24,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 
 from actions.models import ActionEvent, AgentWebhook, AgentWebhookDelivery, DeliveryStatus
 
@@ -90,6 +91,26 @@ def agent_webhook_known(agent_id: int, hook: AgentWebhook | None) -> None:
     memo = _hooks_read.get()
     if memo is not None:
         memo[agent_id] = hook if hook is not None and hook.is_active else None
+
+
+def agent_active_webhook_pk(agent_field: str = "proposed_by_agent_id") -> Subquery:
+    """The primary key of the active webhook of the agent in ``agent_field`` (NULL for none),
+    as a column of a read of actions: a batch that reads its actions anyway learns its agents'
+    webhooks in the same statement (``agent_webhooks_known``) rather than in one more."""
+    return Subquery(AgentWebhook.objects.filter(agent_id=OuterRef(agent_field), is_active=True).values("pk")[:1])
+
+
+def agent_webhooks_known(hook_pks: dict[int, int | None]) -> None:
+    """Within ``agent_webhooks_read_once``, remember each agent's active webhook by the primary
+    key ``agent_active_webhook_pk`` read for it (None: the agent has no active webhook).
+    Outside the block, nothing."""
+    memo = _hooks_read.get()
+    if memo is None:
+        return
+    for agent_id, hook_pk in hook_pks.items():
+        # The outbox asks only whether there is an active hook and writes the agent's id: the
+        # row's other columns are never read in the transaction, so none is loaded.
+        memo[agent_id] = None if hook_pk is None else AgentWebhook(pk=hook_pk, agent_id=agent_id, is_active=True)
 
 
 def _active_hook(agent_id: int) -> AgentWebhook | None:

@@ -23,7 +23,7 @@ from actions.engine.leases import lease_take
 from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionStatus, Attempt
-from actions.outbox import agent_webhooks_read_once
+from actions.outbox import agent_active_webhook_pk, agent_webhooks_known, agent_webhooks_read_once
 from actions.trail import Actor, action_transition, rows_written_together
 from approvals.models import Approval
 from approvals.policy import (
@@ -142,13 +142,22 @@ def submission_begin_batch(
         # The events and attempts of the whole batch are inserted together, before the commit,
         # and the claimed actions (locked below, each found AUTHORIZED) updated in one statement.
         with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together(actions_locked=True):
-            candidates = Action.objects.select_for_update(skip_locked=True).filter(status=S.AUTHORIZED)
+            # Each action's agent's active webhook comes with it (a scalar subquery, nothing more
+            # locked): the claims' events need it for their outbox rows (one read fewer a batch).
+            candidates = (
+                Action.objects.select_for_update(skip_locked=True)
+                .filter(status=S.AUTHORIZED)
+                .annotate(agent_webhook_pk=agent_active_webhook_pk())
+            )
             if authorized_before is not None:
                 candidates = candidates.filter(status_changed_at__lt=authorized_before)
             if action_pks is not None:
                 candidates = candidates.filter(pk__in=list(action_pks))
             actions = list(candidates.order_by("status_changed_at", "pk")[:limit])
             candidate_pks = [action.pk for action in actions]
+            agent_webhooks_known(
+                {a.proposed_by_agent_id: a.agent_webhook_pk for a in actions if a.proposed_by_agent_id is not None}
+            )
             approvals = approvals_in_force(action_pks=candidate_pks)
             # Reserve in one fixed order of targets (order, bill, supplier): two batches that hold
             # actions on the same targets lock those rows in the same order. A wait between a

@@ -30,7 +30,7 @@ from actions.engine.throttle import dispatch_wait, throttle_pause, throttling_en
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
-from actions.outbox import agent_webhooks_read_once
+from actions.outbox import agent_active_webhook_pk, agent_webhooks_known, agent_webhooks_read_once
 from actions.owners import owner_pick
 from actions.trail import Actor, action_transition, attempt_answer_write, rows_written_together
 
@@ -447,13 +447,21 @@ def submission_record_group(*, sent: Sequence[Sent]) -> list[str | Exception]:
         # The group's actions are locked and their leases checked first: their transitions'
         # UPDATEs and the attempts' answers are written together when the block ends.
         with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together(actions_locked=True):
-            leases = {
-                pk: (status, token)
-                for pk, status, token in Action.objects.select_for_update()
+            # With each action, its agent's active webhook (a scalar subquery, nothing more
+            # locked): the records' events need it for their outbox rows (one read fewer a group).
+            rows = (
+                Action.objects.select_for_update()
                 .filter(pk__in=[one.action.pk for one in sent])
                 .order_by("pk")
-                .values_list("pk", "status", "lease_token")
-            }
+                .values_list("pk", "status", "lease_token", "proposed_by_agent_id", agent_active_webhook_pk())
+            )
+            leases = {}
+            hooks: dict[int, int | None] = {}
+            for pk, status, token, agent_id, hook_pk in rows:
+                leases[pk] = (status, token)
+                if agent_id is not None:
+                    hooks[agent_id] = hook_pk
+            agent_webhooks_known(hooks)
             # Targets in the claims' lock order: two groups never wait on each other in a cycle.
             for index in sorted(range(len(sent)), key=lambda i: target_lock_order(sent[i].action)):
                 one = sent[index]

@@ -29,7 +29,7 @@ from approvals.services import approval_decide, approval_decide_group
 from tests.actions.test_reconciliation import AMOUNT, authorized_refund
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 from tests.approvals.test_views import order_of, propose
-from tests.factories import make_order
+from tests.factories import make_agent, make_order
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = ActionStatus
@@ -140,12 +140,14 @@ def test_a_batch_costs_fewer_statements_than_claiming_one_by_one(agent_actor: Ac
     with CaptureQueriesContext(connection) as batch:
         claims = submission_begin_batch(limit=8)
     assert len([c for c in claims if c.outcome == ClaimOutcome.CLAIMED]) == len(actions)
-    # Per action: the reservation; for the batch: the locked read of the actions, one read of
-    # their approvals, one UPDATE of all their transitions, one read of their agent's webhook,
-    # one INSERT of all their events and one of all their attempts (a single claim pays each
-    # of the last four itself).
+    # Per action: the reservation; for the batch: the locked read of the actions (their agent's
+    # webhook with them), one read of their approvals, one UPDATE of all their transitions, one
+    # INSERT of all their events and one of all their attempts (a single claim pays each of the
+    # last three itself, and reads the webhook on its own).
     statements = [q["sql"] for q in batch.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == len(actions) + 6, "\n".join(statements)
+    assert len(statements) == len(actions) + 5, "\n".join(statements)
+    hook_reads = [sql for sql in statements if 'FROM "actions_agentwebhook"' in sql]
+    assert len(hook_reads) == 1 and hook_reads[0].endswith("FOR UPDATE SKIP LOCKED"), hook_reads
     inserts = [sql.split('"')[1] for sql in statements if sql.startswith("INSERT")]
     assert inserts == ["actions_actionevent", "actions_attempt"]
     action_updates = [sql for sql in statements if sql.startswith('UPDATE "actions_action"')]
@@ -328,3 +330,25 @@ def test_an_agents_webhook_gets_one_delivery_per_claim_naming_its_event(agent_ac
         delivery = AgentWebhookDelivery.objects.get(action=action, event_type="action.submitting")
         assert (delivery.audit_event_id, delivery.event_id) == (event.pk, f"evt_{event.pk}")
         assert delivery.payload["data"]["previous_status"] == S.AUTHORIZED
+
+
+def test_a_batch_of_two_agents_writes_outbox_rows_only_for_the_one_whose_webhook_is_active(
+    agent_actor: Actor, agent_owner: Any
+) -> None:
+    """The batch learns each agent's webhook from its locked read of the actions: an agent with an
+    active webhook gets one delivery per claimed action, an agent whose webhook is switched off
+    gets none, in the same batch."""
+    assert agent_actor.agent is not None
+    quiet = make_agent(agent_owner, name="quiet-bot")
+    AgentWebhook.objects.create(agent=agent_actor.agent, url="https://hooks.example.test/on", secret="s" * 32)
+    AgentWebhook.objects.create(agent=quiet, url="https://hooks.example.test/off", secret="s" * 32, is_active=False)
+    heard = [authorized_refund(agent_actor) for _ in range(2)]
+    unheard = [authorized_refund(Actor.for_agent(quiet)) for _ in range(2)]
+
+    claims = submission_begin_batch(limit=10)
+
+    assert len([c for c in claims if c.outcome == ClaimOutcome.CLAIMED]) == 4
+    submitting = AgentWebhookDelivery.objects.filter(event_type="action.submitting")
+    assert sorted(submitting.values_list("action_id", flat=True)) == sorted(a.pk for a in heard)
+    assert set(submitting.values_list("agent_id", flat=True)) == {agent_actor.agent.pk}
+    assert not AgentWebhookDelivery.objects.filter(action__in=unheard).exists()

@@ -22,10 +22,11 @@ from django.test.utils import CaptureQueriesContext
 from actions.engine.dispatch import Sent, submission_record_group
 from actions.engine.dispatcher import RecordGroups
 from actions.kinds import kind_for
-from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order
+from actions.models import Action, ActionEvent, ActionStatus, AgentWebhook, AgentWebhookDelivery, Attempt, Order
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import LATE_ANSWERS, Snapshot, claimed, expire_lease
 from tests.actions.test_reconciliation import AMOUNT
+from tests.factories import make_agent
 from tests.processes import wait_until
 
 S = ActionStatus
@@ -92,8 +93,10 @@ def test_answers_recorded_together_share_one_commit_each_under_its_own_lease(
     # webhook was read once for the group (once per record otherwise).
     assert not any("rolled back" in message for message in caplog.messages)
     sql = [query["sql"] for query in queries.captured_queries]
-    hook_reads = [s for s in sql if s.startswith("SELECT") and 'FROM "actions_agentwebhook"' in s]
+    hook_reads = [s for s in sql if 'FROM "actions_agentwebhook"' in s]
     assert len(hook_reads) == 1, "the agent's webhook was read once per record, not once per group"
+    # ... and in the statement that locks the group's actions, not in one of its own.
+    assert hook_reads[0].startswith("SELECT") and hook_reads[0].endswith("FOR UPDATE"), hook_reads[0]
     # Both records' audit events in one INSERT, inside the group's transaction.
     event_inserts = [s for s in sql if s.startswith('INSERT INTO "actions_actionevent"')]
     assert len(event_inserts) == 1
@@ -102,6 +105,28 @@ def test_answers_recorded_together_share_one_commit_each_under_its_own_lease(
     assert len([s for s in sql if s.startswith('UPDATE "actions_action"')]) == 1
     assert len([s for s in sql if s.startswith('UPDATE "actions_attempt"')]) == 1
     assert ActionEvent.objects.filter(action__in=[first.action, last.action], transition="record_success").count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_group_of_two_agents_writes_outbox_rows_only_for_the_one_whose_webhook_is_active(
+    agent_actor: Actor, agent_owner: Any, dispatched: list[int]
+) -> None:
+    """The group learns each agent's webhook from the statement that locks its actions: the
+    agent whose webhook is active hears of each success, the one whose webhook is switched off
+    of none, in the same group."""
+    assert agent_actor.agent is not None
+    quiet = make_agent(agent_owner, name="quiet-bot")
+    AgentWebhook.objects.create(agent=agent_actor.agent, url="https://hooks.example.test/on", secret="s" * 32)
+    AgentWebhook.objects.create(agent=quiet, url="https://hooks.example.test/off", secret="s" * 32, is_active=False)
+    heard, unheard = sent_success(agent_actor), sent_success(Actor.for_agent(quiet))
+    AgentWebhookDelivery.objects.all().delete()  # the claims' rows: only the records' matter here
+
+    assert submission_record_group(sent=[heard, unheard]) == [S.SUCCEEDED, S.SUCCEEDED]
+
+    succeeded = AgentWebhookDelivery.objects.filter(event_type="action.succeeded")
+    assert list(succeeded.values_list("action_id", "agent_id")) == [(heard.action.pk, agent_actor.agent.pk)]
+    assert not AgentWebhookDelivery.objects.filter(action_id=unheard.action.pk).exists()
 
 
 @pytest.mark.postgres
