@@ -1,4 +1,4 @@
-"""UPDATEs the ORM builds once, then runs with new values: the fixed statements of the hot path.
+"""Statements the ORM builds once, then runs with new values: the fixed statements of the hot path.
 
 Django compiles a queryset every time it runs: each filter is resolved against the model, each
 expression cloned and resolved, the SQL assembled. For the UPDATE a claim makes on the order it
@@ -12,6 +12,10 @@ that only prepares the new values (as the column they stand for would: ``get_db_
 sends the same SQL. So the SQL is still Django's, for PostgreSQL or SQLite alike, and the query
 is still read as a queryset. Only statements whose shape never changes belong here: the same
 filters, the same columns, one table (no UPDATE that needs Django's pre-select of related rows).
+
+A ``CompiledSelect`` does the same for a read of model rows (the batched claim's locked read of
+the oldest AUTHORIZED actions: 0.2 to 0.3 ms to build and compile per batch), and keeps one
+compiled statement per shape, for what Django writes into the SQL itself (a LIMIT).
 """
 
 from __future__ import annotations
@@ -100,6 +104,76 @@ class CompiledUpdate:
         with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
+
+
+class CompiledSelect:
+    """A SELECT of model rows, built with the ORM and compiled once per database alias and shape.
+
+    ``build(**shape, **slots)`` returns the queryset, with a ``Slot`` of each name in ``slots``
+    wherever a value changes from one run to the next; ``rows(**shape, **values)`` runs it and
+    returns its model instances, loaded as the queryset would load them (``from_db``, the
+    columns' converters, each annotation as an attribute), through ``QuerySet.raw``.
+
+    The shape is what Django writes into the SQL's text rather than into its parameters, such
+    as a LIMIT: every distinct shape is compiled and kept, so a shape must take few values (a
+    batch size up to a few dozen, say). Past ``max_shapes``, a new shape is compiled at every
+    run, as the ORM would, rather than kept.
+
+    ``for_update``: whether the queryset locks its rows (``select_for_update``). It then runs on
+    the database for writes, as the queryset would; the build is checked against it.
+    """
+
+    def __init__(
+        self,
+        model: type[Model],
+        build: Callable[..., QuerySet[Any]],
+        *,
+        shape: Sequence[str] = (),
+        for_update: bool = False,
+        max_shapes: int = 64,
+        **slots: Field,
+    ) -> None:
+        self.model = model
+        self._build = build
+        self._shape = frozenset(shape)
+        self._slots = slots
+        self.for_update = for_update
+        self.max_shapes = max_shapes
+        self._compiled: dict[tuple[str, tuple[tuple[str, Any], ...]], _Compiled] = {}
+
+    def _compile(self, alias: str, shape: dict[str, Any]) -> _Compiled:
+        rows = self._build(**shape, **{name: Slot(name, field) for name, field in self._slots.items()})
+        if rows.model is not self.model:
+            raise TypeError(f"a compiled select of {self.model.__name__} built a queryset of {rows.model.__name__}")
+        if rows.query.select_for_update != self.for_update:
+            raise ValueError(f"a compiled select with for_update={self.for_update} built a queryset that differs")
+        if getattr(rows, "_prefetch_related_lookups", ()) or rows.query.select_related is not False:
+            # raw() loads the model's own columns: rows of other models would be dropped.
+            raise ValueError("a compiled select loads one model's rows: no select_related or prefetch_related")
+        sql, params = rows.query.get_compiler(alias).as_sql()
+        found = {param.name for param in params if isinstance(param, Slot)}
+        if found != set(self._slots):
+            raise ValueError(f"the compiled select uses the slots {sorted(found)}, not {sorted(self._slots)}")
+        return sql, tuple(params)
+
+    def rows(self, **given: Any) -> list[Any]:
+        if set(given) != self._shape | set(self._slots):
+            raise TypeError(f"a compiled select takes {sorted(self._shape | set(self._slots))}, not {sorted(given)}")
+        shape = {name: given[name] for name in self._shape}
+        alias = router.db_for_write(self.model) if self.for_update else router.db_for_read(self.model)
+        key = (alias, tuple(sorted(shape.items())))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compile(alias, shape)
+            if len(self._compiled) < self.max_shapes:
+                self._compiled[key] = compiled
+        sql, template = compiled
+        connection = connections[alias]
+        params = [
+            param.output_field.get_db_prep_value(given[param.name], connection) if isinstance(param, Slot) else param
+            for param in template
+        ]
+        return list(self.model._default_manager.db_manager(alias).raw(sql, params))
 
 
 class ValuesByPrimaryKey(Expression):

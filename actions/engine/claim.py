@@ -13,11 +13,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from django.db import transaction
+from django.db import models, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
+from actions.compiled_statements import CompiledSelect
 from actions.engine.faults import fault_point
 from actions.engine.leases import lease_take
 from actions.kinds import kind_for
@@ -142,21 +145,19 @@ def submission_begin_batch(
         # The events and attempts of the whole batch are inserted together, before the commit,
         # and the claimed actions (locked below, each found AUTHORIZED) updated in one statement.
         with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together(actions_locked=True):
-            # Each action's agent's active webhook comes with it (a scalar subquery, nothing more
-            # locked): the claims' events need it for their outbox rows (one read fewer a batch).
-            candidates = (
-                Action.objects.select_for_update(skip_locked=True)
-                .filter(status=S.AUTHORIZED)
-                .annotate(agent_webhook_pk=agent_active_webhook_pk())
-            )
-            if authorized_before is not None:
-                candidates = candidates.filter(status_changed_at__lt=authorized_before)
             if action_pks is not None:
-                candidates = candidates.filter(pk__in=list(action_pks))
-            actions = list(candidates.order_by("status_changed_at", "pk")[:limit])
+                actions = list(_claimable(limit=limit, action_pks=list(action_pks)))
+            elif authorized_before is not None:
+                actions = _CLAIMABLE_AUTHORIZED_BEFORE.rows(limit=limit, before=authorized_before)
+            else:
+                actions = _CLAIMABLE.rows(limit=limit)
             candidate_pks = [action.pk for action in actions]
             agent_webhooks_known(
-                {a.proposed_by_agent_id: a.agent_webhook_pk for a in actions if a.proposed_by_agent_id is not None}
+                {
+                    action.proposed_by_agent_id: getattr(action, "agent_webhook_pk")  # noqa: B009 -- an annotation, unknown to mypy
+                    for action in actions
+                    if action.proposed_by_agent_id is not None
+                }
             )
             approvals = approvals_in_force(action_pks=candidate_pks)
             # Reserve in one fixed order of targets (order, bill, supplier): two batches that hold
@@ -188,6 +189,33 @@ def submission_begin_batch(
             # AUTHORIZED (its invalidation rolled back) and the next claim invalidates it.
             log.exception("action %s: invalidation after a batch claim failed; it stays AUTHORIZED", action_pk)
     return claims
+
+
+def _claimable(
+    *, limit: int, before: Any = None, action_pks: list[int] | None = None
+) -> QuerySet[Action]:
+    """The oldest AUTHORIZED actions no other transaction holds, locked (SKIP LOCKED), with
+    each one's agent's active webhook (a scalar subquery, nothing more locked): the claims'
+    events need it for their outbox rows, one read fewer a batch."""
+    candidates = (
+        Action.objects.select_for_update(skip_locked=True)
+        .filter(status=S.AUTHORIZED)
+        .annotate(agent_webhook_pk=agent_active_webhook_pk())
+    )
+    if before is not None:
+        candidates = candidates.filter(status_changed_at__lt=before)
+    if action_pks is not None:
+        candidates = candidates.filter(pk__in=action_pks)
+    return candidates.order_by("status_changed_at", "pk")[:limit]
+
+
+# The dispatcher's read (any AUTHORIZED action) and the sweep's (those authorized before its
+# grace period), compiled once per batch size. A read of given actions (rate limits on) takes
+# the ORM: its IN list changes the SQL at every batch.
+_CLAIMABLE = CompiledSelect(Action, _claimable, shape=("limit",), for_update=True)
+_CLAIMABLE_AUTHORIZED_BEFORE = CompiledSelect(
+    Action, _claimable, shape=("limit",), for_update=True, before=models.DateTimeField()
+)
 
 
 def target_lock_order(action: Action) -> tuple[int, int, str, int]:

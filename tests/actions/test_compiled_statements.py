@@ -17,7 +17,7 @@ from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
-from actions.compiled_statements import CompiledUpdate, ValuesByPrimaryKey
+from actions.compiled_statements import CompiledSelect, CompiledUpdate, ValuesByPrimaryKey
 from actions.kinds import refund
 from actions.models import Order, RefundRequest
 from tests.factories import make_order
@@ -159,3 +159,102 @@ def test_values_by_primary_key_sets_each_named_row_to_its_own_value() -> None:
     assert rows[first.pk] == ("Grace Hopper", Decimal("12.34"))
     assert rows[second.pk] == ("Edsger's", Decimal("0.01"))
     assert rows[untouched.pk] == ("Ada Lovelace", Decimal("100.00"))
+
+
+# --- CompiledSelect --------------------------------------------------------------------------
+
+
+def newest_orders(limit: int, above: Any = None) -> Any:
+    rows = Order.objects.annotate(spare=F("captured_amount") - F("reserved_amount")).order_by("-pk")
+    if above is not None:
+        rows = rows.filter(captured_amount__gt=above)
+    return rows[:limit]
+
+
+def test_a_compiled_select_loads_the_rows_the_queryset_loads_each_run_with_its_own_values() -> None:
+    for captured in ("10.00", "20.00", "30.00", "40.00"):
+        make_order(captured=captured)
+    statement = CompiledSelect(Order, newest_orders, shape=("limit",), above=Order._meta.get_field("captured_amount"))
+
+    for limit, above in ((2, Decimal("0")), (3, Decimal("15.00")), (2, Decimal("25.00")), (5, Decimal("35.00"))):
+        loaded = statement.rows(limit=limit, above=above)
+        expected = list(newest_orders(limit, above))
+        assert [o.pk for o in loaded] == [o.pk for o in expected]
+        assert [(o.number, o.captured_amount, o.spare) for o in loaded] == [
+            (o.number, o.captured_amount, o.spare) for o in expected
+        ]
+        assert all(isinstance(o, Order) and not o._state.adding for o in loaded)
+
+
+def test_a_compiled_select_is_compiled_once_per_shape_and_runs_one_statement_each_time() -> None:
+    make_order()
+    shapes: list[int] = []
+
+    def build(limit: int) -> Any:
+        shapes.append(limit)
+        return newest_orders(limit)
+
+    statement = CompiledSelect(Order, build, shape=("limit",))
+    with CaptureQueriesContext(connection) as queries:
+        for limit in (4, 4, 8, 4, 8):
+            statement.rows(limit=limit)
+
+    assert shapes == [4, 8]
+    assert len(queries) == 5
+    assert [q["sql"].endswith("LIMIT 4") for q in queries.captured_queries] == [True, True, False, True, False]
+
+
+def test_past_its_shapes_a_compiled_select_compiles_each_new_one_at_every_run() -> None:
+    make_order()
+    shapes: list[int] = []
+
+    def build(limit: int) -> Any:
+        shapes.append(limit)
+        return newest_orders(limit)
+
+    statement = CompiledSelect(Order, build, shape=("limit",), max_shapes=2)
+    for limit in (1, 2, 3, 3, 1):
+        assert len(statement.rows(limit=limit)) == 1
+
+    assert shapes == [1, 2, 3, 3]  # 1 and 2 kept, 3 compiled each time
+
+
+def test_a_compiled_select_refuses_what_it_cannot_load_or_was_not_told() -> None:
+    with pytest.raises(TypeError, match="built a queryset of RefundRequest"):
+        CompiledSelect(Order, lambda: RefundRequest.objects.all()).rows()
+    with pytest.raises(ValueError, match="for_update=False"):
+        CompiledSelect(Order, lambda: Order.objects.select_for_update()).rows()
+    with pytest.raises(ValueError, match="one model's rows"):
+        CompiledSelect(RefundRequest, lambda: RefundRequest.objects.select_related("order")).rows()
+    with pytest.raises(ValueError, match="uses the slots"):
+        CompiledSelect(Order, lambda above: Order.objects.all(), above=Order._meta.get_field("captured_amount")).rows(
+            above=Decimal("1")
+        )
+    statement = CompiledSelect(Order, newest_orders, shape=("limit",))
+    with pytest.raises(TypeError, match="takes"):
+        statement.rows(limit=1, above=Decimal("1"))
+    with pytest.raises(TypeError, match="takes"):
+        statement.rows()
+
+
+def test_the_claims_compiled_read_locks_the_oldest_authorized_actions_as_loaded_rows(
+    agent_actor: Any, dispatched: list[int]
+) -> None:
+    """The batched claim's read (actions.engine.claim): the oldest AUTHORIZED actions, in order,
+    loaded as the ORM loads them (so a later save knows which fields changed), with their agent's
+    webhook, and locked FOR UPDATE SKIP LOCKED on PostgreSQL (tests/actions/test_batch_claims.py
+    holds a row from another session and the batch skips it)."""
+    from actions.engine import claim
+    from actions.models import Action, ActionStatus
+    from tests.actions.test_reconciliation import authorized_refund
+
+    actions = [authorized_refund(agent_actor) for _ in range(3)]
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        loaded = claim._CLAIMABLE.rows(limit=2)
+
+    assert [a.pk for a in loaded] == [a.pk for a in actions[:2]]
+    assert all(a.status == ActionStatus.AUTHORIZED and a.changed_fields() == [] for a in loaded)
+    assert [a.agent_webhook_pk for a in loaded] == [None, None]
+    assert all(type(a) is Action for a in loaded)
+    if connection.vendor == "postgresql":
+        assert queries.captured_queries[-1]["sql"].endswith("LIMIT 2 FOR UPDATE SKIP LOCKED")
