@@ -21,10 +21,12 @@ compiled statement per shape, for what Django writes into the SQL itself (a LIMI
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, router, transaction
 from django.db.models import Expression, F, Field, Model, QuerySet
+from django.db.models.query import ModelIterable
 from django.db.models.sql.subqueries import UpdateQuery
 
 
@@ -106,13 +108,27 @@ class CompiledUpdate:
             return int(cursor.rowcount)
 
 
+@dataclass(frozen=True)
+class _CompiledRows:
+    """A compiled SELECT of model rows, and how to turn each row it returns into an instance:
+    what Django's ``ModelIterable`` works out from the compiler at every run."""
+
+    sql: str
+    params: tuple[Any, ...]
+    field_names: list[str]  # the model's columns, by attname, as from_db takes them
+    fields_start: int
+    fields_end: int
+    annotations: list[tuple[str, int]]
+    converters: list[tuple[int, list[Callable[..., Any]], Any]]  # (position, functions, expression)
+
+
 class CompiledSelect:
     """A SELECT of model rows, built with the ORM and compiled once per database alias and shape.
 
     ``build(**shape, **slots)`` returns the queryset, with a ``Slot`` of each name in ``slots``
     wherever a value changes from one run to the next; ``rows(**shape, **values)`` runs it and
-    returns its model instances, loaded as the queryset would load them (``from_db``, the
-    columns' converters, each annotation as an attribute), through ``QuerySet.raw``.
+    returns its model instances, loaded as the queryset loads them (``ModelIterable``: the
+    columns' converters, ``from_db``, each annotation as an attribute).
 
     The shape is what Django writes into the SQL's text rather than into its parameters, such
     as a LIMIT: every distinct shape is compiled and kept, so a shape must take few values (a
@@ -139,22 +155,41 @@ class CompiledSelect:
         self._slots = slots
         self.for_update = for_update
         self.max_shapes = max_shapes
-        self._compiled: dict[tuple[str, tuple[tuple[str, Any], ...]], _Compiled] = {}
+        self._compiled: dict[tuple[str, tuple[tuple[str, Any], ...]], _CompiledRows] = {}
 
-    def _compile(self, alias: str, shape: dict[str, Any]) -> _Compiled:
+    def _compile(self, alias: str, shape: dict[str, Any]) -> _CompiledRows:
         rows = self._build(**shape, **{name: Slot(name, field) for name, field in self._slots.items()})
         if rows.model is not self.model:
             raise TypeError(f"a compiled select of {self.model.__name__} built a queryset of {rows.model.__name__}")
         if rows.query.select_for_update != self.for_update:
             raise ValueError(f"a compiled select with for_update={self.for_update} built a queryset that differs")
-        if getattr(rows, "_prefetch_related_lookups", ()) or rows.query.select_related is not False:
-            # raw() loads the model's own columns: rows of other models would be dropped.
-            raise ValueError("a compiled select loads one model's rows: no select_related or prefetch_related")
-        sql, params = rows.query.get_compiler(alias).as_sql()
+        if (
+            getattr(rows, "_prefetch_related_lookups", ())
+            or getattr(rows, "_known_related_objects", {})
+            or rows.query.select_related is not False
+            or getattr(rows, "_iterable_class", None) is not ModelIterable
+        ):
+            # Only the model's own columns and its annotations are loaded: rows of other models,
+            # or values() and values_list(), are not what rows() returns.
+            raise ValueError("a compiled select loads one model's rows: no select_related, prefetch or values()")
+        compiler = rows.query.get_compiler(alias)
+        sql, params = compiler.as_sql()
         found = {param.name for param in params if isinstance(param, Slot)}
         if found != set(self._slots):
             raise ValueError(f"the compiled select uses the slots {sorted(found)}, not {sorted(self._slots)}")
-        return sql, tuple(params)
+        # As ModelIterable and SQLCompiler.results_iter read them once the SQL is compiled.
+        select_fields = compiler.klass_info["select_fields"]
+        start, end = select_fields[0], select_fields[-1] + 1
+        converters = compiler.get_converters([column[0] for column in compiler.select[: compiler.col_count]])
+        return _CompiledRows(
+            sql=sql,
+            params=tuple(params),
+            field_names=[column[0].target.attname for column in compiler.select[start:end]],
+            fields_start=start,
+            fields_end=end,
+            annotations=list(compiler.annotation_col_map.items()),
+            converters=[(position, functions, expression) for position, (functions, expression) in converters.items()],
+        )
 
     def rows(self, **given: Any) -> list[Any]:
         if set(given) != self._shape | set(self._slots):
@@ -167,13 +202,28 @@ class CompiledSelect:
             compiled = self._compile(alias, shape)
             if len(self._compiled) < self.max_shapes:
                 self._compiled[key] = compiled
-        sql, template = compiled
         connection = connections[alias]
         params = [
             param.output_field.get_db_prep_value(given[param.name], connection) if isinstance(param, Slot) else param
-            for param in template
+            for param in compiled.params
         ]
-        return list(self.model._default_manager.db_manager(alias).raw(sql, params))
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, params)
+            fetched = cursor.fetchall()
+        instances = []
+        for row in fetched:
+            values = list(row)
+            for position, functions, expression in compiled.converters:
+                value = values[position]
+                for function in functions:
+                    value = function(value, expression, connection)
+                values[position] = value
+            columns = values[compiled.fields_start : compiled.fields_end]
+            instance = self.model.from_db(alias, compiled.field_names, columns)
+            for name, position in compiled.annotations:
+                setattr(instance, name, values[position])
+            instances.append(instance)
+        return instances
 
 
 class ValuesByPrimaryKey(Expression):

@@ -226,6 +226,10 @@ def test_a_compiled_select_refuses_what_it_cannot_load_or_was_not_told() -> None
         CompiledSelect(Order, lambda: Order.objects.select_for_update()).rows()
     with pytest.raises(ValueError, match="one model's rows"):
         CompiledSelect(RefundRequest, lambda: RefundRequest.objects.select_related("order")).rows()
+    with pytest.raises(ValueError, match="one model's rows"):
+        CompiledSelect(Order, lambda: Order.objects.values("pk", "number")).rows()
+    with pytest.raises(ValueError, match="one model's rows"):
+        CompiledSelect(Order, lambda: Order.objects.prefetch_related("actions")).rows()
     with pytest.raises(ValueError, match="uses the slots"):
         CompiledSelect(Order, lambda above: Order.objects.all(), above=Order._meta.get_field("captured_amount")).rows(
             above=Decimal("1")
@@ -254,6 +258,13 @@ def test_the_claims_compiled_read_locks_the_oldest_authorized_actions_as_loaded_
 
     assert [a.pk for a in loaded] == [a.pk for a in actions[:2]]
     assert all(a.status == ActionStatus.AUTHORIZED and a.changed_fields() == [] for a in loaded)
+    by_orm = {a.pk: a for a in Action.objects.filter(pk__in=[a.pk for a in loaded])}
+    for action in loaded:  # every column as the ORM loads it: JSON as dicts, money as Decimal
+        expected = by_orm[action.pk]
+        assert isinstance(action.payload, dict) and isinstance(action.amount, Decimal)
+        assert [getattr(action, f.attname) for f in Action._meta.concrete_fields] == [
+            getattr(expected, f.attname) for f in Action._meta.concrete_fields
+        ]
     assert [a.agent_webhook_pk for a in loaded] == [None, None]
     assert all(type(a) is Action for a in loaded)
     if connection.vendor == "postgresql":
