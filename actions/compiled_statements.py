@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, router, transaction
-from django.db.models import Expression, F, Field, Model, QuerySet
+from django.db import NotSupportedError, connections, router, transaction
+from django.db.models import BooleanField, Expression, F, Field, Model, QuerySet
 from django.db.models.query import ModelIterable
 from django.db.models.sql.subqueries import UpdateQuery
 
@@ -44,6 +44,48 @@ class Slot(Expression):
 
     def __repr__(self) -> str:
         return f"Slot({self.name!r})"
+
+
+class KeyList(Field):
+    """The field of a slot that stands for a list of keys (``AnyOf``): each item is prepared as
+    ``element`` prepares a value, and the list goes to the database as one array parameter."""
+
+    def __init__(self, element: Field) -> None:
+        super().__init__()
+        self.element = element
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        return [self.element.get_db_prep_value(item, connection, prepared) for item in value]
+
+
+class AnyOf(Expression):
+    """``<column> = ANY(%s::<type>[])``, a condition for ``filter()``: the keys of a ``KeyList``
+    slot as one array parameter, so that the statement's text is the same for a list of any
+    length (``IN (%s, %s, ...)`` has a placeholder per key, and a compiled statement would need
+    one shape per length). PostgreSQL only: elsewhere, keep the ORM's ``__in``."""
+
+    conditional = True
+
+    def __init__(self, column: str, keys: Slot) -> None:
+        super().__init__(output_field=BooleanField())
+        if not isinstance(keys.output_field, KeyList):
+            raise TypeError("AnyOf takes a slot whose field is a KeyList")
+        self.column: Any = F(column)
+        self.keys: Any = keys
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.column, self.keys]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        self.column, self.keys = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:  # (sql, params)
+        if connection.vendor != "postgresql":
+            raise NotSupportedError("column = ANY(array) is PostgreSQL's; use __in elsewhere")
+        column_sql, column_params = compiler.compile(self.column)
+        keys_sql, keys_params = compiler.compile(self.keys)
+        element_type = self.keys.output_field.element.db_type(connection)
+        return f"{column_sql} = ANY({keys_sql}::{element_type}[])", [*column_params, *keys_params]
 
 
 # What a compiled statement is, per alias: its SQL, and its parameters with slots among them.

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
 
+from actions.compiled_statements import CompiledSelect
 from actions.models import ActionEvent, AgentWebhook, AgentWebhookDelivery, DeliveryStatus
 
 logger = logging.getLogger(__name__)
@@ -113,11 +114,20 @@ def agent_webhooks_known(hook_pks: dict[int, int | None]) -> None:
         memo[agent_id] = None if hook_pk is None else AgentWebhook(pk=hook_pk, agent_id=agent_id, is_active=True)
 
 
+# A record or claim of one action reads its agent's webhook on its own: compiled once.
+_ACTIVE_HOOK = CompiledSelect(
+    AgentWebhook,
+    lambda agent: AgentWebhook.objects.filter(agent_id=agent, is_active=True).order_by("pk")[:1],
+    agent=AgentWebhook._meta.get_field("agent").target_field,
+)
+
+
 def _active_hook(agent_id: int) -> AgentWebhook | None:
     memo = _hooks_read.get()
     if memo is not None and agent_id in memo:
         return memo[agent_id]
-    hook = AgentWebhook.objects.filter(agent_id=agent_id, is_active=True).first()
+    found = _ACTIVE_HOOK.rows(agent=agent_id)
+    hook = found[0] if found else None
     if memo is not None:
         memo[agent_id] = hook
     return hook

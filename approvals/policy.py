@@ -14,7 +14,10 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db import connections, router
+from django.db.models import QuerySet
 
+from actions.compiled_statements import AnyOf, CompiledSelect, KeyList, Slot
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
 from actions.publish import dispatch_enqueue_on_commit
@@ -166,6 +169,20 @@ def latest_approval(action: Action) -> Approval | None:
     return Approval.objects.filter(action=action, decision=Decision.APPROVE).order_by("-pk").first()
 
 
+def _approve_rows(actions: Any) -> QuerySet[Approval]:
+    """The APPROVE rows of these actions in insertion order: ``actions`` is a list of keys
+    (the ORM's IN), or a ``KeyList`` slot (one array parameter, the compiled read's)."""
+    rows = Approval.objects.filter(decision=Decision.APPROVE).order_by("pk")
+    return rows.filter(AnyOf("action_id", actions)) if isinstance(actions, Slot) else rows.filter(action_id__in=actions)
+
+
+# The batched claim's read of its approvals, compiled once on PostgreSQL (its IN list would make
+# a new statement text for every batch size): about a tenth of the claim's CPU, built each time.
+_APPROVE_ROWS = CompiledSelect(
+    Approval, _approve_rows, actions=KeyList(Approval._meta.get_field("action").target_field)
+)
+
+
 def approvals_in_force(*, action_pks: list[int]) -> dict[int, Approval]:
     """The approval in force (the newest APPROVE row) of each of these actions, in one read.
 
@@ -175,7 +192,11 @@ def approvals_in_force(*, action_pks: list[int]) -> dict[int, Approval]:
     in_force: dict[int, Approval] = {}
     if not action_pks:
         return in_force
-    for approval in Approval.objects.filter(action_id__in=action_pks, decision=Decision.APPROVE).order_by("pk"):
+    if connections[router.db_for_read(Approval)].vendor == "postgresql":
+        approvals = _APPROVE_ROWS.rows(actions=action_pks)
+    else:
+        approvals = list(_approve_rows(action_pks))
+    for approval in approvals:
         in_force[approval.action_id] = approval  # pk order is insertion order: the last one wins
     return in_force
 

@@ -12,12 +12,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, NotSupportedError, connection, transaction
 from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
-from actions.compiled_statements import CompiledSelect, CompiledUpdate, ValuesByPrimaryKey
+from actions.compiled_statements import AnyOf, CompiledSelect, CompiledUpdate, KeyList, Slot, ValuesByPrimaryKey
 from actions.kinds import refund
 from actions.models import Order, RefundRequest
 from tests.factories import make_order
@@ -269,3 +269,75 @@ def test_the_claims_compiled_read_locks_the_oldest_authorized_actions_as_loaded_
     assert all(type(a) is Action for a in loaded)
     if connection.vendor == "postgresql":
         assert queries.captured_queries[-1]["sql"].endswith("LIMIT 2 FOR UPDATE SKIP LOCKED")
+
+
+# --- AnyOf: a list of keys as one array parameter -------------------------------------------
+
+
+def orders_among(keys: Any) -> Any:
+    return Order.objects.filter(AnyOf("pk", keys)).order_by("pk")
+
+
+@pytest.mark.postgres
+def test_any_of_reads_the_rows_of_any_number_of_keys_with_one_statement_text() -> None:
+    orders = [make_order() for _ in range(4)]
+    built = []
+
+    def build(keys: Any) -> Any:
+        built.append(keys)
+        return orders_among(keys)
+
+    statement = CompiledSelect(Order, build, keys=KeyList(Order._meta.pk))
+    with CaptureQueriesContext(connection) as queries:
+        for keys in ([orders[2].pk], [o.pk for o in orders], [], [orders[0].pk, orders[3].pk, 10**12]):
+            assert [o.pk for o in statement.rows(keys=keys)] == sorted(k for k in keys if k != 10**12)
+
+    assert len(built) == 1  # one statement for lists of 1, 4, 0 and 3 keys
+    assert len(queries) == 4 and all("= ANY(" in q["sql"] for q in queries.captured_queries)
+
+
+def test_any_of_is_refused_off_postgresql_and_without_a_key_list() -> None:
+    with pytest.raises(TypeError, match="KeyList"):
+        AnyOf("pk", Slot("keys", Order._meta.pk))
+    if connection.vendor == "postgresql":
+        return
+    with pytest.raises(NotSupportedError, match="PostgreSQL"):
+        CompiledSelect(Order, orders_among, keys=KeyList(Order._meta.pk)).rows(keys=[1])
+
+
+def test_the_approvals_in_force_are_each_actions_newest_approve_row(agent_actor: Any, dispatched: list[int]) -> None:
+    """The batched claim's read of its approvals (compiled on PostgreSQL, the ORM's IN elsewhere):
+    the newest APPROVE row of each action named, a later REJECT row ignored, no other action's."""
+    from approvals.models import Approval, Decision
+    from approvals.policy import approvals_in_force
+    from tests.actions.test_reconciliation import authorized_refund
+
+    first, second, other = (authorized_refund(agent_actor) for _ in range(3))
+    old = Approval.objects.get(action=first)
+    newer = Approval.objects.create(**{**_columns(old), "note": "decided again"})
+    Approval.objects.create(**{**_columns(old), "decision": Decision.REJECT, "note": "a later reject"})
+
+    in_force = approvals_in_force(action_pks=[first.pk, second.pk])
+
+    assert {pk: a.pk for pk, a in in_force.items()} == {
+        first.pk: newer.pk,
+        second.pk: Approval.objects.get(action=second).pk,
+    }
+    assert other.pk not in in_force and approvals_in_force(action_pks=[]) == {}
+    assert in_force[first.pk].note == "decided again" and in_force[first.pk].amount == old.amount
+
+
+def _columns(approval: Any) -> dict[str, Any]:
+    return {f.attname: getattr(approval, f.attname) for f in approval._meta.concrete_fields if not f.primary_key}
+
+
+def test_an_agents_active_webhook_is_read_by_its_compiled_statement(agent_actor: Any) -> None:
+    from actions.models import AgentWebhook
+    from actions.outbox import _active_hook
+
+    agent = agent_actor.agent
+    assert _active_hook(agent.pk) is None
+    hook = AgentWebhook.objects.create(agent=agent, url="https://hooks.example.test/a", secret="s" * 32)
+    assert _active_hook(agent.pk) == hook
+    AgentWebhook.objects.filter(pk=hook.pk).update(is_active=False)
+    assert _active_hook(agent.pk) is None
