@@ -14,10 +14,10 @@ is still read as a queryset. Only statements whose shape never changes belong he
 filters, the same columns, one table (no UPDATE that needs Django's pre-select of related rows).
 
 A ``CompiledSelect`` does the same for a read of model rows (the batched claim's locked read of
-the oldest AUTHORIZED actions: 1.1 ms of CPU a read of 6 rows with the ORM, 0.4 compiled, the rest building
-and compiling), and keeps one compiled statement per shape, for what Django writes into the SQL
-itself (a LIMIT). ``AnyOf`` and ``KeyList`` keep a list of keys out of the shape on PostgreSQL:
-one array parameter instead of a placeholder per key.
+the oldest AUTHORIZED actions: 1.1 ms of CPU a read of 6 rows with the ORM, 0.4 compiled), and
+keeps one compiled statement per shape, for what Django writes into the SQL itself (a LIMIT).
+``AnyOf`` and ``KeyList`` keep a list of keys out of the shape on PostgreSQL: one array parameter
+instead of a placeholder per key.
 """
 
 from __future__ import annotations
