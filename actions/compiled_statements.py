@@ -221,7 +221,9 @@ class CompiledSelect:
         found = {param.name for param in params if isinstance(param, Slot)}
         if found != set(self._slots):
             raise ValueError(f"the compiled select uses the slots {sorted(found)}, not {sorted(self._slots)}")
-        # As ModelIterable and SQLCompiler.results_iter read them once the SQL is compiled.
+        # As ModelIterable and SQLCompiler.results_iter read them once the SQL is compiled. The
+        # converters are the compiling thread's connection's, kept for every thread: they depend on
+        # the alias's settings only, and each is called with the running thread's connection.
         select_fields = compiler.klass_info["select_fields"]
         start, end = select_fields[0], select_fields[-1] + 1
         converters = compiler.get_converters([column[0] for column in compiler.select[: compiler.col_count]])
