@@ -105,13 +105,11 @@ def agent_webhooks_known(hook_pks: dict[int, int | None]) -> None:
     """Within ``agent_webhooks_read_once``, remember each agent's active webhook by the primary
     key ``agent_active_webhook_pk`` read for it (None: the agent has no active webhook).
     Outside the block, nothing."""
-    memo = _hooks_read.get()
-    if memo is None:
-        return
     for agent_id, hook_pk in hook_pks.items():
         # The outbox asks only whether there is an active hook and writes the agent's id: the
         # row's other columns are never read in the transaction, so none is loaded.
-        memo[agent_id] = None if hook_pk is None else AgentWebhook(pk=hook_pk, agent_id=agent_id, is_active=True)
+        hook = None if hook_pk is None else AgentWebhook(pk=hook_pk, agent_id=agent_id, is_active=True)
+        agent_webhook_known(agent_id, hook)
 
 
 # A record or claim of one action reads its agent's webhook on its own: compiled once.
