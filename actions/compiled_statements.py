@@ -18,6 +18,11 @@ the oldest AUTHORIZED actions: 1.1 ms of CPU a read of 6 rows with the ORM, 0.4 
 keeps one compiled statement per shape, for what Django writes into the SQL itself (a LIMIT).
 ``AnyOf`` and ``KeyList`` keep a list of keys out of the shape on PostgreSQL: one array parameter
 instead of a placeholder per key.
+
+A ``CompiledInsert`` is ``bulk_create`` for new rows of one model, compiled once: on PostgreSQL
+Django already writes a bulk INSERT as ``SELECT * FROM UNNEST`` of one array per column, whose
+text is the same for any number of rows, yet builds and compiles it at every call (0.5 ms of CPU
+for the events of a batch of 6, measured below).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from typing import Any
 
 from django.db import NotSupportedError, connections, router, transaction
 from django.db.models import BooleanField, Expression, F, Field, Model, QuerySet
+from django.db.models.fields import AutoFieldMixin
 from django.db.models.query import ModelIterable
-from django.db.models.sql.subqueries import UpdateQuery
+from django.db.models.sql.subqueries import InsertQuery, UpdateQuery
 
 
 class Slot(Expression):
@@ -270,6 +276,68 @@ class CompiledSelect:
                 setattr(instance, name, values[position])
             instances.append(instance)
         return instances
+
+
+class CompiledInsert:
+    """``insert(objects)``: what ``Model.objects.bulk_create(objects)`` does for new rows whose
+    primary key the database assigns, in one INSERT compiled once per database alias.
+
+    Django writes that INSERT on PostgreSQL as ``INSERT ... SELECT * FROM UNNEST(%s::type[], ...)
+    RETURNING pk``: one array per column, so one text for any number of rows. It is compiled here
+    by Django's own compiler, once, and each call only prepares the values as the compiler would
+    (``pre_save(obj, add=True)``, then ``get_db_prep_save``) and reads back the keys, in the order
+    of the objects, as ``bulk_create`` does. Like ``bulk_create``, no ``save()`` and no signals.
+    Elsewhere than PostgreSQL, it is ``bulk_create``.
+    """
+
+    def __init__(self, model: type[Model]) -> None:
+        self.model = model
+        meta = model._meta
+        self.fields = [field for field in meta.concrete_fields if not field.generated and field is not meta.pk]
+        self._compiled: dict[str, str] = {}
+
+    def _compile(self, alias: str) -> str:
+        meta = self.model._meta
+        if not isinstance(meta.pk, AutoFieldMixin) or any(field.db_returning for field in self.fields):
+            # bulk_create would also read back what the database wrote; only the key is read here.
+            raise ValueError(f"a compiled insert of {self.model.__name__} reads back its database-assigned key only")
+        query = InsertQuery(self.model)
+        # Two blank rows: one row is written as VALUES, and only the SQL text is kept.
+        query.insert_values(self.fields, [self.model(), self.model()])
+        compiler = query.get_compiler(alias)
+        compiler.returning_fields = [meta.pk]
+        statements = compiler.as_sql()
+        sql = statements[0][0]
+        if len(statements) != 1 or " UNNEST(" not in sql:
+            raise ValueError(f"the insert of {self.model.__name__} is not one INSERT of arrays")
+        return sql
+
+    def insert(self, objects: Sequence[Model]) -> None:
+        if not objects:
+            return
+        alias = router.db_for_write(self.model)
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            self.model._base_manager.using(alias).bulk_create(objects)
+            return
+        sql = self._compiled.get(alias)
+        if sql is None:
+            sql = self._compiled[alias] = self._compile(alias)
+        for obj in objects:
+            if not isinstance(obj, self.model) or obj.pk is not None or not obj._state.adding:
+                raise ValueError(f"a compiled insert of {self.model.__name__} takes new rows without a key")
+            # As bulk_create: a related object assigned before it was saved gives its key now.
+            obj._prepare_related_fields_for_save(operation_name="bulk_create")  # type: ignore[attr-defined]
+        columns = [
+            [field.get_db_prep_save(field.pre_save(obj, True), connection) for obj in objects] for field in self.fields
+        ]
+        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
+            cursor.execute(sql, columns)
+            keys = cursor.fetchall()
+        for obj, (key,) in zip(objects, keys, strict=True):
+            obj.pk = key
+            obj._state.adding = False
+            obj._state.db = alias
 
 
 class ValuesByPrimaryKey(Expression):

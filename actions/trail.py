@@ -19,7 +19,7 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from actions import publish
-from actions.compiled_statements import ValuesByPrimaryKey
+from actions.compiled_statements import CompiledInsert, ValuesByPrimaryKey
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent, Attempt
 from actions.outbox import webhook_outbox_write
 
@@ -85,6 +85,12 @@ class _RowsTogether:
     attempt_answers: list[Attempt] = field(default_factory=list)
 
 
+# The block's events and attempts, each kind in one INSERT compiled once (bulk_create compiles
+# it again at every call: 0.48 ms of CPU for 6 events, against 0.29 compiled).
+_EVENTS_INSERT = CompiledInsert(ActionEvent)
+_ATTEMPTS_INSERT = CompiledInsert(Attempt)
+
+
 # Inside a transaction that changes many actions at once (the batched claim, the grouped record):
 # their audit events and attempts, inserted together at the end of the block.
 _together: ContextVar[_RowsTogether | None] = ContextVar("rows_written_together", default=None)
@@ -117,11 +123,11 @@ def rows_written_together(*, actions_locked: bool = False) -> Iterator[None]:
         if together.saves:
             _held_saves_write(list(together.saves.values()))
         if together.events:
-            ActionEvent.objects.bulk_create(together.events)
+            _EVENTS_INSERT.insert(together.events)
             for event in together.events:
                 webhook_outbox_write(event)
         if together.attempts:
-            Attempt.objects.bulk_create(together.attempts)
+            _ATTEMPTS_INSERT.insert(together.attempts)
         if together.attempt_answers:
             answers = together.attempt_answers
             _update_together(Attempt.objects.filter(pk__in=[a.pk for a in answers]), answers, ATTEMPT_ANSWER_FIELDS)

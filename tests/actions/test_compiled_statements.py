@@ -17,7 +17,15 @@ from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
-from actions.compiled_statements import AnyOf, CompiledSelect, CompiledUpdate, KeyList, Slot, ValuesByPrimaryKey
+from actions.compiled_statements import (
+    AnyOf,
+    CompiledInsert,
+    CompiledSelect,
+    CompiledUpdate,
+    KeyList,
+    Slot,
+    ValuesByPrimaryKey,
+)
 from actions.kinds import refund
 from actions.models import Order, RefundRequest
 from tests.factories import make_order
@@ -341,3 +349,122 @@ def test_an_agents_active_webhook_is_read_by_its_compiled_statement(agent_actor:
     assert _active_hook(agent.pk) == hook
     AgentWebhook.objects.filter(pk=hook.pk).update(is_active=False)
     assert _active_hook(agent.pk) is None
+
+
+def _events(action: Any, count: int, **extra: Any) -> list[Any]:
+    from django.utils import timezone
+
+    from actions.models import ActionEvent
+
+    now = timezone.now()
+    return [
+        ActionEvent(
+            action=action,
+            transition=f"step_{index}",
+            from_state="AUTHORIZED",
+            to_state="SUBMITTING",
+            actor_kind="system",
+            actor_label=f"system:test-{index}",
+            evidence={"index": index, "nested": [index, None]},
+            created_at=now,
+            **extra,
+        )
+        for index in range(count)
+    ]
+
+
+def test_a_compiled_insert_writes_each_new_row_and_gives_each_its_key_in_order(
+    agent_actor: Any, dispatched: list[int]
+) -> None:
+    """What bulk_create does: every row written with its own values, each object given the key
+    of its own row (read back in the objects' order), and marked as saved."""
+    from actions.models import ActionEvent
+    from tests.actions.test_reconciliation import authorized_refund
+
+    action = authorized_refund(agent_actor)
+    before = set(ActionEvent.objects.values_list("pk", flat=True))
+    events = _events(action, 5)
+
+    CompiledInsert(ActionEvent).insert(events)
+
+    assert all(event.pk is not None and not event._state.adding for event in events)
+    stored = {row.pk: row for row in ActionEvent.objects.exclude(pk__in=before)}
+    assert sorted(stored) == sorted(event.pk for event in events)
+    for event in events:
+        row = stored[event.pk]
+        assert (row.transition, row.actor_label, row.evidence, row.action_id, row.created_at) == (
+            event.transition,
+            event.actor_label,
+            event.evidence,
+            action.pk,
+            event.created_at,
+        )
+
+
+@pytest.mark.postgres
+def test_a_compiled_insert_is_one_statement_of_one_text_for_any_number_of_rows(
+    agent_actor: Any, dispatched: list[int]
+) -> None:
+    from actions.models import ActionEvent
+    from tests.actions.test_reconciliation import authorized_refund
+
+    action = authorized_refund(agent_actor)
+    statement = CompiledInsert(ActionEvent)
+
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)  # the text as sent, before the parameters are bound
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        for count in (1, 2, 7):
+            statement.insert(_events(action, count))
+
+    assert len(sent) == 3
+    assert len(set(sent)) == 1
+    assert "UNNEST(" in sent[0] and "RETURNING" in sent[0]
+
+
+def test_a_compiled_insert_refuses_rows_that_are_not_new_rows_of_its_model(
+    agent_actor: Any, dispatched: list[int]
+) -> None:
+    from actions.models import ActionEvent, Attempt
+    from tests.actions.test_reconciliation import authorized_refund
+
+    action = authorized_refund(agent_actor)
+    statement = CompiledInsert(ActionEvent)
+    saved = _events(action, 1)
+    statement.insert(saved)
+    count = ActionEvent.objects.count()
+
+    for bad in (saved, _events(action, 1, pk=10**9), [Attempt(action=action, kind="submit")]):
+        if connection.vendor != "postgresql":
+            break  # elsewhere it is bulk_create, whose own checks apply
+        with pytest.raises(ValueError, match="takes new rows without a key"):
+            statement.insert([*_events(action, 1), *bad])
+
+    assert ActionEvent.objects.count() == count
+    statement.insert([])  # nothing to write: no statement, no error
+
+
+def test_a_compiled_insert_that_fails_marks_the_atomic_block_for_rollback(
+    agent_actor: Any, dispatched: list[int]
+) -> None:
+    """A row the table refuses (no transition: NOT NULL) fails the whole INSERT, and the caller's
+    transaction cannot go on writing, as with bulk_create."""
+    from actions.models import ActionEvent
+    from tests.actions.test_reconciliation import authorized_refund
+
+    action = authorized_refund(agent_actor)
+    count = ActionEvent.objects.count()
+    events = _events(action, 3)
+    events[1].transition = None
+
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            CompiledInsert(ActionEvent).insert(events)
+        with pytest.raises(TransactionManagementError):
+            ActionEvent.objects.count()
+
+    assert ActionEvent.objects.count() == count
