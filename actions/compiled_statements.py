@@ -66,6 +66,16 @@ class KeyList(Field):
         return [self.element.get_db_prep_value(item, connection, prepared) for item in value]
 
 
+class SavedValues(KeyList):
+    """The field of a slot that stands for one value per row of a column being written
+    (``ValueOfEachRow``): each item is prepared as ``element`` prepares a value it saves
+    (``get_db_prep_save``: None is SQL NULL, a JSON column's included), and the list goes to the
+    database as one array parameter."""
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        return [self.element.get_db_prep_save(item, connection) for item in value]
+
+
 class AnyOf(Expression):
     """``<column> = ANY(%s::<type>[])``, a condition for ``filter()``: the keys of a ``KeyList``
     slot as one array parameter, so that the statement's text is the same for a list of any
@@ -94,6 +104,45 @@ class AnyOf(Expression):
         keys_sql, keys_params = compiler.compile(self.keys)
         element_type = self.keys.output_field.element.db_type(connection)
         return f"{column_sql} = ANY({keys_sql}::{element_type}[])", [*column_params, *keys_params]
+
+
+class ValueOfEachRow(Expression):
+    """``(%s::<type>[])[array_position(%s::<key type>[], <pk>)]``: for an UPDATE of several rows,
+    each row's own value of a column, taken from an array of values (a ``SavedValues`` slot) by
+    the position of the row's key in an array of keys (a ``KeyList`` slot, in the same order).
+
+    ``ValuesByPrimaryKey``'s CASE has a branch per row, so its text changes with the number of
+    rows; this text does not, and a ``CompiledUpdate`` can keep it. A key missing from the keys
+    gets NULL: update only the rows named. PostgreSQL only."""
+
+    def __init__(self, values: Slot, keys: Slot) -> None:
+        if not isinstance(values.output_field, SavedValues) or not isinstance(keys.output_field, KeyList):
+            raise TypeError("ValueOfEachRow takes a SavedValues slot and a KeyList slot")
+        super().__init__(output_field=values.output_field.element)
+        self.values: Any = values
+        self.keys: Any = keys
+        self.key = F("pk")
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.values, self.keys, self.key]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        self.values, self.keys, self.key = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:  # (sql, params)
+        if connection.vendor != "postgresql":
+            raise NotSupportedError("array_position is PostgreSQL's; use ValuesByPrimaryKey elsewhere")
+        values_sql, values_params = compiler.compile(self.values)
+        keys_sql, keys_params = compiler.compile(self.keys)
+        key_sql, key_params = compiler.compile(self.key)
+        # As Django's bulk INSERT through UNNEST: the type without its modifiers (varchar, not
+        # varchar(16)), so that no value is cut to fit.
+        value_type = self.values.output_field.element.db_type(connection).split("(")[0]
+        key_type = self.keys.output_field.element.db_type(connection).split("(")[0]
+        return (
+            f"(({values_sql})::{value_type}[])[array_position(({keys_sql})::{key_type}[], {key_sql})]",
+            [*values_params, *keys_params, *key_params],
+        )
 
 
 # What a compiled statement is, per alias: its SQL, and its parameters with slots among them.

@@ -8,6 +8,7 @@ transaction and write the ActionEvent in that same transaction.
 from __future__ import annotations
 
 import copy
+import functools
 from datetime import datetime
 from typing import Any, ClassVar
 from uuid import UUID
@@ -269,12 +270,10 @@ class Action(ConcurrentTransitionMixin, models.Model):
     def _column_values(self) -> dict[str, Any]:
         # The non-material columns by field name (update_fields accepts it), copied where a value
         # could be changed in place.
-        values: dict[str, Any] = {}
-        for field in self._meta.concrete_fields:
-            if field.attname in self.__dict__ and field.attname not in _MATERIAL_NAMES:
-                value = self.__dict__[field.attname]
-                values[field.name] = copy.deepcopy(value) if isinstance(value, dict | list) else value
-        return values
+        loaded = self.__dict__
+        return {
+            name: _copied(loaded[attname]) for name, attname in _tracked_columns().items() if attname in loaded
+        }
 
     def may_save_elsewhere(self, update_fields: Any) -> bool:
         """Whether these columns may be written by an UPDATE of many actions at once
@@ -291,10 +290,11 @@ class Action(ConcurrentTransitionMixin, models.Model):
         saved: dict[str, Any] | None = getattr(self, "_saved", None)
         if saved is None:
             return
-        current = self._column_values()
+        loaded, tracked = self.__dict__, _tracked_columns()
         for name in update_fields:
-            if name in current:
-                saved[name] = current[name]
+            attname = tracked.get(name)
+            if attname is not None and attname in loaded:
+                saved[name] = _copied(loaded[attname])
 
     def _material_values(self) -> dict[str, Any]:
         # A deep copy: the payload is a dict, and comparing it with itself would miss a change
@@ -451,6 +451,18 @@ class Action(ConcurrentTransitionMixin, models.Model):
 # The material fields by name and by column, as ``save(update_fields=...)`` may name them.
 _MATERIAL_NAMES = frozenset(Action.MATERIAL_FIELDS) | {"order", "refund_request"}
 _UNSET = object()
+
+
+@functools.cache
+def _tracked_columns() -> dict[str, str]:
+    """The columns whose saved values an action remembers (changed_fields), name -> attname:
+    worked out once, as every action loaded or saved on the dispatch path asks."""
+    return {field.name: field.attname for field in Action._meta.concrete_fields if field.attname not in _MATERIAL_NAMES}
+
+
+def _copied(value: Any) -> Any:
+    # A value that could be changed in place (a JSON column's dict or list) is remembered as a copy.
+    return copy.deepcopy(value) if isinstance(value, dict | list) else value
 
 
 class ActionEventQuerySet(models.QuerySet["ActionEvent"]):

@@ -23,7 +23,9 @@ from actions.compiled_statements import (
     CompiledSelect,
     CompiledUpdate,
     KeyList,
+    SavedValues,
     Slot,
+    ValueOfEachRow,
     ValuesByPrimaryKey,
 )
 from actions.kinds import refund
@@ -167,6 +169,70 @@ def test_values_by_primary_key_sets_each_named_row_to_its_own_value() -> None:
     assert rows[first.pk] == ("Grace Hopper", Decimal("12.34"))
     assert rows[second.pk] == ("Edsger's", Decimal("0.01"))
     assert rows[untouched.pk] == ("Ada Lovelace", Decimal("100.00"))
+
+
+@pytest.mark.postgres
+def test_value_of_each_row_sets_each_named_row_to_its_own_value_with_one_text_for_any_number(
+    agent_actor: Any, dispatched: list[int]
+) -> None:
+    """The compiled form of an UPDATE of several rows: each row gets the value at its key's
+    position, None is SQL NULL (not JSON null), a row not named keeps its values, and the text
+    sent is the same for one row as for two."""
+    from django.utils import timezone
+
+    from actions.models import Attempt
+    from tests.actions.test_reconciliation import authorized_refund
+
+    action = authorized_refund(agent_actor)
+    first, second, third, untouched = (
+        Attempt.objects.create(action=action, kind="submit", started_at=timezone.now(), response={"old": index})
+        for index in range(4)
+    )
+    response, outcome = Attempt._meta.get_field("response"), Attempt._meta.get_field("outcome")
+
+    def build(keys: Any, response: Any, outcome: Any) -> Any:
+        return Attempt.objects.filter(AnyOf("pk", keys)), {
+            "response": ValueOfEachRow(response, keys),
+            "outcome": ValueOfEachRow(outcome, keys),
+        }
+
+    statement = CompiledUpdate(
+        Attempt, build, keys=KeyList(Attempt._meta.pk), response=SavedValues(response), outcome=SavedValues(outcome)
+    )
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        # The keys in another order than the rows' own: each value goes with its key.
+        two = statement.run(keys=[second.pk, first.pk], response=[None, {"id": "re_1"}], outcome=["unknown", "ok"])
+        assert two == 2
+        assert statement.run(keys=[third.pk], response=[{"id": "re_3"}], outcome=["ok"]) == 1
+
+    assert len(sent) == 2 and sent[0] == sent[1]
+    rows = {row.pk: (row.response, row.outcome) for row in Attempt.objects.filter(action=action)}
+    assert rows == {
+        first.pk: ({"id": "re_1"}, "ok"),
+        second.pk: (None, "unknown"),
+        third.pk: ({"id": "re_3"}, "ok"),
+        untouched.pk: ({"old": 3}, ""),
+    }
+    assert Attempt.objects.filter(pk=second.pk, response__isnull=True).exists()  # SQL NULL, not JSON null
+
+
+def test_value_of_each_row_is_refused_off_postgresql_and_without_its_slots() -> None:
+    name = Order._meta.get_field("customer_name")
+    with pytest.raises(TypeError, match="SavedValues"):
+        ValueOfEachRow(Slot("names", name), Slot("keys", KeyList(Order._meta.pk)))
+    if connection.vendor == "postgresql":
+        return
+    order = make_order()
+    with pytest.raises(NotSupportedError, match="PostgreSQL"):
+        Order.objects.filter(pk=order.pk).update(
+            customer_name=ValueOfEachRow(Slot("names", SavedValues(name)), Slot("keys", KeyList(Order._meta.pk)))
+        )
 
 
 # --- CompiledSelect --------------------------------------------------------------------------
