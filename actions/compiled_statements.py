@@ -38,6 +38,17 @@ from django.db.models.query import ModelIterable
 from django.db.models.sql.subqueries import InsertQuery, UpdateQuery
 
 
+def binds_arrays_in_binary(connection: Any) -> bool:
+    """Whether an array parameter is sent in PostgreSQL's binary format (psycopg's ``%b``).
+
+    psycopg dumps a list in Python, element by element; in the text format it also quotes and
+    escapes each element (a JSON value's every quote): 0.26 ms of CPU for 12 arrays of 16
+    values, against 0.09 in the binary format. Only a server-side binding cursor sends binary
+    parameters (``server_side_binding``, on in console.settings); a client-side one writes every
+    value into the SQL as text."""
+    return connection.vendor == "postgresql" and connection.settings_dict["OPTIONS"].get("server_side_binding") is True
+
+
 class Slot(Expression):
     """A value given at each run of a compiled statement, prepared as ``output_field`` prepares a
     value of its column. It compiles to one placeholder whose parameter is the slot itself, which
@@ -48,6 +59,8 @@ class Slot(Expression):
         self.name = name
 
     def as_sql(self, compiler: Any, connection: Any) -> Any:  # (sql, params), with this slot as the param
+        if isinstance(self.output_field, KeyList) and binds_arrays_in_binary(connection):
+            return "%b", [self]
         return "%s", [self]
 
     def __repr__(self) -> str:
@@ -357,8 +370,10 @@ class CompiledInsert:
         compiler.returning_fields = [meta.pk]
         statements = compiler.as_sql()
         sql = statements[0][0]
-        if len(statements) != 1 or " UNNEST(" not in sql:
+        if len(statements) != 1 or " UNNEST(" not in sql or sql.count("(%s)::") != len(self.fields):
             raise ValueError(f"the insert of {self.model.__name__} is not one INSERT of arrays")
+        if binds_arrays_in_binary(connections[alias]):
+            sql = sql.replace("(%s)::", "(%b)::")
         return sql
 
     def insert(self, objects: Sequence[Model]) -> None:

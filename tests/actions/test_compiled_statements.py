@@ -490,6 +490,8 @@ def test_a_compiled_insert_is_one_statement_of_one_text_for_any_number_of_rows(
     assert len(sent) == 3
     assert len(set(sent)) == 1
     assert "UNNEST(" in sent[0] and "RETURNING" in sent[0]
+    # The arrays go in PostgreSQL's binary format (console.settings binds on the server).
+    assert sent[0].count("(%b)::") == len(statement.fields) and "%s" not in sent[0]
 
 
 def test_a_compiled_insert_refuses_rows_that_are_not_new_rows_of_its_model(
