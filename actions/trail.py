@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, router
-from django.db.models import Field, Model
+from django.db.models import Field, Model, Q
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
@@ -204,13 +204,7 @@ def _update_together(
         if fence == "lease":
             values["tokens"] = list(tokens)
         return _together_statement(model, fields, by_status=status is not None, fence=fence).run(**values)
-    rows = model._default_manager.filter(pk__in=[obj.pk for obj in objects])
-    if status is not None:
-        rows = rows.filter(status=status)
-    if fence == "no lease":
-        rows = rows.filter(lease_token__isnull=True)
-    elif fence == "lease":
-        rows = rows.filter(lease_token__in=list(tokens))
+    rows = _rows_still_held(model, [obj.pk for obj in objects], status=status, fence=fence, tokens=list(tokens))
     new: dict[str, Any] = {}
     for name in fields:
         field = model._meta.get_field(name)
@@ -223,6 +217,21 @@ def _update_together(
                 field, {obj.pk: value for obj, value in zip(objects, column, strict=True)}
             )
     return rows.update(**new)
+
+
+def _rows_still_held(model: type[Model], keys: Any, *, status: Any, fence: str, tokens: Any) -> Any:
+    """The rows of these keys that are still in ``status`` (when given) and hold their fence, as
+    ``_update_together`` describes. ``keys``, ``status`` and ``tokens`` are values (the ORM's
+    ``IN``) or, for the compiled statement, its slots (``AnyOf``, one array parameter each)."""
+    compiled = isinstance(keys, Slot)
+    rows = model._default_manager.filter(AnyOf("pk", keys) if compiled else Q(pk__in=keys))
+    if status is not None:
+        rows = rows.filter(status=status)
+    if fence == "no lease":
+        rows = rows.filter(lease_token__isnull=True)
+    elif fence == "lease":
+        rows = rows.filter(AnyOf("lease_token", tokens) if compiled else Q(lease_token__in=tokens))
+    return rows
 
 
 # The compiled UPDATEs of _update_together, by (model, fields, by status, fence). The fields of a
@@ -247,14 +256,7 @@ def _together_statement(model: type[Model], fields: tuple[str, ...], *, by_statu
         slots["tokens"] = KeyList(meta.get_field("lease_token"))  # type: ignore[arg-type]
 
     def build(keys: Slot, in_status: Slot | None = None, tokens: Slot | None = None, **new: Slot) -> Any:
-        rows = model._default_manager.filter(AnyOf("pk", keys))
-        if in_status is not None:
-            rows = rows.filter(status=in_status)
-        if fence == "no lease":
-            rows = rows.filter(lease_token__isnull=True)
-        elif fence == "lease":
-            assert tokens is not None
-            rows = rows.filter(AnyOf("lease_token", tokens))
+        rows = _rows_still_held(model, keys, status=in_status, fence=fence, tokens=tokens)
         return rows, {column.attname: ValueOfEachRow(new[f"set_{name}"], keys) for name, column in columns.items()}  # type: ignore[union-attr]
 
     statement = _TOGETHER_STATEMENTS[shape] = CompiledUpdate(model, build, **slots)
