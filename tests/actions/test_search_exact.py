@@ -332,6 +332,37 @@ def test_an_exact_search_sends_the_same_statements_however_long_the_history(
     assert after == before
 
 
+@pytest.mark.parametrize("role", ["finance", "manager"])
+def test_the_results_page_sends_the_same_statements_for_one_row_as_for_thirty(
+    client: Client, role: str, agent_actor: Actor, dispatched: list[int], request: pytest.FixtureRequest
+) -> None:
+    """The page loads only the columns it shows (``SHOWN_ACTION_FIELDS``): a column the template
+    read that was not loaded would cost a query a row, here thirty more. Each role has its own
+    links (the manager's decision page, finance's review page), each with the order's."""
+    person = request.getfixturevalue(role)
+    client.force_login(person)
+    first = _propose(_order("7601", name="Grace Jones"), agent_actor, ticket="T-7601")
+
+    def page() -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(reverse("search"), {"q": "Grace Jones"})
+        assert response.status_code == 200
+        return len(queries), response.content.decode()
+
+    page()  # the first page reads the person's permissions and session once
+    before, shown = page()
+    assert f'href="{reverse("order-detail", args=[first.order_id])}"' in shown
+    assert "T-7601" in shown
+    for n in range(30):
+        _propose(_order(f"76{n:02d}1", name="Grace Jones"), agent_actor)
+    after, shown = page()
+
+    assert after == before
+    assert shown.count("data-action-id=") == 31
+    page_of = "approvals-detail" if role == "manager" else "review-action"
+    assert f'href="{reverse(page_of, args=[first.pk])}"' in shown
+
+
 def _exact_actions(term: str) -> Any:
     return found(lookup_exact(term), Action.objects.all()).actions
 

@@ -28,15 +28,22 @@ with the same statement count at both sizes. The last column is the median time 
 SQL statements alone.
 
 The search terms are taken from the small build (an order placed early on): a customer's email,
-a refund's provider reference, an order number, an action id, a common customer name whose
-matches grow with the history (whole: the exact lookup's btree), and part of it (the trigram
-indexes).
+a refund's provider reference, an order number, an action id, two common customer names, and part
+of one (the trigram indexes). A whole name goes by the exact lookup's btree:
+- "Maria Garcia", the commonest name (one order in 37 at both sizes, as real names are spread),
+  fills the page's sections at both sizes: the same rows shown, more history behind them;
+- "Grace Hopper" (one order in 400) has 7 orders and 28 actions at 10k and fills the sections
+  (50 and 50) only at 1M: that page shows about three times the rows at 1M, so its ratio measures
+  the page growing to its limit as well as the history.
+The rows each page shows (every table row of its bodies) are printed beside its times, and a page
+over the bar whose rows differ between the sizes says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -54,6 +61,13 @@ WHERE id %% 100 = 3 OR id %% 200 = 7
 """
 # (The live rows' ids are all odd, so owning by "id % 2" would give the clerk none of them and
 # "mine" would time an empty page: every other hundred is the clerk's instead.)
+
+# The commonest name, on one order in 37 of each build (the ids of an order's customer are spread
+# over the name's every 400th order otherwise; see search_bench.ORDERS_SQL).
+COMMONEST_NAME = "Maria Garcia"
+COMMONEST_NAME_SQL = """
+UPDATE actions_order SET customer_name = %(name)s WHERE number LIKE %(prefix)s AND id %% 37 = 11
+"""
 
 # Resolving keeps the owner: a quarter of the succeeded history is the clerk's, at both sizes,
 # so "mine" and the owner counts are measured against an owned history that grows.
@@ -102,6 +116,7 @@ def build(*, upto: int, tag: str, owner_pk: int, live: bool) -> float:
     if missing > 0:
         bulk_build(actions=missing, orders=max(1, missing // 4), tag=tag)
         with connection.cursor() as cursor:
+            cursor.execute(COMMONEST_NAME_SQL, {"name": COMMONEST_NAME, "prefix": f"B{tag}-%"})
             if live:
                 cursor.execute(LIVE_SQL, {"owner": owner_pk})
             cursor.execute(OWNED_HISTORY_SQL, {"owner": owner_pk})
@@ -130,7 +145,8 @@ def pages(tag: str) -> list[tuple[str, str]]:
         ("search: refund reference", f"{search}?{urlencode({'q': terms['refund reference (re_...)']})}"),
         ("search: order number", f"{search}?{urlencode({'q': terms['order number']})}"),
         ("search: action id", f"{search}?{urlencode({'q': terms['action id']})}"),
-        ("search: common name", f"{search}?{urlencode({'q': 'Grace Hopper'})}"),
+        ("search: commonest name, a full page at both sizes", f"{search}?{urlencode({'q': COMMONEST_NAME})}"),
+        ("search: common name, a full page at 1M only", f"{search}?{urlencode({'q': 'Grace Hopper'})}"),
         # Part of a name: the trigram indexes, whose cost grows with the rows sharing it.
         ("search: part of a common name", f"{search}?{urlencode({'q': 'Hopper'})}"),
     ]
@@ -151,12 +167,19 @@ class StatementLog:
             self.statements.append(((time.perf_counter() - started) * 1000, sql))
 
 
-Measured = tuple[float, float, int, list[tuple[float, str]], float]
+Measured = tuple[float, float, int, list[tuple[float, str]], float, int]
+
+TABLE_BODY = re.compile(r"<tbody>(.*?)</tbody>", re.DOTALL)
+
+
+def rows_shown(html: str) -> int:
+    """The table rows a page shows: every ``<tr`` inside a ``<tbody>`` (headers are not rows)."""
+    return sum(body.count("<tr") for body in TABLE_BODY.findall(html))
 
 
 def measure(client: Any, path: str, repeat: int) -> Measured:
     """(min ms, median ms, statements of one request, the slowest three statements of it, the
-    median ms of a request's statements).
+    median ms of a request's statements, the rows the page shows).
 
     The last is the database's share of the request: the part an index changes. The rest is
     Python (middleware, the view, the template), which on a shared machine is what another
@@ -178,7 +201,8 @@ def measure(client: Any, path: str, repeat: int) -> Measured:
             times.append((time.perf_counter() - started) * 1000)
         database.append(sum(ms for ms, _ in timed.statements))
     slowest = sorted(log.statements, reverse=True)[:3]
-    return min(times), statistics.median(times), len(log.statements), slowest, statistics.median(database)
+    rows = rows_shown(response.content.decode())
+    return min(times), statistics.median(times), len(log.statements), slowest, statistics.median(database), rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,23 +248,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             large = f"{args.large // 1_000_000}M"
         header = (
             f"| page | {small} min / median ms | {large} min / median ms | ratio {large} / {small} "
-            f"(median) | statements {small} / {large} | database ms {small} / {large} (median) |"
+            f"(median) | statements {small} / {large} | database ms {small} / {large} (median) "
+            f"| rows shown {small} / {large} |"
         )
         print(header)
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         problems = []
         for label, by_size in measured.items():
-            s_min, s_med, s_q, _, s_db = by_size[args.small]
-            l_min, l_med, l_q, _, l_db = by_size[args.large]
+            s_min, s_med, s_q, _, s_db, s_rows = by_size[args.small]
+            l_min, l_med, l_q, _, l_db, l_rows = by_size[args.large]
             ratio = l_med / s_med if s_med else float("inf")
             print(
                 f"| {label} | {s_min:.1f} / {s_med:.1f} | {l_min:.1f} / {l_med:.1f} | {ratio:.2f} | {s_q} / {l_q} "
-                f"| {s_db:.1f} / {l_db:.1f} |"
+                f"| {s_db:.1f} / {l_db:.1f} | {s_rows} / {l_rows} |"
             )
             if ratio > 1.2 or s_q != l_q:
                 problems.append(label)
         print()
-        print("over the bar (ratio > 1.2 or a statement count that grew): " + (", ".join(problems) or "none"))
+        named = []
+        for label in problems:
+            s_rows, l_rows = measured[label][args.small][5], measured[label][args.large][5]
+            shows_more = f" (shows {s_rows} rows at {small}, {l_rows} at {large})" if s_rows != l_rows else ""
+            named.append(label + shows_more)
+        print("over the bar (ratio > 1.2 or a statement count that grew): " + ("; ".join(named) or "none"))
         for label in problems:
             print(f"\n{label}: its slowest statements at {large}")
             for ms, sql in measured[label][args.large][3]:

@@ -51,3 +51,30 @@ def test_a_recent_moment_reads_as_how_long_ago() -> None:
 
 def test_no_moment_is_a_dash_not_the_word_none() -> None:
     assert render("{% age moment %}", moment=None) == '<span class="muted">—</span>'
+
+
+@pytest.mark.parametrize(("language", "month"), [("en", "Dec"), ("fr", "Déc"), ("de", "Dez")])
+def test_the_month_is_named_in_the_readers_language(language: str, month: str) -> None:
+    moment = datetime(2026, 12, 4, 9, 43, 5, 120_000, tzinfo=UTC)
+    with translation.override(language), timezone.override("Europe/Paris"):
+        shown = render("{% age moment %}", moment=moment)
+    assert '<time datetime="2026-12-04T10:43:05.120000+01:00" title="2026-12-04 10:43:05 CET">' in shown
+    assert shown.endswith(f'<span class="abs-time">(4 {month} 2026, 10:43 CET)</span>')
+
+
+def test_the_repeated_hour_when_the_clocks_go_back_names_its_zone() -> None:
+    """01:34 happens twice in New York on 7 November 2010; the offset and the zone's name say
+    which (Django's ``date`` filter leaves the name out in that hour)."""
+    first, second = datetime(2010, 11, 7, 5, 34, tzinfo=UTC), datetime(2010, 11, 7, 6, 34, tzinfo=UTC)
+    with translation.override("en"), timezone.override("America/New_York"):
+        shown = [render("{% age moment %}", moment=moment) for moment in (first, second)]
+    assert 'datetime="2010-11-07T01:34:00-04:00" title="2010-11-07 01:34:00 EDT"' in shown[0]
+    assert shown[0].endswith("(7 Nov 2010, 01:34 EDT)</span>")
+    assert 'datetime="2010-11-07T01:34:00-05:00" title="2010-11-07 01:34:00 EST"' in shown[1]
+    assert shown[1].endswith("(7 Nov 2010, 01:34 EST)</span>")
+
+
+def test_a_naive_moment_is_shown_in_the_default_zone() -> None:
+    with translation.override("en"), timezone.override("Asia/Tokyo"):
+        shown = render("{% age moment %}", moment=datetime(2026, 12, 4, 9, 43, 5))
+    assert shown.endswith('<span class="abs-time">(4 Dec 2026, 09:43 UTC)</span>')
