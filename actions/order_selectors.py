@@ -15,7 +15,7 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from actions.models import Action, ActionStatus, Order, OrderEvent, OutsideRefund
-from actions.search import action_url
+from actions.search import action_urls
 from approvals.models import Approval
 
 S = ActionStatus
@@ -136,10 +136,11 @@ def order_page_get(*, order_pk: int, user: Any, now: datetime | None = None) -> 
     approvals = list(
         Approval.objects.filter(action__order_id=order.pk).select_related("action").order_by("-decided_at", "-pk")
     )
+    url = action_urls(user)  # the person's permissions asked once, not once an action
     return OrderPage(
         order=order,
         money=money,
-        actions=[OrderAction(action, action_url(action, user)) for action in actions],
+        actions=[OrderAction(action, url(action.pk)) for action in actions],
         approvals=approvals,
         outside_refunds=list(OutsideRefund.objects.filter(order_id=order.pk).order_by("-created_at", "-pk")),
         events=list(OrderEvent.objects.filter(order_id=order.pk).order_by("-created_at", "-pk")),

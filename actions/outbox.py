@@ -94,11 +94,13 @@ def agent_webhook_known(agent_id: int, hook: AgentWebhook | None) -> None:
         memo[agent_id] = hook if hook is not None and hook.is_active else None
 
 
-def agent_active_webhook_pk(agent_field: str = "proposed_by_agent_id") -> Subquery:
-    """The primary key of the active webhook of the agent in ``agent_field`` (NULL for none),
-    as a column of a read of actions: a batch that reads its actions anyway learns its agents'
-    webhooks in the same statement (``agent_webhooks_known``) rather than in one more."""
-    return Subquery(AgentWebhook.objects.filter(agent_id=OuterRef(agent_field), is_active=True).values("pk")[:1])
+def agent_active_webhook_pk() -> Subquery:
+    """The primary key of the active webhook of the agent who proposed the action (NULL for
+    none), as a column of a read of actions: a batch that reads its actions anyway learns its
+    agents' webhooks in the same statement (``agent_webhooks_known``) rather than in one more.
+    (An agent has at most one webhook: ``AgentWebhook.agent`` is one-to-one.)"""
+    hook = AgentWebhook.objects.filter(agent_id=OuterRef("proposed_by_agent_id"), is_active=True)
+    return Subquery(hook.values("pk")[:1])
 
 
 def agent_webhooks_known(hook_pks: dict[int, int | None]) -> None:

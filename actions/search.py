@@ -59,15 +59,11 @@ def may_search(user: Any) -> bool:
     return may_search_everything(user) or bool(user.has_perm(perms.PROPOSE))
 
 
-def action_url(action: Action, user: Any) -> str | None:
-    """The page where this person reads the action: the manager's detail for a manager, finance's
-    for finance, accounts payable and admins; None when the person has no page for it."""
-    return action_urls(user)(action.pk)
-
-
 def action_urls(user: Any) -> Callable[[int], str | None]:
-    """``action_url`` for a list of actions: the person's permissions are asked once, not once
-    a row (each ``has_perm`` asks every authentication backend)."""
+    """The page where this person reads an action, by the action's key: the manager's detail for
+    a manager, finance's for finance, accounts payable and admins; None when the person has no
+    page for it. The person's permissions are asked once for a list of actions, not once a row
+    (each ``has_perm`` asks every authentication backend)."""
     if user.has_perm(perms.DECIDE):
         page = "approvals-detail"
     elif user.has_perm(perms.RESOLVE) or user.has_perm(perms.CORRECT):
@@ -451,7 +447,7 @@ def _holds_the_term(results: SearchResults, what: Found) -> bool:
 
 
 # What the results page shows of an action and of what it hangs off (templates/console/search.html),
-# and what ``_holds_the_term`` and ``action_url`` read: nothing else is loaded. An action has some
+# and what ``_holds_the_term`` and ``action_urls`` read: nothing else is loaded. An action has some
 # thirty columns, a dozen of them moments and documents that psycopg would parse for every row.
 SHOWN_ACTION_FIELDS = (
     "action_id",

@@ -8,6 +8,9 @@ UPDATE of one table, and marks an atomic block for rollback on an error as Query
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +19,7 @@ from django.db import IntegrityError, NotSupportedError, connection, transaction
 from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from actions.compiled_statements import (
     AnyOf,
@@ -42,6 +46,19 @@ def reserve(pk: int, version: int, amount: str) -> int:
 def money(order: Order) -> tuple[Decimal, Decimal, int]:
     order.refresh_from_db()
     return order.reserved_amount, order.refunded_amount, order.version
+
+
+@contextmanager
+def texts_sent() -> Iterator[list[str]]:
+    """The SQL texts sent in the block, as sent: before the parameters are bound."""
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield sent
 
 
 def test_each_run_writes_its_own_values_on_its_own_row() -> None:
@@ -199,13 +216,7 @@ def test_value_of_each_row_sets_each_named_row_to_its_own_value_with_one_text_fo
     statement = CompiledUpdate(
         Attempt, build, keys=KeyList(Attempt._meta.pk), response=SavedValues(response), outcome=SavedValues(outcome)
     )
-    sent: list[str] = []
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with texts_sent() as sent:
         # The keys in another order than the rows' own: each value goes with its key.
         two = statement.run(keys=[second.pk, first.pk], response=[None, {"id": "re_1"}], outcome=["unknown", "ok"])
         assert two == 2
@@ -477,13 +488,7 @@ def test_a_compiled_insert_is_one_statement_of_one_text_for_any_number_of_rows(
     action = authorized_refund(agent_actor)
     statement = CompiledInsert(ActionEvent)
 
-    sent: list[str] = []
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        sent.append(sql)  # the text as sent, before the parameters are bound
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with texts_sent() as sent:
         for count in (1, 2, 7):
             statement.insert(_events(action, count))
 
@@ -536,3 +541,23 @@ def test_a_compiled_insert_that_fails_marks_the_atomic_block_for_rollback(
             ActionEvent.objects.count()
 
     assert ActionEvent.objects.count() == count
+
+
+def test_a_compiled_insert_fills_what_the_model_fills_on_add_and_gives_the_rows_their_database() -> None:
+    """``pre_save(obj, add=True)``, as ``save()`` and ``bulk_create`` call it: a moment the model
+    stamps when a row is added (an order's ``created_at``) is set on the object and written; and
+    each object then belongs to the database it was written to, as a saved one does."""
+    paid = timezone.now() - timedelta(days=1)
+    orders = [
+        Order(number=f"CI-{n}", customer_name="Ada", currency="EUR", captured_amount=Decimal("10.00"), paid_at=paid)
+        for n in range(2)
+    ]
+    assert all(order.created_at is None for order in orders)
+    before = timezone.now()
+
+    CompiledInsert(Order).insert(orders)
+
+    for order in orders:
+        assert order._state.db == "default"
+        assert order.created_at is not None and order.created_at >= before
+        assert Order.objects.get(pk=order.pk).created_at == order.created_at

@@ -1,16 +1,20 @@
 """The review queue and the search at 10,000 and at 1,000,000 actions, side by side (issue 18, P-e).
 
-    python -m tests.bench.bench_scale                      # 10k, then grown to 1M, 7 timings each
+    python -m tests.bench.bench_scale                      # 10k beside 1M, 7 timings each
     python -m tests.bench.bench_scale --large 200000       # a quicker look
 
 Not a pytest test: it measures and prints. It exits non-zero only when the run went wrong (a page
 that did not answer 200, a search that found nothing it should have found).
 
-One database, grown in place, so that both sizes are measured by the same process on the same
-PostgreSQL with the same warm caches: the benchmark creates its own database with Django's test
-database machinery (migrated), fills it with ``--small`` actions (``search_bench``'s bulk builder:
-INSERT ... SELECT generate_series, invented customers, four in five refunds SUCCEEDED), measures,
-adds actions until it holds ``--large``, VACUUMs and ANALYZEs, and measures again. Then it drops the database.
+Two databases, made with Django's test database machinery (migrated) and filled by
+``search_bench``'s bulk builder (INSERT ... SELECT generate_series, invented customers, four in
+five refunds SUCCEEDED): one with ``--small`` actions, the other built the same way to
+``--small`` and then grown with history to ``--large``, each VACUUMed and ANALYZEd. Both sizes
+are then measured side by side by one process on one PostgreSQL: each timed request at one size
+is followed by the same request at the other (the order alternating, ABBA), so a change in the
+machine's load falls on both halves of a ratio alike. (Until 5 December 2026 one database was
+measured, grown, and measured again minutes later, and the ratios of one page swung by 0.3 to 0.7
+between runs of the same code.) Then both databases are dropped.
 
 The work waiting for people is the same at both sizes: the small build leaves one action in 100
 waiting for a person (NEEDS_REVIEW, half of them owned by the clerk) and one in 200 UNKNOWN, 150
@@ -21,11 +25,11 @@ grows? (A queue whose live rows grow with the history is slower because it shows
 is a question for the people working it, not for an index.)
 
 Measured, per page and size, through Django's test client as a logged-in finance clerk (the
-whole request: middleware, queries, template): the wall time of ``--repeat`` requests after one
-warm-up, printed as min and median, and the number of SQL statements of one request. The
-ratio column is median at the large size / median at the small size; the issue's bar is 1.2,
-with the same statement count at both sizes. The last column is the median time of a request's
-SQL statements alone.
+whole request: middleware, queries, template; one clerk and client per database): the wall time
+of ``--repeat`` requests after one warm-up, printed as min and median, and the number of SQL
+statements of one request. The ratio column is median at the large size / median at the small
+size; the issue's bar is 1.2, with the same statement count at both sizes. The database column
+is the median time of a request's SQL statements alone.
 
 The search terms are taken from the small build (an order placed early on): a customer's email,
 a refund's provider reference, an order number, an action id, two common customer names, and part
@@ -42,6 +46,7 @@ over the bar whose rows differ between the sizes says so.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import re
 import statistics
@@ -86,7 +91,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
         help="a PostgreSQL server; the benchmark creates and drops a database of its own on it",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.large <= args.small:
+        parser.error("--large must be more actions than --small")
+    return args
 
 
 def configure_django(args: argparse.Namespace, workdir: str) -> None:
@@ -177,32 +185,69 @@ def rows_shown(html: str) -> int:
     return sum(body.count("<tr") for body in TABLE_BODY.findall(html))
 
 
-def measure(client: Any, path: str, repeat: int) -> Measured:
-    """(min ms, median ms, statements of one request, the slowest three statements of it, the
-    median ms of a request's statements, the rows the page shows).
+class Size:
+    """One of the two databases: its size, a connection of its own, and a client logged in to
+    it as the clerk."""
 
-    The last is the database's share of the request: the part an index changes. The rest is
-    Python (middleware, the view, the template), which on a shared machine is what another
-    process's load slows down most."""
+    def __init__(self, actions: int, connection: Any, client: Any) -> None:
+        self.actions = actions
+        self.connection = connection
+        self.client = client
+
+
+def use(size: Size) -> None:
+    """Make ``size``'s connection Django's default one, connected before any timing starts. Each
+    database keeps its own open connection, as a server's process does: a new connection at
+    every switch would time a cold backend (its catalog caches empty) at every request."""
+    from django.db import connections
+
+    connections["default"] = size.connection
+    size.connection.ensure_connection()
+
+
+def measure(sizes: Sequence[Size], path: str, repeat: int) -> dict[int, Measured]:
+    """For each size: (min ms, median ms, statements of one request, the slowest three
+    statements of it, the median ms of a request's statements, the rows the page shows).
+
+    One warm-up request at each size (whose statements and rows are the ones counted), then
+    ``repeat`` rounds of one timed request at each size, the first size alternating from round
+    to round. The database's share is the part an index changes. The rest is Python (middleware,
+    the view, the template), which on a shared machine is what another process's load slows
+    down most: the alternation gives both sizes the same share of that."""
     from django.db import connection
 
-    log = StatementLog()
-    with connection.execute_wrapper(log):
-        response = client.get(path)
-    if response.status_code != 200:
-        raise SystemExit(f"{path} answered {response.status_code}")
-    times = []
-    database = []
-    for _ in range(repeat):
-        timed = StatementLog()
-        with connection.execute_wrapper(timed):
-            started = time.perf_counter()
-            client.get(path)
-            times.append((time.perf_counter() - started) * 1000)
-        database.append(sum(ms for ms, _ in timed.statements))
-    slowest = sorted(log.statements, reverse=True)[:3]
-    rows = rows_shown(response.content.decode())
-    return min(times), statistics.median(times), len(log.statements), slowest, statistics.median(database), rows
+    first: dict[int, tuple[StatementLog, str]] = {}
+    for size in sizes:
+        use(size)
+        log = StatementLog()
+        with connection.execute_wrapper(log):
+            response = size.client.get(path)
+        if response.status_code != 200:
+            raise SystemExit(f"{path} answered {response.status_code} at {size.actions:,} actions")
+        first[size.actions] = (log, response.content.decode())
+    times: dict[int, list[float]] = {size.actions: [] for size in sizes}
+    database: dict[int, list[float]] = {size.actions: [] for size in sizes}
+    for round_number in range(repeat):
+        for size in sizes if round_number % 2 == 0 else list(reversed(sizes)):
+            use(size)
+            timed = StatementLog()
+            with connection.execute_wrapper(timed):
+                started = time.perf_counter()
+                size.client.get(path)
+                times[size.actions].append((time.perf_counter() - started) * 1000)
+            database[size.actions].append(sum(ms for ms, _ in timed.statements))
+    measured = {}
+    for size in sizes:
+        log, html = first[size.actions]
+        measured[size.actions] = (
+            min(times[size.actions]),
+            statistics.median(times[size.actions]),
+            len(log.statements),
+            sorted(log.statements, reverse=True)[:3],
+            statistics.median(database[size.actions]),
+            rows_shown(html),
+        )
+    return measured
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,36 +256,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_django(args, workdir)
 
     from django.contrib.auth.models import Group
-    from django.db import connection
+    from django.db import connection, connections
     from django.test import Client
 
     from tests.factories import make_user
 
     original_name = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    blank = copy.deepcopy(connections["default"].settings_dict)
+    sizes: list[Size] = []
     try:
-        clerk = make_user("bench-finance", "finance")
-        assert Group.objects.filter(name="finance", user=clerk).exists()
-        client = Client()
-        client.force_login(clerk)
+        built = {}
+        for actions in (args.small, args.large):
+            # A connection of its own for each database (see ``use``).
+            own = type(connections["default"])(copy.deepcopy(blank), "default")
+            own.settings_dict.setdefault("TEST", {})["NAME"] = f"bench_scale_{os.getpid()}_{actions}"
+            connections["default"] = own
+            own.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+            sizes.append(Size(actions, own, Client()))
+            clerk = make_user("bench-finance", "finance")
+            assert Group.objects.filter(name="finance", user=clerk).exists()
+            sizes[-1].client.force_login(clerk)
+            # The same small build in both, the large one then grown with history only.
+            built[actions] = build(upto=args.small, tag="s", owner_pk=clerk.pk, live=True)
+            if actions > args.small:
+                built[actions] += build(upto=actions, tag="l", owner_pk=clerk.pk, live=False)
+        built_small, built_large = built[args.small], built[args.large]
 
-        built_small = build(upto=args.small, tag="s", owner_pk=clerk.pk, live=True)
         measured: dict[str, dict[int, Measured]] = {}
         page_list = pages("s")
         for label, path in page_list:
-            measured[label] = {args.small: measure(client, path, args.repeat)}
-        built_large = build(upto=args.large, tag="l", owner_pk=clerk.pk, live=False)
-        for label, path in page_list:
-            measured[label][args.large] = measure(client, path, args.repeat)
+            measured[label] = measure(sizes, path, args.repeat)
 
+        use(sizes[-1])
         with connection.cursor() as cursor:
             cursor.execute("SELECT status, count(*) FROM actions_action GROUP BY status ORDER BY status")
             states = ", ".join(f"{status} {count:,}" for status, count in cursor.fetchall())
             cursor.execute("SELECT version()")
             version = cursor.fetchone()[0]
         print(
-            f"{version.split(' on ')[0]}; built {args.small:,} in {built_small:.1f} s, grown to {args.large:,} "
-            f"in {built_large:.1f} s; {args.repeat} timed requests per cell after one warm-up"
+            f"{version.split(' on ')[0]}; built {args.small:,} in {built_small:.1f} s and {args.large:,} in "
+            f"{built_large:.1f} s; {args.repeat} timed requests per cell after one warm-up, the sizes alternating"
         )
         print(f"states at {args.large:,}: {states}\n")
         small, large = f"{args.small // 1000}k", f"{args.large // 1000}k" if args.large < 1_000_000 else "1M"
@@ -277,7 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  {ms:7.1f} ms  {sql[:400]}")
         return 0
     finally:
-        connection.creation.destroy_test_db(original_name, verbosity=0)
+        for size in sizes:
+            size.connection.close()
+        for size in sizes:
+            connections["default"] = size.connection
+            size.connection.creation.destroy_test_db(original_name, verbosity=0)
 
 
 if __name__ == "__main__":
