@@ -9,18 +9,21 @@ query, and the queue's main query only touches the live statuses, which the part
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Case, Count, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import Case, Count, F, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
+from django.db.models.lookups import LessThan
 from django.utils import timezone
 
 from actions import permissions as perms
@@ -69,7 +72,6 @@ OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
 # by a cursor (keyset): the next page starts after the last row's sort key, so an item resolved
 # or added meanwhile neither repeats a row nor skips one, as an offset would.
 QUEUE_PAGE_SIZE = 50
-
 
 
 class ItemKind:
@@ -241,9 +243,18 @@ class BadCursor(ValueError):
     """The ``after`` parameter is not a cursor this queue wrote."""
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def row_sort_key(row: QueueRow) -> SortKey:
-    """Overdue first, then by state, oldest first; the kind and id make every key unique."""
-    since = int(row.since.timestamp() * 1_000_000)
+    """Overdue first, then by state, oldest first; the kind and id make every key unique.
+
+    The moment is counted in whole microseconds by integer arithmetic, as PostgreSQL keeps it:
+    a float's ``timestamp() * 1e6`` is one off for about 2 % of moments between 1970 and 2112
+    (2004-07-19 13:23:06.993841 UTC is one), and the next page's query, which compares the
+    moments in the database, would then show the cursor's own row again."""
+    since = (row.since - _EPOCH) // _MICROSECOND
     return (0 if row.overdue else 1, row.rank, since, _KIND_ORDER[row.kind], row.pk)
 
 
@@ -287,11 +298,27 @@ class Queue:
 
 
 def queue_actions_queryset(*, now: datetime) -> QuerySet[Action]:
-    """The queue's main query: live actions that need a person or a look, with their latest attempt.
+    """The queue's main query, as its first page runs it (without the page's LIMIT): live
+    actions that need a person or a look, in the queue's order, with their latest attempt.
 
     The status list matches the partial index ``action_live_idx``, so the scan stays small
     however many resolved actions pile up; SUBMITTING within its lease is left out afterwards.
     """
+    source = _action_source(queue_actions_live(now=now), user=None, now=now)
+    return source.shown(source.keyed()).order_by(*_QUEUE_ORDER)
+
+
+def queue_actions_live(*, now: datetime) -> QuerySet[Action]:
+    """The live actions the queue lists (see ``queue_actions_queryset``), as bare rows: what
+    the queue counts and sorts."""
+    return Action.objects.filter(status__in=list(QUEUE_ACTION_STATUSES)).exclude(
+        status=S.SUBMITTING, lease_expires_at__gte=now
+    )
+
+
+def _with_what_a_row_shows(actions: QuerySet[Action]) -> QuerySet[Action]:
+    """The order and owner joined, the latest attempt's key and the number of lookups as
+    subqueries: for a page's rows only."""
     latest_attempt = Attempt.objects.filter(action=OuterRef("pk")).order_by("-started_at", "-pk").values("pk")[:1]
     lookups = (
         Attempt.objects.filter(action=OuterRef("pk"), kind=AttemptKind.LOOKUP)
@@ -300,15 +327,9 @@ def queue_actions_queryset(*, now: datetime) -> QuerySet[Action]:
         .annotate(n=Count("pk"))
         .values("n")
     )
-    return (
-        Action.objects.filter(status__in=list(QUEUE_ACTION_STATUSES))
-        .exclude(status=S.SUBMITTING, lease_expires_at__gte=now)
-        .select_related("order", "owner")
-        .annotate(
-            latest_attempt_pk=Subquery(latest_attempt),
-            lookup_count=Coalesce(Subquery(lookups, output_field=IntegerField()), Value(0)),
-        )
-        .order_by("status_changed_at", "pk")
+    return actions.select_related("order", "owner").annotate(
+        latest_attempt_pk=Subquery(latest_attempt),
+        lookup_count=Coalesce(Subquery(lookups, output_field=IntegerField()), Value(0)),
     )
 
 
@@ -437,6 +458,105 @@ def _owner_filter(filters: QueueFilters, user: Any) -> Q | None:
     return combined
 
 
+# The sort key's parts as ``_QueueSource.keyed`` names them (the kind is the same in a source).
+_QUEUE_ORDER = ("queue_late", "queue_rank", "queue_since", "pk")
+
+
+@dataclass(frozen=True)
+class _QueueSource:
+    """One table the queue reads (actions, remedies or discrepancies), with its rows' sort key
+    as SQL: whether the row is overdue (0) or not (1), its state's rank, and since when it has
+    waited. These are the parts of ``row_sort_key``, worked out by the database with the same
+    rules as ``action_due`` and ``follow_up_due``, so that the database sorts and pages the
+    queue and only a page's rows come to Python."""
+
+    kind: str
+    # The rows as the filters leave them, bare: what is counted and sorted.
+    rows: QuerySet[Any]
+    overdue: Q
+    rank: Any
+    since: Any
+    # What a page's rows are read with (joins, subqueries), and how each becomes a QueueRow.
+    shown: Callable[[QuerySet[Any]], QuerySet[Any]]
+    build: Callable[[Any], QueueRow]
+
+    def keyed(self) -> QuerySet[Any]:
+        return self.rows.annotate(
+            queue_late=Case(When(self.overdue, then=Value(0)), default=Value(1)),
+            queue_rank=self.rank,
+            queue_since=self.since,
+        )
+
+    def after(self, key: SortKey) -> Q:
+        """The rows whose sort key comes after ``key``: a row value comparison, spelled out."""
+        late, rank, since_micros, kind, pk = key
+        since = _EPOCH + since_micros * _MICROSECOND
+        same_state = Q(queue_late=late, queue_rank=rank)
+        after = (
+            Q(queue_late__gt=late) | Q(queue_late=late, queue_rank__gt=rank) | (same_state & Q(queue_since__gt=since))
+        )
+        own_kind = _KIND_ORDER[self.kind]
+        if own_kind > kind:
+            after |= same_state & Q(queue_since=since)
+        elif own_kind == kind:
+            after |= same_state & Q(queue_since=since, pk__gt=pk)
+        return after
+
+    def page(self, after: SortKey | None, size: int) -> list[QueueRow]:
+        rows = self.keyed()
+        if after is not None:
+            rows = rows.filter(self.after(after))
+        page = self.shown(rows).order_by(*_QUEUE_ORDER)[:size]
+        return [self.build(item) for item in page]
+
+    def counts(self, after: SortKey | None) -> tuple[int, int]:
+        """(how many rows, how many of them come after ``after``), in one statement."""
+        rows = self.keyed().order_by()
+        if after is None:
+            total = rows.count()
+            return total, total
+        found = rows.aggregate(total=Count("pk"), later=Count("pk", filter=self.after(after)))
+        return found["total"], found["later"]
+
+
+def _action_source(actions: QuerySet[Action], *, user: Any, now: datetime) -> _QueueSource:
+    # Overdue as ``action_due`` decides it: the owner's due time, a lease plus a sweep
+    # interval, the escalation policy's longest schedule; a settling refund is never overdue.
+    stuck_since = Coalesce("lease_expires_at", "status_changed_at", "created_at")
+    waiting_since = Coalesce("status_changed_at", "created_at")
+    overdue = (
+        Q(status=S.NEEDS_REVIEW, due_at__lt=now)
+        | (Q(status=S.SUBMITTING) & Q(LessThan(stuck_since, now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS))))
+        | (Q(status=S.UNKNOWN) & Q(LessThan(waiting_since, now - timedelta(seconds=max_unknown_seconds()))))
+    )
+    rank = Case(*(When(status=status, then=Value(RANK[status])) for status in ACTION_STATES))
+    return _QueueSource(
+        kind=ItemKind.ACTION,
+        rows=actions,
+        overdue=overdue,
+        rank=rank,
+        since=waiting_since,
+        shown=_with_what_a_row_shows,
+        build=lambda action: _action_row(action, {}, user=user, now=now),
+    )
+
+
+def _follow_up_source(
+    kind: str, rows: QuerySet[Any], opened: str, *, build: Callable[[Any], QueueRow], now: datetime
+) -> _QueueSource:
+    # Due REVIEW_DUE_HOURS after opening (``follow_up_due``).
+    overdue = Q(**{f"{opened}__lt": now - timedelta(hours=settings.REVIEW_DUE_HOURS)})
+    return _QueueSource(
+        kind=kind,
+        rows=rows,
+        overdue=overdue,
+        rank=Value(RANK[kind]),
+        since=F(opened),
+        shown=lambda page: page.select_related("action", "action__order", "owner"),
+        build=build,
+    )
+
+
 def review_queue_get(
     *,
     user: Any,
@@ -448,8 +568,10 @@ def review_queue_get(
     """Every item that needs finance, most urgent first: overdue ones, then by state, oldest first;
     one page of them, starting after the cursor ``after``. Raises BadCursor.
 
-    The sort key is worked out for every open item (a few columns each, no attempt bodies);
-    only the page's rows get their latest attempt read."""
+    The database sorts and pages each kind of item by the sort key (``_QueueSource``) and counts
+    them; the page is the first rows of the three merged. Only the page's rows are read whole,
+    with their latest attempt: a backlog of fifteen thousand unknown refunds (a provider's outage)
+    costs a sort in the database, not fifteen thousand rows built in Python at every refresh."""
     after_key = cursor_decode(after) if after else None
     page_size = page_size or QUEUE_PAGE_SIZE
     now = now or timezone.now()
@@ -459,42 +581,56 @@ def review_queue_get(
     state = filters.state
     if state in ACTION_STATES:
         want = want or ItemKind.ACTION
-    rows: list[QueueRow] = []
+    sources: list[_QueueSource] = []
 
     if want in ("", ItemKind.ACTION) and (not state or state in ACTION_STATES):
-        actions = queue_actions_queryset(now=now)
+        actions = queue_actions_live(now=now)
         if state:
             actions = actions.filter(status=state)
         if owner_q is not None:
             actions = actions.filter(owner_q)
-        # Rows without their last answer: it is read below for the page's rows only.
-        rows.extend(_action_row(action, {}, user=user, now=now) for action in actions)
+        sources.append(_action_source(actions, user=user, now=now))
 
     follow_up_states = [state] if state and state not in ACTION_STATES else None
     if want in ("", ItemKind.REMEDY) and (not state or state not in ACTION_STATES):
-        remedies = Remedy.objects.filter(status__in=follow_up_states or list(OPEN_FOLLOW_UP)).select_related(
-            "action", "action__order", "owner"
-        )
+        remedies = Remedy.objects.filter(status__in=follow_up_states or list(OPEN_FOLLOW_UP))
         if owner_q is not None:
             remedies = remedies.filter(owner_q)
-        rows.extend(_remedy_row(remedy, user=user, now=now) for remedy in remedies)
+        sources.append(
+            _follow_up_source(
+                ItemKind.REMEDY,
+                remedies,
+                "created_at",
+                build=lambda item: _remedy_row(item, user=user, now=now),
+                now=now,
+            )
+        )
     if want in ("", ItemKind.DISCREPANCY) and (not state or state not in ACTION_STATES):
-        discrepancies = Discrepancy.objects.filter(
-            status__in=follow_up_states or list(OPEN_DISCREPANCY)
-        ).select_related("action", "action__order", "owner")
+        discrepancies = Discrepancy.objects.filter(status__in=follow_up_states or list(OPEN_DISCREPANCY))
         if owner_q is not None:
             discrepancies = discrepancies.filter(owner_q)
-        rows.extend(_discrepancy_row(discrepancy, user=user, now=now) for discrepancy in discrepancies)
+        sources.append(
+            _follow_up_source(
+                ItemKind.DISCREPANCY,
+                discrepancies,
+                "detected_at",
+                build=lambda item: _discrepancy_row(item, user=user, now=now),
+                now=now,
+            )
+        )
 
     if filters.overdue:
-        rows = [row for row in rows if row.overdue]
-    keyed = sorted(((row_sort_key(row), row) for row in rows), key=lambda pair: pair[0])
-    position = 0
-    if after_key is not None:
-        position = sum(1 for key, _ in keyed if key <= after_key)
-    page = keyed[position : position + page_size]
-    has_more = position + page_size < len(keyed)
-    page_rows = [row for _, row in page]
+        sources = [replace(source, rows=source.rows.filter(source.overdue)) for source in sources]
+    total = later = 0
+    for source in sources:
+        in_source, after_in_source = source.counts(after_key)
+        total += in_source
+        later += after_in_source
+    # One more row than the page, to tell whether another page follows.
+    merged = heapq.merge(*(source.page(after_key, page_size + 1) for source in sources), key=row_sort_key)
+    candidates = list(itertools.islice(merged, page_size + 1))
+    has_more = len(candidates) > page_size
+    page_rows = candidates[:page_size]
     attempt_pks = [
         pk
         for pk in (getattr(row.item, "latest_attempt_pk", None) for row in page_rows if row.kind == ItemKind.ACTION)
@@ -510,13 +646,13 @@ def review_queue_get(
         ]
     return Queue(
         rows=page_rows,
-        total=len(keyed),
+        total=total,
         filters=filters,
         members=finance_members(),
         owners_only=owners_only(),
         after=after,
-        next_after=cursor_encode(page[-1][0]) if has_more and page else "",
-        position=position,
+        next_after=cursor_encode(row_sort_key(page_rows[-1])) if has_more and page_rows else "",
+        position=total - later,
     )
 
 
@@ -565,8 +701,7 @@ class LookupView:
 
     def refund_lines(self) -> list[dict[str, str]]:
         return [
-            {name: value for name, value in _effect_fields(refund).items() if name != "noun"}
-            for refund in self.refunds
+            {name: value for name, value in _effect_fields(refund).items() if name != "noun"} for refund in self.refunds
         ]
 
 
