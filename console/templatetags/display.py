@@ -53,7 +53,7 @@ def age(context: Context, time: Any) -> SafeString:
 def _moment(time: Any, ago: str) -> tuple[str, str, str, str]:
     """What ``date:"c"``, ``date:"Y-m-d H:i:s T"`` and ``date:"j M Y, H:i T"`` write, built
     directly: Django's ``date`` filter looks the format up as a setting and parses it again on
-    every call, which made three quarters of this tag's time (a search page writes a hundred
+    every call, which made more than half of this tag's time (a search page writes a hundred
     moments; ``tests/bench/bench_scale.py``). The one difference: in the repeated hour when the
     clocks go back, the filter names no zone ("01:34 "), and this names the one the offset says
     ("01:34 EDT"). A naive moment (no zone of its own) still goes through the filter, which names
