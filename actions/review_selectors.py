@@ -9,6 +9,7 @@ query, and the queue's main query only touches the live statuses, which the part
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -592,32 +593,19 @@ def review_queue_get(
         sources.append(_action_source(actions, user=user, now=now))
 
     follow_up_states = [state] if state and state not in ACTION_STATES else None
-    if want in ("", ItemKind.REMEDY) and (not state or state not in ACTION_STATES):
-        remedies = Remedy.objects.filter(status__in=follow_up_states or list(OPEN_FOLLOW_UP))
+    # Remedies and discrepancies: the same filters, each opened at its own moment.
+    follow_ups = (
+        (ItemKind.REMEDY, Remedy, OPEN_FOLLOW_UP, "created_at", _remedy_row),
+        (ItemKind.DISCREPANCY, Discrepancy, OPEN_DISCREPANCY, "detected_at", _discrepancy_row),
+    )
+    for kind, model, open_states, opened, row in follow_ups:
+        if want not in ("", kind) or (state and state in ACTION_STATES):
+            continue
+        items = model.objects.filter(status__in=follow_up_states or list(open_states))
         if owner_q is not None:
-            remedies = remedies.filter(owner_q)
-        sources.append(
-            _follow_up_source(
-                ItemKind.REMEDY,
-                remedies,
-                "created_at",
-                build=lambda item: _remedy_row(item, user=user, now=now),
-                now=now,
-            )
-        )
-    if want in ("", ItemKind.DISCREPANCY) and (not state or state not in ACTION_STATES):
-        discrepancies = Discrepancy.objects.filter(status__in=follow_up_states or list(OPEN_DISCREPANCY))
-        if owner_q is not None:
-            discrepancies = discrepancies.filter(owner_q)
-        sources.append(
-            _follow_up_source(
-                ItemKind.DISCREPANCY,
-                discrepancies,
-                "detected_at",
-                build=lambda item: _discrepancy_row(item, user=user, now=now),
-                now=now,
-            )
-        )
+            items = items.filter(owner_q)
+        build = functools.partial(row, user=user, now=now)
+        sources.append(_follow_up_source(kind, items, opened, build=build, now=now))
 
     if filters.overdue:
         sources = [replace(source, rows=source.rows.filter(source.overdue)) for source in sources]

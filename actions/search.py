@@ -447,8 +447,8 @@ def _holds_the_term(results: SearchResults, what: Found) -> bool:
 
 
 # What the results page shows of an action and of what it hangs off (templates/console/search.html),
-# and what ``_holds_the_term`` and ``action_urls`` read: nothing else is loaded. An action has some
-# thirty columns, a dozen of them moments and documents that psycopg would parse for every row.
+# and what ``_holds_the_term`` and ``action_urls`` read: nothing else is loaded. An action has 32
+# columns, 10 of them moments and JSON documents that psycopg would parse for every row.
 SHOWN_ACTION_FIELDS = (
     "action_id",
     "kind",
