@@ -27,6 +27,7 @@ from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from actions.egress import EgressRefused, egress_check_url, egress_post
 from actions.models import (
     Action,
     Agent,
@@ -43,7 +44,6 @@ SECRET_MARKER = "whsec_"  # noqa: S105 (a public marker, not a secret)
 # A retry further out than this is left to the beat sweep rather than a broker countdown:
 # Redis redelivers an unacknowledged delayed message after its visibility timeout.
 COUNTDOWN_LIMIT_SECONDS = 300.0
-RESPONSE_EXCERPT_CHARS = 2000
 
 
 class WebhookInvalid(ValueError):
@@ -76,6 +76,10 @@ def _clean_url(url: str) -> str:
         raise WebhookInvalid(f"{url[:200]!r} is not an http(s) URL.") from None
     if len(url) > 2000:
         raise WebhookInvalid("The URL is longer than 2000 characters.")
+    try:
+        egress_check_url(url)
+    except EgressRefused as refusal:
+        raise WebhookInvalid(str(refusal)) from None
     return url
 
 
@@ -203,7 +207,10 @@ def _claim(delivery_pk: int, now: datetime) -> tuple[AgentWebhookDelivery, Agent
 
 
 def _post(hook: AgentWebhook, body: bytes) -> tuple[int | None, str, str, int]:
-    """Send one request; returns (status code, response excerpt, error, milliseconds)."""
+    """Send one request; returns (status code, response excerpt, error, milliseconds).
+
+    The address is judged again here, not only when it was registered: a name can resolve
+    elsewhere by now (actions.egress)."""
     timestamp = int(time.time())
     headers = {
         "Content-Type": "application/json",
@@ -212,16 +219,17 @@ def _post(hook: AgentWebhook, body: bytes) -> tuple[int | None, str, str, int]:
     }
     started = time.monotonic()
     try:
-        # No redirects: a receiver that moved must be re-registered by its owner, and the
-        # signature must not follow the request to another host.
-        answer = requests.post(
-            hook.url, data=body, headers=headers, timeout=settings.AGENT_WEBHOOK_TIMEOUT_SECONDS, allow_redirects=False
-        )
+        # No redirects (egress_post): a receiver that moved must be re-registered by its owner,
+        # and the signature must not follow the request to another host.
+        answer = egress_post(hook.url, body=body, headers=headers, timeout=settings.AGENT_WEBHOOK_TIMEOUT_SECONDS)
+    except EgressRefused as refusal:
+        elapsed = int((time.monotonic() - started) * 1000)
+        return None, "", f"Not sent. {refusal}"[:1000], elapsed
     except requests.RequestException as error:
         elapsed = int((time.monotonic() - started) * 1000)
         return None, "", f"{type(error).__name__}: {error}"[:1000], elapsed
     elapsed = int((time.monotonic() - started) * 1000)
-    return answer.status_code, answer.text[:RESPONSE_EXCERPT_CHARS], "", elapsed
+    return answer.status_code, answer.excerpt, "", elapsed
 
 
 def webhook_deliver(delivery_pk: int, *, now: datetime | None = None) -> str:

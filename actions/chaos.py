@@ -43,6 +43,7 @@ import itertools
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -121,7 +122,10 @@ ACCOUNTING_CREATE_FAULT_MODES = tuple(mode for mode in CREATE_FAULT_MODES if mod
 MAIL_FAULT_MODES = ("defer", "reject", "drop_after_data")
 CHAOS_SUPPLIER = "CHAOS"
 CHAOS_CONTACT = "ap@chaos-supplier.example"
-WEBHOOK_SECRET = "whsec_chaos"  # noqa: S105 - a secret between two local processes of the run
+# Secrets between the local processes of one run, new for each run: the web process refuses a
+# secret written in the repository once DEBUG is off (console.checks.refuse_known_secrets).
+WEBHOOK_SECRET = "whsec_chaos_" + secrets.token_hex(16)
+WEB_SECRET_KEY = secrets.token_urlsafe(50)
 WORKER_FAULT_POINTS = (
     "before_provider_call",
     "after_provider_answer",
@@ -476,6 +480,7 @@ class ChaosRun:
             "EMAIL_TIMEOUT": str(c.provider_timeout_seconds),
             "MAIL_SANDBOX_URL": self.mail_url,
             "PROVIDER_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "SECRET_KEY": WEB_SECRET_KEY,
             # The accounting system: the same shrunk timings as the payment provider's.
             "ACCOUNTING_API_BASE": self.accounting_url,
             "ACCOUNTING_TIMEOUT_SECONDS": str(c.provider_timeout_seconds),

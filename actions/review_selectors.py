@@ -869,6 +869,16 @@ class FollowUpDetail:
     def is_open(self) -> bool:
         return self.item.status in (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS)
 
+    @property
+    def currency(self) -> str:
+        """The currency its money is in: its action's, or, for an effect that no action of the
+        console's made, the one the receiver reported in the audit's evidence."""
+        action = getattr(self.item, "action", None)
+        if action is not None:
+            return str(action.currency)
+        details = getattr(self.item, "details", None)
+        return str((details or {}).get("currency") or "").upper() if isinstance(details, dict) else ""
+
 
 REMEDY_NEXT = {
     FollowUpStatus.OPEN: [(FollowUpStatus.IN_PROGRESS.value, "Start work")],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -67,25 +68,74 @@ class WebhookResult:
     note: str = ""
 
 
-def webhook_verify(*, payload: bytes, signature: str, secret: str | None = None) -> dict[str, Any]:
-    """The event, once the SDK has checked its signature and age; WebhookRefused otherwise."""
+def json_nesting_exceeds(payload: bytes, limit: int) -> bool:
+    """Whether the JSON text nests arrays and objects deeper than ``limit``, found by one scan
+    that keeps no stack: Python's parser recurses once per level and would exhaust the
+    interpreter's stack (RecursionError) on a body nested 100,000 deep."""
+    depth = 0
+    in_string = escaped = False
+    for byte in payload:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
+def _signed_timestamp(signature: str) -> int | None:
+    for item in signature.split(","):
+        name, _, value = item.strip().partition("=")
+        if name == "t":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def webhook_verify(
+    *, payload: bytes, signature: str, secret: str | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """The event, once its size, signature, age and shape are checked; WebhookRefused otherwise.
+
+    The signature is checked over the raw body before the body is parsed, and the body is
+    parsed only after its size and nesting are known to be bounded."""
+    if len(payload) > settings.PROVIDER_WEBHOOK_MAX_BODY_BYTES:
+        raise WebhookRefused(f"The body is larger than {settings.PROVIDER_WEBHOOK_MAX_BODY_BYTES} bytes.")
     try:
-        stripe.Webhook.construct_event(
-            payload,
-            signature,
-            secret or settings.PROVIDER_WEBHOOK_SECRET,
-            tolerance=settings.PROVIDER_WEBHOOK_TOLERANCE_SECONDS,
+        # Stripe's own check: the signature, and the timestamp's age on the past side.
+        stripe.WebhookSignature.verify_header(
+            payload, signature, secret or settings.PROVIDER_WEBHOOK_SECRET, settings.PROVIDER_WEBHOOK_TOLERANCE_SECONDS
         )
     except stripe.SignatureVerificationError as error:
         raise WebhookRefused("The signature does not match this endpoint's secret.") from error
-    except (ValueError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
         raise WebhookRefused("The body is not a JSON event.") from error
+    # The future side, which the SDK does not check: a timestamp ahead of the clock would keep a
+    # captured request replayable for as long as it is ahead.
+    signed_at = _signed_timestamp(signature)
+    current = time.time() if now is None else now
+    if signed_at is None or signed_at > current + settings.PROVIDER_WEBHOOK_FUTURE_TOLERANCE_SECONDS:
+        raise WebhookRefused("The signature's timestamp is in the future.")
     if b"\\u0000" in payload:
         # PostgreSQL's text cannot hold NUL; no genuine event carries one.
         raise WebhookRefused("The event contains a NUL character.")
+    if json_nesting_exceeds(payload, settings.PROVIDER_WEBHOOK_MAX_DEPTH):
+        raise WebhookRefused(f"The body nests deeper than {settings.PROVIDER_WEBHOOK_MAX_DEPTH} levels.")
     try:
         event = json.loads(payload)
-    except ValueError as error:  # construct_event parsed it already; kept for the type checker
+    except ValueError as error:  # UnicodeDecodeError included
         raise WebhookRefused("The body is not a JSON event.") from error
     if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event["id"]:
         raise WebhookRefused("The event has no id.")

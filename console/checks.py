@@ -6,6 +6,77 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
+
+# Secrets that are public because they are written in this repository (the development key,
+# the sandbox's webhook secret): anyone can sign a session or a provider event with them.
+DEVELOPMENT_SECRET_KEY = "django-insecure-development-key-change-me-in-production-0123456789"  # noqa: S105
+SANDBOX_WEBHOOK_SECRET = "whsec_sandbox"  # noqa: S105
+
+
+def known_secret_problems() -> list[tuple[str, str]]:
+    """Each setting that holds a secret everyone knows or no secret at all, as (id, message)."""
+    problems = []
+    try:
+        key = settings.SECRET_KEY or ""
+    except ImproperlyConfigured:  # Django's own refusal of an empty SECRET_KEY
+        key = ""
+    if not key:
+        problems.append(("console.E005", "SECRET_KEY is empty."))
+    elif key == DEVELOPMENT_SECRET_KEY or key.startswith("django-insecure-"):
+        problems.append(("console.E005", "SECRET_KEY is the development key written in the repository."))
+    webhook = settings.PROVIDER_WEBHOOK_SECRET or ""
+    if not webhook:
+        problems.append(("console.E006", "PROVIDER_WEBHOOK_SECRET is empty: anyone can sign a provider event."))
+    elif webhook == SANDBOX_WEBHOOK_SECRET:
+        problems.append(
+            (
+                "console.E006",
+                f"PROVIDER_WEBHOOK_SECRET is the sandbox's public secret ({webhook}): anyone can sign a "
+                "provider event, e.g. book a refund that never happened.",
+            )
+        )
+    return problems
+
+
+def refuse_known_secrets() -> None:
+    """Called where the web process starts (the WSGI application, for gunicorn, any WSGI server
+    and runserver alike): with DEBUG off, a secret everyone knows stops the start instead of
+    serving. The web process is the one that signs sessions and checks provider events; the
+    workers use neither secret."""
+    if settings.DEBUG:
+        return
+    problems = known_secret_problems()
+    if problems:
+        raise ImproperlyConfigured(
+            "The console refuses to start with DEBUG off: "
+            + " ".join(message for _, message in problems)
+            + " Set each from the environment (console/deploy/console.env lists them)."
+        )
+
+
+@register(Tags.security, deploy=True)
+def known_secrets_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Production must not run on a secret that this repository publishes."""
+    return [
+        Error(message, hint="Set it to a long random value from the environment.", id=check_id)
+        for check_id, message in known_secret_problems()
+    ]
+
+
+@register(Tags.security, deploy=True)
+def webhook_loopback_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Agents choose their webhook's address; loopback is for tests and a one-machine demo."""
+    if settings.AGENT_WEBHOOK_ALLOW_LOOPBACK:
+        return [
+            Error(
+                "AGENT_WEBHOOK_ALLOW_LOOPBACK is on: an agent's owner can make the console post to services "
+                "on its own machine.",
+                hint="Unset AGENT_WEBHOOK_ALLOW_LOOPBACK in production.",
+                id="console.E007",
+            )
+        ]
+    return []
 
 
 @register(Tags.security, deploy=True)

@@ -64,6 +64,7 @@ DATA_DIR = Path(env_str("CONSOLE_DATA_DIR", str(BASE_DIR / "data")))
 DEBUG = env_bool("DEBUG", False)
 # The default is for development only; its "django-insecure-" prefix makes `check --deploy`
 # fail loudly if production ever runs without SECRET_KEY.
+# With DEBUG off, console.checks.refuse_known_secrets stops the web process on it.
 SECRET_KEY = env_str("SECRET_KEY", "django-insecure-development-key-change-me-in-production-0123456789")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
@@ -390,6 +391,10 @@ AGENT_WEBHOOK_BACKOFF_BASE_SECONDS: float = float(env_str("AGENT_WEBHOOK_BACKOFF
 AGENT_WEBHOOK_BACKOFF_CAP_SECONDS: float = float(env_str("AGENT_WEBHOOK_BACKOFF_CAP_SECONDS", str(6 * 3600)))
 AGENT_WEBHOOK_WINDOW_SECONDS: int = env_int("AGENT_WEBHOOK_WINDOW_SECONDS", 3 * 24 * 3600)
 AGENT_WEBHOOK_TIMEOUT_SECONDS: float = float(env_str("AGENT_WEBHOOK_TIMEOUT_SECONDS", "5"))
+# Webhooks go to public addresses only (actions.egress). Loopback is allowed for tests and a
+# one-machine demo only; `check --deploy` reports it. An egress proxy, where a deployment has one.
+AGENT_WEBHOOK_ALLOW_LOOPBACK: bool = env_bool("AGENT_WEBHOOK_ALLOW_LOOPBACK", False)
+AGENT_WEBHOOK_PROXY_URL: str = env_str("AGENT_WEBHOOK_PROXY_URL", "")
 # Notifications to people (actions/notifications.py): beat looks for waiting proposals,
 # escalations and overdue items this often; mails come from NOTIFICATION_EMAIL_FROM.
 NOTIFICATION_INTERVAL_SECONDS: int = env_int("NOTIFICATION_INTERVAL_SECONDS", 60)
@@ -428,10 +433,18 @@ PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS: int = env_int("PROVIDER_LOOKUP_VISIBIL
 # refund). Off: the refund request carries the order's currency and the receiver refuses a mismatch.
 PROVIDER_VERIFY_CHARGE_CURRENCY: bool = env_bool("PROVIDER_VERIFY_CHARGE_CURRENCY", False)
 # Webhooks (POST /webhooks/stripe): the endpoint's signing secret, as the provider shows it
-# (whsec_...). The sandbox signs with the same default; production sets its own. Events older
-# than the tolerance are refused, so a captured request cannot be replayed later.
+# (whsec_...). The sandbox signs with the same default; production must set its own (the
+# default is public: with DEBUG off the console refuses to start on it). Events older than the
+# tolerance are refused, so a captured request cannot be replayed later.
 PROVIDER_WEBHOOK_SECRET: str = env_str("PROVIDER_WEBHOOK_SECRET", "whsec_sandbox")
 PROVIDER_WEBHOOK_TOLERANCE_SECONDS: int = env_int("PROVIDER_WEBHOOK_TOLERANCE_SECONDS", 300)
+# A timestamp ahead of this machine's clock by more than this is refused too (clocks drift a
+# little; a signature from the future is a replay kept for later).
+PROVIDER_WEBHOOK_FUTURE_TOLERANCE_SECONDS: int = env_int("PROVIDER_WEBHOOK_FUTURE_TOLERANCE_SECONDS", 300)
+# Bounds checked before an event is parsed: a genuine event is a few kilobytes, nested a
+# handful of levels.
+PROVIDER_WEBHOOK_MAX_BODY_BYTES: int = env_int("PROVIDER_WEBHOOK_MAX_BODY_BYTES", 512 * 1024)
+PROVIDER_WEBHOOK_MAX_DEPTH: int = env_int("PROVIDER_WEBHOOK_MAX_DEPTH", 64)
 # --- Accounting system (invoice adjustments) ------------------------------------------------
 # A thin client speaks Xero's Accounting API to the accounting sandbox (development, demos,
 # tests) or to the real service. Its keys are kept for less time than the payment provider's,

@@ -100,7 +100,11 @@ def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, gr
                         DiscrepancyKind.EFFECT_WITHOUT_ACTION,
                         None,
                         effect.reference,
-                        {"metadata_action_id": action_id or None, "amount_minor": effect.amount_minor},
+                        {
+                            "metadata_action_id": action_id or None,
+                            "amount_minor": effect.amount_minor,
+                            "currency": effect.currency.upper(),
+                        },
                     )
                 )
             continue

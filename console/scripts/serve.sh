@@ -37,6 +37,17 @@ if [ -z "${SECRET_KEY:-}" ]; then
     SECRET_KEY="$(cat "$key_file")"
     export SECRET_KEY
 fi
+# The same for the provider's webhook secret: the console refuses to start on the sandbox's
+# public one with DEBUG off. The sandbox started below signs its events with it.
+if [ -z "${PROVIDER_WEBHOOK_SECRET:-}" ]; then
+    hook_file="$CONSOLE_DATA_DIR/provider_webhook_secret"
+    if [ ! -s "$hook_file" ]; then
+        (umask 077 && "$PY" -c "import secrets; print('whsec_' + secrets.token_urlsafe(32))" > "$hook_file")
+    fi
+    PROVIDER_WEBHOOK_SECRET="$(cat "$hook_file")"
+    export PROVIDER_WEBHOOK_SECRET
+fi
+export SANDBOX_WEBHOOK_SECRET="${SANDBOX_WEBHOOK_SECRET:-$PROVIDER_WEBHOOK_SECRET}"
 PORT="${PORT:-8000}"
 export GUNICORN_BIND="${GUNICORN_BIND:-127.0.0.1:$PORT}"
 

@@ -46,7 +46,9 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
 
 
 @pytest.fixture
-def receiver() -> Any:
+def receiver(settings: Any) -> Any:
+    # The stand-in receiver listens on loopback, which real deployments refuse (actions.egress).
+    settings.AGENT_WEBHOOK_ALLOW_LOOPBACK = True
     running = Receiver().start()
     yield running
     running.stop()

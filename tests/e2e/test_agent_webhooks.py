@@ -35,7 +35,9 @@ def _log_in(page: Page, url: str, user: Any) -> None:
 
 
 @pytest.fixture
-def receiver() -> Any:
+def receiver(settings: Any) -> Any:
+    # The stand-in receiver listens on loopback, which real deployments refuse (actions.egress).
+    settings.AGENT_WEBHOOK_ALLOW_LOOPBACK = True
     running = Receiver(fail_first=FAIL_FIRST).start()
     yield running
     running.stop()
@@ -75,7 +77,9 @@ def test_the_receiver_gets_a_signed_event_for_every_state_change_even_when_first
     assert secret.startswith("whsec_")
 
     # Fast retries in the worker: 0.5 s, 1 s, 2 s... (the schedule is the same, only scaled).
-    workers.start(beat=True, AGENT_WEBHOOK_BACKOFF_BASE_SECONDS="0.5", AUTO_APPROVAL_ENABLED="0")
+    workers.start(
+        beat=True, AGENT_WEBHOOK_BACKOFF_BASE_SECONDS="0.5", AUTO_APPROVAL_ENABLED="0", AGENT_WEBHOOK_ALLOW_LOOPBACK="1"
+    )
     order = make_order(captured="100.00")
     live_sandbox.seed_charge(order.charge_reference, 10000, "eur")
     request = make_request(order)
