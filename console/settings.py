@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "console",
     "actions",
     "approvals",
+    "harness",
 ]
 
 MIDDLEWARE = [
@@ -512,7 +513,7 @@ RECEIVER_RATE_LIMIT_STORAGE: str = env_str(
 # Supplier emails go out through Django's email framework. The default backend is Django's SMTP
 # backend, told apart only in that it notes whether the message's content left (so that a 4xx
 # before DATA can be told from a drop after it). The embedded default points it at the mail
-# sandbox (``python -m actions.providers.mail``); production points it at a real relay, or sets
+# sandbox (``python -m harness.sandboxes.mail``); production points it at a real relay, or sets
 # EMAIL_BACKEND to an API provider's backend (django-anymail), whose failures are then all
 # treated as ambiguous.
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "actions.providers.mail.backend.EmailBackend")

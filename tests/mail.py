@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from actions.models import Supplier, SupplierContact
-from actions.providers.mail.sandbox import MailSandbox
+from harness.sandboxes.mail.sandbox import MailSandbox
 
 
 class MailSandboxClient:

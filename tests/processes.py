@@ -51,7 +51,7 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float = 30.0, interval:
 
 
 class SandboxProcess:
-    def __init__(self, workdir: Path, module: str = "actions.providers.sandbox") -> None:
+    def __init__(self, workdir: Path, module: str = "harness.sandboxes.payment") -> None:
         self.workdir = workdir
         self.module = module
         self.port_file = workdir / "port"
@@ -130,8 +130,8 @@ def live_sandbox(sandbox_process: SandboxProcess, settings: Any) -> Iterator[San
 
 @pytest.fixture(scope="session")
 def accounting_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
-    """One accounting sandbox (``actions.providers.accounting``) on a free port."""
-    process = SandboxProcess(tmp_path_factory.mktemp("accounting-process"), module="actions.providers.accounting")
+    """One accounting sandbox (``harness.sandboxes.accounting``) on a free port."""
+    process = SandboxProcess(tmp_path_factory.mktemp("accounting-process"), module="harness.sandboxes.accounting")
     process.start()
     yield process
     process.stop()

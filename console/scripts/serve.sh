@@ -66,7 +66,7 @@ if [ -z "${PROVIDER_API_BASE:-}" ]; then
     SANDBOX_PORT="${SANDBOX_PORT:-12111}"
     export PROVIDER_API_BASE="http://127.0.0.1:$SANDBOX_PORT"
     echo "==> sandbox provider on $PROVIDER_API_BASE (log: $CONSOLE_DATA_DIR/logs/sandbox.log)"
-    "$PY" -m actions.providers.sandbox --host 127.0.0.1 --port "$SANDBOX_PORT" \
+    "$PY" -m harness.sandboxes.payment --host 127.0.0.1 --port "$SANDBOX_PORT" \
         --db "$CONSOLE_DATA_DIR/sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/sandbox.log" 2>&1 &
     pids+=($!)
 fi

@@ -30,7 +30,7 @@ stop_all() {
 trap stop_all EXIT INT TERM
 
 echo "==> sandbox provider on $PROVIDER_API_BASE (log: $CONSOLE_DATA_DIR/logs/sandbox.log)"
-"$PY" -m actions.providers.sandbox --host 127.0.0.1 --port "$SANDBOX_PORT" \
+"$PY" -m harness.sandboxes.payment --host 127.0.0.1 --port "$SANDBOX_PORT" \
     --db "$CONSOLE_DATA_DIR/sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/sandbox.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
@@ -43,7 +43,7 @@ MAIL_HTTP_PORT="${MAIL_HTTP_PORT:-12580}"
 export EMAIL_HOST="${EMAIL_HOST:-127.0.0.1}" EMAIL_PORT="${EMAIL_PORT:-$MAIL_SMTP_PORT}"
 export MAIL_SANDBOX_URL="${MAIL_SANDBOX_URL:-http://127.0.0.1:$MAIL_HTTP_PORT}"
 echo "==> mail sandbox: SMTP on 127.0.0.1:$MAIL_SMTP_PORT, its list of messages on $MAIL_SANDBOX_URL/messages"
-"$PY" -m actions.providers.mail --host 127.0.0.1 --smtp-port "$MAIL_SMTP_PORT" --http-port "$MAIL_HTTP_PORT" \
+"$PY" -m harness.sandboxes.mail --host 127.0.0.1 --smtp-port "$MAIL_SMTP_PORT" --http-port "$MAIL_HTTP_PORT" \
     --db "$CONSOLE_DATA_DIR/mail-sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/mail-sandbox.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
@@ -52,7 +52,7 @@ for _ in $(seq 1 100); do
 done
 
 echo "==> accounting sandbox on $ACCOUNTING_API_BASE (log: $CONSOLE_DATA_DIR/logs/accounting-sandbox.log)"
-"$PY" -m actions.providers.accounting --host 127.0.0.1 --port "$ACCOUNTING_SANDBOX_PORT" \
+"$PY" -m harness.sandboxes.accounting --host 127.0.0.1 --port "$ACCOUNTING_SANDBOX_PORT" \
     --db "$CONSOLE_DATA_DIR/accounting-sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/accounting-sandbox.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from actions import chaos
-from actions.chaos import ChaosConfig, ChaosReport, postgres_restart_command
 from actions.engine.invariants import EffectsReport, check_effects
 from actions.kinds.invoice_adjustment import effect_from_credit_note
 from actions.services import Actor
+from harness.chaos import run as chaos
+from harness.chaos.run import ChaosConfig, ChaosReport, postgres_restart_command
 from tests.actions.test_admin_credit_note_void import credit_note, succeeded_adjustment
 
 

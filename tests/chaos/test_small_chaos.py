@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from actions.chaos import ChaosConfig, ChaosRun
+from harness.chaos.run import ChaosConfig, ChaosRun
 
 pytestmark = [
     pytest.mark.postgres,

@@ -21,11 +21,11 @@ from django.conf import settings
 from actions.engine.invariants import check_effects
 from actions.kinds.refund import RefundReceiver, provider_from_settings
 from actions.models import Action, ActionStatus, Order
-from actions.providers.sandbox.webhooks import sign
 from actions.publish import dispatch_enqueue
 from actions.services import Actor, action_propose_refund
 from actions.webhooks import webhook_receive
 from approvals.models import Approval, ApprovalPolicy, Decision
+from harness.sandboxes.payment.webhooks import sign
 from tests.factories import make_order, make_request
 from tests.processes import WorkerPool, wait_until
 from tests.providers.sandbox_client import SandboxClient

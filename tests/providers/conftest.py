@@ -1,6 +1,6 @@
 """Fixtures for the provider tests: one sandbox process per test session, reset per test.
 
-The sandbox runs as a real subprocess (``python -m actions.providers.sandbox``) on a port it
+The sandbox runs as a real subprocess (``python -m harness.sandboxes.payment``) on a port it
 picks itself, so these tests also prove the command that development and CI use.
 """
 
@@ -36,7 +36,7 @@ def sandbox_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             [
                 sys.executable,
                 "-m",
-                "actions.providers.sandbox",
+                "harness.sandboxes.payment",
                 "--host",
                 "127.0.0.1",
                 "--port",

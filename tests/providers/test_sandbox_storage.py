@@ -11,8 +11,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from actions.providers.sandbox import Request, Sandbox, SandboxConfig
-from actions.providers.sandbox.__main__ import build_parser
+from harness.sandboxes.payment import Request, Sandbox, SandboxConfig
+from harness.sandboxes.payment.__main__ import build_parser
 from tests.providers.sandbox_client import API_KEY, wait_for
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -11,8 +11,8 @@ import pytest
 from django.test import Client
 
 from actions.models import WebhookEvent
-from actions.providers.sandbox.webhooks import sign
 from actions.webhooks import json_nesting_exceeds
+from harness.sandboxes.payment.webhooks import sign
 
 pytestmark = pytest.mark.django_db
 

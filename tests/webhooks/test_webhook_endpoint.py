@@ -26,10 +26,10 @@ from actions.models import (
     WebhookEvent,
     WebhookEventOutcome,
 )
-from actions.providers.sandbox.webhooks import sign
 from actions.services import Actor, action_propose_refund
 from approvals.models import Decision
 from approvals.services import approval_decide
+from harness.sandboxes.payment.webhooks import sign
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db

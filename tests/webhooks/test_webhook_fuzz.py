@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 
 from actions.models import Order, OrderEvent, OutsideRefund, WebhookEvent
-from actions.providers.sandbox.webhooks import sign
+from harness.sandboxes.payment.webhooks import sign
 from tests.factories import make_order
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

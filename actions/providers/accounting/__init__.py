@@ -1,3 +1,4 @@
-"""The accounting system: a thin client for its Xero-compatible API, and its sandbox."""
+"""The accounting system: a thin client for its Xero-compatible API (its sandbox is
+harness.sandboxes.accounting)."""
 
 from __future__ import annotations

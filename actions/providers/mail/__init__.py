@@ -1,3 +1,3 @@
-"""Mail: the SMTP adapter behind the supplier-email kind, and the mail sandbox (``sandbox``)."""
+"""Mail: the SMTP adapter behind the supplier-email kind (its sandbox is harness.sandboxes.mail)."""
 
 from __future__ import annotations

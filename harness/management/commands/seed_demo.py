@@ -52,7 +52,6 @@ from actions.engine.resolutions import ReviewRefused
 from actions.finance import action_assign
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, answer_from_refund, refund_action_id
-from actions.management.demo_bills import seed_demo_bills
 from actions.models import (
     Action,
     ActionStatus,
@@ -72,6 +71,7 @@ from actions.supplier_emails import supplier_email_propose
 from approvals.models import ApprovalLimit
 from approvals.services import approval_decide
 from console.roles import ensure_roles
+from harness.demo.bills import seed_demo_bills
 
 DEMO_PASSWORD = "demo-password"  # noqa: S105 - printed in the README for the local demo only
 

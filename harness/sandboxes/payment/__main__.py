@@ -1,4 +1,4 @@
-"""Run the sandbox provider: ``python -m actions.providers.sandbox [options]``.
+"""Run the sandbox provider: ``python -m harness.sandboxes.payment [options]``.
 
 Every option can also come from the environment (shown in ``--help``); a flag wins over its
 variable. The process prints ``sandbox listening on URL`` once it accepts connections and, with
@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from actions.providers.sandbox.app import SandboxConfig
-from actions.providers.sandbox.server import make_server
-from actions.providers.sandbox.webhooks import WebhookEndpoint
+from harness.sandboxes.payment.app import SandboxConfig
+from harness.sandboxes.payment.server import make_server
+from harness.sandboxes.payment.webhooks import WebhookEndpoint
 
 
 def _env_float(name: str, default: float) -> float:
@@ -32,7 +32,7 @@ def _env_int(name: str, default: int | None) -> int | None:
 def build_parser() -> argparse.ArgumentParser:
     defaults = SandboxConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m actions.providers.sandbox",
+        prog="python -m harness.sandboxes.payment",
         description="A Stripe-compatible refund provider with fault injection.",
     )
     parser.add_argument(

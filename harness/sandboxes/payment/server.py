@@ -11,8 +11,8 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from actions.providers.sandbox.app import Request, Response, Sandbox, SandboxConfig
-from actions.providers.sandbox.webhooks import WebhookEndpoint
+from harness.sandboxes.payment.app import Request, Response, Sandbox, SandboxConfig
+from harness.sandboxes.payment.webhooks import WebhookEndpoint
 
 __all__ = ["SandboxHTTPServer", "make_server", "start_in_thread"]
 

@@ -1,4 +1,4 @@
-"""Run the mail sandbox: ``python -m actions.providers.mail [options]``.
+"""Run the mail sandbox: ``python -m harness.sandboxes.mail [options]``.
 
 Prints ``mail sandbox smtp=HOST:PORT control=URL`` once both listen; with ``--port-file`` it
 writes ``{"smtp": PORT, "http": PORT}`` there, so a caller that asked for port 0 can find them.
@@ -14,11 +14,11 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from actions.providers.mail.sandbox import MailSandbox
+from harness.sandboxes.mail.sandbox import MailSandbox
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m actions.providers.mail", description="The mail sandbox.")
+    parser = argparse.ArgumentParser(prog="python -m harness.sandboxes.mail", description="The mail sandbox.")
     parser.add_argument("--host", default=os.environ.get("MAIL_SANDBOX_HOST", "127.0.0.1"))
     parser.add_argument(
         "--smtp-port",

@@ -1,6 +1,6 @@
 """The accounting sandbox: a Xero-shaped accounting API for supplier bills and credit notes.
 
-Same conventions as the payment sandbox (``actions.providers.sandbox``): its own SQLite storage,
+Same conventions as the payment sandbox (``harness.sandboxes.payment``): its own SQLite storage,
 control endpoints under ``/_sandbox/`` (reset, faults, config, clock, ledger, seeding), a clock
 that tests can move forward, and the same fault modes, chosen by the same ``FaultPlan``.
 
@@ -34,8 +34,8 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import parse_qsl
 
-from actions.providers.sandbox.app import Request, Response
-from actions.providers.sandbox.faults import Fault, FaultError, FaultPlan
+from harness.sandboxes.payment.app import Request, Response
+from harness.sandboxes.payment.faults import Fault, FaultError, FaultPlan
 
 __all__ = ["API_PREFIX", "AccountingConfig", "AccountingSandbox"]
 

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 from urllib.parse import parse_qsl
 
-from actions.providers.sandbox import webhooks
-from actions.providers.sandbox.faults import Fault, FaultError, FaultPlan
-from actions.providers.sandbox.webhooks import WebhookEndpoint, WebhookSender
+from harness.sandboxes.payment import webhooks
+from harness.sandboxes.payment.faults import Fault, FaultError, FaultPlan
+from harness.sandboxes.payment.webhooks import WebhookEndpoint, WebhookSender
 
 __all__ = ["Request", "Response", "Sandbox", "SandboxConfig"]
 

@@ -68,7 +68,6 @@ from django.contrib.auth.models import Group
 from django.db import InterfaceError, OperationalError, connection
 
 from actions.agents import INVOICE_ADJUSTMENT_SCOPE, agent_create, agent_token_issue
-from actions.chaos_workflows import WorkflowChaos, workflow_report_lines
 from actions.engine.dispatcher import DISPATCHER_PROCESS
 from actions.engine.invariants import EffectsReport, check_effects
 from actions.engine.resolutions import (
@@ -104,6 +103,7 @@ from approvals.models import ApprovalLimit, ApprovalPolicy, Decision
 from approvals.policy import latest_approval
 from approvals.services import DecisionRefused, action_reopen, approval_decide
 from console.roles import ACCOUNTS_PAYABLE, ensure_roles
+from harness.chaos.workflows import WorkflowChaos, workflow_report_lines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FINAL_STATUSES = {*TERMINAL_STATUSES, ActionStatus.NEEDS_REVIEW}
@@ -241,7 +241,7 @@ class ChaosReport:
     # Actions already in the database when the run began: the audit covers every action, and an
     # earlier run's receivers are gone, so their effects read as missing. Use a fresh database.
     actions_before: int = 0
-    workflows: dict[str, Any] = field(default_factory=dict)  # actions.chaos_workflows' audit
+    workflows: dict[str, Any] = field(default_factory=dict)  # harness.chaos.workflows' audit
 
     def per_kind(self) -> list[tuple[str, str, int, int]]:
         """(label, kind, duplicates, lost) for each kind the run proposes."""
@@ -506,7 +506,7 @@ class ChaosRun:
             [
                 sys.executable,
                 "-m",
-                "actions.providers.sandbox",
+                "harness.sandboxes.payment",
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -543,7 +543,7 @@ class ChaosRun:
                 [
                     sys.executable,
                     "-m",
-                    "actions.providers.accounting",
+                    "harness.sandboxes.accounting",
                     "--host",
                     "127.0.0.1",
                     "--port",
@@ -585,7 +585,7 @@ class ChaosRun:
                 [
                     sys.executable,
                     "-m",
-                    "actions.providers.mail",
+                    "harness.sandboxes.mail",
                     "--smtp-port",
                     str(self.mail_smtp_port),
                     "--http-port",

@@ -1,7 +1,7 @@
 """The chaos run's workflows: po_mismatch_resolution plans proposed through the API alongside the
 run's single actions, run by the same killed and faulted workers, and audited at the end.
 
-Kept out of ``actions.chaos`` so that the run's own module only gains a few hook calls. What it
+Kept out of ``harness.chaos.run`` so that the run's own module only gains a few hook calls. What it
 reports, for workflows (DESIGN.md section 10, invariants 12 to 16):
 - duplicates: a step or a compensation with more than one effect at its receiver;
 - lost: a workflow neither final nor waiting for a named person, or a step never started;
@@ -46,7 +46,7 @@ from actions.workflows.coordinator import workflow_advance
 from actions.workflows.services import PlanDecisionRefused, plan_decide
 
 if TYPE_CHECKING:
-    from actions.chaos import ChaosRun
+    from harness.chaos.run import ChaosRun
 
 S = ActionStatus
 W = WorkflowState
@@ -79,7 +79,7 @@ class WorkflowChaos:
     # --- seeding and proposing ---------------------------------------------------------------
 
     def seed(self) -> None:
-        from actions.chaos import _http, _now
+        from harness.chaos.run import _http, _now
 
         self.prefix = f"po-mismatch:bill-CW{self.run.stamp}-"
         supplier = Supplier.objects.get(code=CHAOS_SUPPLIER)
@@ -119,7 +119,7 @@ class WorkflowChaos:
     def _propose(self, bill_number: str, to: str) -> None:
         import time
 
-        from actions.chaos import _http
+        from harness.chaos.run import _http
 
         body = {
             "template": "po_mismatch_resolution",
@@ -164,7 +164,7 @@ class WorkflowChaos:
     def refusal_ensure(self) -> None:
         """The refusing contact's server refuses for good, through every change of the run's
         random faults (which clear the sandbox's list)."""
-        from actions.chaos import _http
+        from harness.chaos.run import _http
 
         if not self.prefix or not self.run.mail_url:
             return
@@ -174,7 +174,7 @@ class WorkflowChaos:
 
     def approve_waiting(self) -> None:
         """The scripted manager approves each plan that waits (four eyes: not the agent's owner)."""
-        from actions.chaos import _db_retry
+        from harness.chaos.run import _db_retry
 
         with contextlib.suppress(OSError, urllib.error.URLError):
             self.refusal_ensure()
@@ -185,7 +185,7 @@ class WorkflowChaos:
 
     def settled(self) -> bool:
         """Every workflow proposed is final, or waits for a named person."""
-        from actions.chaos import _db_retry
+        from harness.chaos.run import _db_retry
 
         def query() -> bool:
             moving = self.workflows().exclude(state__in=[W.COMPLETED, W.COMPENSATED, W.FAILED, W.REJECTED])
@@ -200,7 +200,7 @@ class WorkflowChaos:
         """The clerk for workflow emails held for a person: a message the relay's list shows is
         confirmed; one it does not show is recorded as failed (never sent again here), which lets
         the workflow compensate. The adjustments are resolved by the run's finance clerk."""
-        from actions.chaos import _db_retry
+        from harness.chaos.run import _db_retry
 
         counts: dict[str, int] = {}
         sent = {effect.action_id for effect in mail_ledger}
@@ -240,7 +240,7 @@ class WorkflowChaos:
         resumes or compensates), then wait until the workers have taken them to rest."""
         import time
 
-        from actions.chaos import _db_retry
+        from harness.chaos.run import _db_retry
 
         for workflow_id in _db_retry(lambda: list(self.workflows().values_list("workflow_id", flat=True))) or []:
             _db_retry(functools.partial(workflow_advance, workflow_id=workflow_id))
@@ -253,7 +253,7 @@ class WorkflowChaos:
         return self.settled()
 
     def audit(self, ledger: list[Effect], resolutions: dict[str, int]) -> dict[str, Any]:
-        from actions.chaos import _db_retry
+        from harness.chaos.run import _db_retry
 
         return dict(_db_retry(lambda: self._audit(ledger, resolutions)))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from http.server import ThreadingHTTPServer
 
-from actions.providers.accounting.sandbox import AccountingConfig, AccountingSandbox
-from actions.providers.sandbox.server import SandboxHandler
+from harness.sandboxes.accounting.sandbox import AccountingConfig, AccountingSandbox
+from harness.sandboxes.payment.server import SandboxHandler
 
 __all__ = ["AccountingHTTPServer", "make_server"]
 

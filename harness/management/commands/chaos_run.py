@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from actions.chaos import ChaosConfig, ChaosRun, postgres_restart_command
+from harness.chaos.run import ChaosConfig, ChaosRun, postgres_restart_command
 
 
 class Command(BaseCommand):

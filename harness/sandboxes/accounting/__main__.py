@@ -1,4 +1,4 @@
-"""Run the accounting sandbox: ``python -m actions.providers.accounting [options]``.
+"""Run the accounting sandbox: ``python -m harness.sandboxes.accounting [options]``.
 
 Options can also come from the environment (see ``--help``). It prints ``accounting sandbox
 listening on URL`` once it accepts connections and, with ``--port-file``, writes the port there.
@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from actions.providers.accounting.sandbox import AccountingConfig
-from actions.providers.accounting.server import make_server
+from harness.sandboxes.accounting.sandbox import AccountingConfig
+from harness.sandboxes.accounting.server import make_server
 
 
 def _env_float(name: str, default: float) -> float:
@@ -25,7 +25,7 @@ def _env_float(name: str, default: float) -> float:
 def build_parser() -> argparse.ArgumentParser:
     defaults = AccountingConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m actions.providers.accounting",
+        prog="python -m harness.sandboxes.accounting",
         description="A Xero-compatible accounting API (supplier bills, credit notes) with fault injection.",
     )
     parser.add_argument("--host", default=os.environ.get("ACCOUNTING_SANDBOX_HOST", "127.0.0.1"))
