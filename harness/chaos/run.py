@@ -105,7 +105,7 @@ from approvals.services import DecisionRefused, action_reopen, approval_decide
 from console.roles import ACCOUNTS_PAYABLE, ensure_roles
 from harness.chaos.workflows import WorkflowChaos, workflow_report_lines
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FINAL_STATUSES = {*TERMINAL_STATUSES, ActionStatus.NEEDS_REVIEW}
 CREATE_FAULT_MODES = (
     "commit_then_timeout",
