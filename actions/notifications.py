@@ -1,12 +1,15 @@
 """Notifications by e-mail: proposals waiting for managers, items escalated to their owners,
-and items overdue. Beat runs ``notifications_send_due`` every NOTIFICATION_INTERVAL_SECONDS.
+items overdue, and changes to limits and caps waiting for finance to confirm them. Beat runs
+``notifications_send_due`` every NOTIFICATION_INTERVAL_SECONDS.
 
 Each notification is sent once per item and person: a ``NotificationSent`` row per item is
 inserted in the transaction that sends the mail. Its unique constraint makes a second run (or
 two at once: the second insert waits for the first commit, then fails) skip what was sent;
 a mail that cannot be sent rolls its rows back, so the next run tries again.
 
-Each person chooses on their account page (``UserSettings``) which of these they receive.
+Each person chooses on their account page (``UserSettings``) which of these they receive,
+except the changes to limits and caps: those are a control (four eyes), so every member of
+finance who may confirm one is told.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import EmailMessage, get_connection
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.urls import reverse
 from django.utils import timezone
 
 from actions.models import (
@@ -36,8 +40,11 @@ from actions.models import (
     Workflow,
     WorkflowState,
 )
+from approvals.four_eyes import policy_change_refusal
+from approvals.models import PolicyChange, PolicyChangeStatus
 
 MANAGER_ROLE = "manager"
+FINANCE_ROLE = "finance"
 OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
 OPEN_REMEDY = (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS)
 # One mail lists at most this many items; the rest go in the next run's mail.
@@ -209,12 +216,50 @@ def _owner_notifications(now: datetime, run: NotificationRun, *, overdue: bool) 
         run.sent += 1 if count else 0
 
 
+def _policy_changes_waiting(now: datetime, run: NotificationRun) -> None:
+    """Tell each member of finance of the changes to limits and caps they may confirm."""
+    waiting = list(
+        PolicyChange.objects.filter(status=PolicyChangeStatus.PENDING)
+        .select_related("proposed_by", "limit_user")
+        .order_by("proposed_at", "pk")[: ITEMS_PER_MAIL * 4]
+    )
+    if not waiting:
+        return
+    members = get_user_model().objects.filter(is_active=True, groups__name=FINANCE_ROLE).exclude(email="").distinct()
+    link = settings.CONSOLE_BASE_URL.rstrip("/") + reverse("approvals-policy-changes")
+    for member in members:
+        told = _already_told(member, NotificationKind.POLICY_CHANGE)
+        items = [
+            Item(
+                f"policy_change:{change.pk}",
+                f"{change.get_operation_display()} of the {change.what()}: {change.before_text()} to "
+                f"{change.after_text()}, proposed by {change.proposed_by.get_username()}",
+            )
+            for change in waiting
+            if f"policy_change:{change.pk}" not in told and policy_change_refusal(change=change, user=member) is None
+        ]
+        count = _send_once(
+            user=member,
+            kind=NotificationKind.POLICY_CHANGE,
+            items=items,
+            subject_line="{count} change(s) to approval limits or caps waiting for your confirmation",
+            intro=(
+                "These changes were proposed in the admin site. They take effect only when a member of finance "
+                f"other than the proposer confirms them. Confirm or reject them here: {link}"
+            ),
+            now=now,
+        )
+        run.items += count
+        run.sent += 1 if count else 0
+
+
 def notifications_send_due(*, now: datetime | None = None) -> NotificationRun:
     now = now or timezone.now()
     run = NotificationRun()
     _waiting_proposals(now, run)
     _owner_notifications(now, run, overdue=False)
     _owner_notifications(now, run, overdue=True)
+    _policy_changes_waiting(now, run)
     return run
 
 

@@ -1,16 +1,22 @@
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
-from django.contrib import admin
-from django.db import transaction
-from django.http import HttpRequest
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 
 from actions.admin import CurrencyFilter, ReadOnlyAdmin
-from actions.models import SecurityEventKind
-from actions.security import security_event_record
-from approvals.models import Approval, ApprovalLimit, AutoApprovalCap
+from approvals.models import (
+    Approval,
+    ApprovalLimit,
+    AutoApprovalCap,
+    PolicyChange,
+    PolicyChangeStatus,
+    PolicyOperation,
+    PolicyTarget,
+)
+from approvals.policy_changes import PolicyChangeRefused, policy_change_propose
 
 
 @admin.register(Approval)
@@ -24,14 +30,94 @@ class ApprovalAdmin(ReadOnlyAdmin):
     list_select_related = ("action",)
 
 
-def _money(value: Decimal | None) -> str | None:
-    return None if value is None else str(value)
+class PolicyChangeAdmin(admin.ModelAdmin):
+    """A limit or cap is changed in two steps: saving or deleting here proposes the change
+    (approvals/policy_changes.py), and a second person, a member of finance, confirms it on the
+    console's policy-changes page. Until then the old values stay in force, so nothing here
+    writes the row, and the admin log records nothing (the security trail has the proposal)."""
+
+    def _propose(self, request: HttpRequest, obj: Any, operation: str) -> None:
+        try:
+            change = policy_change_propose(proposed_by=request.user, row=obj, operation=operation)
+        except PolicyChangeRefused as refused:
+            self.message_user(request, str(refused), messages.ERROR)
+            return
+        if change is None:
+            self.message_user(request, "Nothing changed: those are the values in force.", messages.INFO)
+            return
+        self.message_user(
+            request,
+            f"Sent to finance: the {change.what()} stays {change.before_text()} until a member of finance "
+            f"other than you confirms {change.after_text()}.",
+            messages.WARNING,
+        )
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        self._propose(request, obj, PolicyOperation.UPDATE if change else PolicyOperation.CREATE)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        self._propose(request, obj, PolicyOperation.DELETE)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # The bulk delete would report rows deleted that are only proposed for removal; each
+        # removal goes through its own delete page instead.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        pass  # nothing related, and nothing saved yet
+
+    # The admin log would record a row added, changed or deleted that is only proposed (and,
+    # for an addition, has no key yet): the security trail records the proposal instead.
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> None:  # type: ignore[override]
+        pass
+
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> None:  # type: ignore[override]
+        pass
+
+    def log_deletions(self, request: HttpRequest, queryset: Any) -> None:  # type: ignore[override]
+        pass
+
+    def _back_to_list(self) -> HttpResponseRedirect:
+        opts = self.opts
+        return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
+
+    def response_add(self, request: HttpRequest, obj: Any, post_url_continue: str | None = None) -> HttpResponse:
+        return self._back_to_list()
+
+    def response_change(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        return self._back_to_list()
+
+    def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
+        return self._back_to_list()
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if request.method == "GET":
+            # What is proposed but not yet in force, so that the list is not read as the future.
+            target = PolicyTarget.APPROVAL_LIMIT if self.model is ApprovalLimit else PolicyTarget.AUTO_APPROVAL_CAP
+            waiting = PolicyChange.objects.filter(target=target, status=PolicyChangeStatus.PENDING).select_related(
+                "proposed_by", "limit_user"
+            )
+            for change in waiting.order_by("proposed_at", "pk"):
+                self.message_user(
+                    request,
+                    f"Waiting for finance: {change.get_operation_display().lower()} of the {change.what()}, "
+                    f"{change.before_text()} to {change.after_text()} "
+                    f"(proposed by {change.proposed_by.get_username()}).",
+                    messages.INFO,
+                )
+        return super().changelist_view(request, extra_context)
 
 
 @admin.register(ApprovalLimit)
-class ApprovalLimitAdmin(admin.ModelAdmin):
-    """Limits are validated by the model (positive, an ISO currency the console uses) and every
-    change is written to the security trail. Nobody edits their own limit here."""
+class ApprovalLimitAdmin(PolicyChangeAdmin):
+    """Limits are validated by the model (positive, an ISO currency the console uses). Every
+    change waits for finance to confirm it. Nobody edits their own limit here."""
 
     list_display = ("user", "currency", "max_amount")
     list_filter = (CurrencyFilter,)
@@ -61,77 +147,49 @@ class ApprovalLimitAdmin(admin.ModelAdmin):
             user_field.queryset = user_field.queryset.exclude(pk=request.user.pk)  # type: ignore[attr-defined]
         return form
 
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        before = (
-            ApprovalLimit.objects.filter(pk=obj.pk).values_list("max_amount", flat=True).first() if change else None
-        )
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            security_event_record(
-                kind=SecurityEventKind.APPROVAL_LIMIT_CHANGED,
-                user=request.user,
-                subject=f"approval limit of {obj.user.get_username()} in {obj.currency}",
-                detail={
-                    "user": obj.user.get_username(),
-                    "currency": obj.currency,
-                    "before": _money(before),
-                    "after": _money(obj.max_amount),
-                },
-            )
-
-    def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        with transaction.atomic():
-            security_event_record(
-                kind=SecurityEventKind.APPROVAL_LIMIT_DELETED,
-                user=request.user,
-                subject=f"approval limit of {obj.user.get_username()} in {obj.currency}",
-                detail={"user": obj.user.get_username(), "currency": obj.currency, "before": _money(obj.max_amount)},
-            )
-            super().delete_model(request, obj)
-
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for obj in queryset.exclude(user=request.user):
-            self.delete_model(request, obj)
+        super().delete_queryset(request, queryset.exclude(user=request.user))
 
 
 @admin.register(AutoApprovalCap)
-class AutoApprovalCapAdmin(admin.ModelAdmin):
+class AutoApprovalCapAdmin(PolicyChangeAdmin):
     """Caps on what the auto-approval policy may approve with no person involved. Every change
-    is written to the security trail."""
+    waits for finance to confirm it."""
 
     list_display = ("scope", "currency", "max_amount", "max_count", "window_hours")
     list_filter = ("scope", CurrencyFilter)
 
-    def _detail(self, obj: AutoApprovalCap) -> dict[str, Any]:
-        return {
-            "scope": obj.scope,
-            "currency": obj.currency,
-            "max_amount": _money(obj.max_amount),
-            "max_count": obj.max_count,
-            "window_hours": obj.window_hours,
-        }
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        # A cap is one scope and currency; another scope or currency is a new cap.
+        return ("scope", "currency") if obj else ()
 
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        before = AutoApprovalCap.objects.filter(pk=obj.pk).first() if change else None
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            security_event_record(
-                kind=SecurityEventKind.CAP_CHANGED,
-                user=request.user,
-                subject=f"auto-approval cap {obj.scope} {obj.currency}",
-                detail={"before": self._detail(before) if before else None, "after": self._detail(obj)},
-            )
 
-    def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        with transaction.atomic():
-            security_event_record(
-                kind=SecurityEventKind.CAP_DELETED,
-                user=request.user,
-                subject=f"auto-approval cap {obj.scope} {obj.currency}",
-                detail={"before": self._detail(obj)},
-            )
-            super().delete_model(request, obj)
+@admin.register(PolicyChange)
+class PolicyChangeHistoryAdmin(ReadOnlyAdmin):
+    """Proposed changes to limits and caps, and who confirmed or rejected them. Finance decides
+    them on the console's policy-changes page, not here."""
 
-    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for obj in queryset:
-            self.delete_model(request, obj)
+    list_display = (
+        "proposed_at",
+        "operation",
+        "what",
+        "before_text",
+        "after_text",
+        "status",
+        "proposed_by",
+        "decided_by",
+    )
+    list_filter = ("status", "target")
+    list_select_related = ("proposed_by", "limit_user", "decided_by")
+
+    @admin.display(description="limit or cap")
+    def what(self, obj: PolicyChange) -> str:
+        return obj.what()
+
+    @admin.display(description="before")
+    def before_text(self, obj: PolicyChange) -> str:
+        return obj.before_text()
+
+    @admin.display(description="after")
+    def after_text(self, obj: PolicyChange) -> str:
+        return obj.after_text()

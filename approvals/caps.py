@@ -8,10 +8,11 @@ The threshold alone let an agent empty an order in small pieces (13 auto-approve
 - per agent: the total amount auto-approved for the agent's proposals within a day (the cap's
   window), per currency.
 
-The caps are policy data (``AutoApprovalCap`` rows, edited in the admin and written to the
-security trail), with defaults in the settings. ``auto_approval_cap_refusal`` decides and
-changes nothing: the auto-approval policy calls it before approving, inside its transaction,
-after ``auto_approval_cap_lock`` has locked the rows that serialise concurrent decisions.
+The caps are policy data (``AutoApprovalCap`` rows, proposed in the admin and in force once a
+member of finance confirms them, approvals/policy_changes.py), with defaults in the settings.
+``auto_approval_cap_refusal`` decides and changes nothing: the auto-approval policy calls it
+before approving, inside its transaction, after ``auto_approval_cap_lock`` has locked the rows
+that serialise concurrent decisions.
 """
 
 from __future__ import annotations

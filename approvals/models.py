@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -130,7 +132,8 @@ class Approval(models.Model):
 
 
 class ApprovalLimit(models.Model):
-    """The most a manager may approve for one action, per currency."""
+    """The most a manager may approve for one action, per currency. Changes are proposed in the
+    admin and written here only once a member of finance confirms them (``PolicyChange``)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approval_limits")
     currency = models.CharField(max_length=3, validators=[validate_currency])
@@ -163,8 +166,8 @@ class AutoApprovalCap(models.Model):
       auto-approved for one agent's proposals.
 
     One row per scope and currency; without a row the settings' defaults apply. Past a cap a
-    proposal waits for a manager. Rows are edited in the admin only, and every change is
-    written to the security trail.
+    proposal waits for a manager. Changes are proposed in the admin and written here only once
+    a member of finance confirms them (``PolicyChange``).
     """
 
     scope = models.CharField(max_length=16, choices=CapScope.choices)
@@ -186,6 +189,141 @@ class AutoApprovalCap(models.Model):
     def __str__(self) -> str:
         count = f", {self.max_count} actions" if self.max_count is not None else ""
         return f"{self.get_scope_display()}: {self.max_amount} {self.currency}{count} per {self.window_hours} h"
+
+
+def _money_text(value: object) -> str:
+    return "none" if value is None else str(value)
+
+
+class PolicyTarget(models.TextChoices):
+    APPROVAL_LIMIT = "approval_limit", "Approval limit"
+    AUTO_APPROVAL_CAP = "auto_approval_cap", "Auto-approval cap"
+
+
+class PolicyOperation(models.TextChoices):
+    CREATE = "create", "New"
+    UPDATE = "update", "Change"
+    DELETE = "delete", "Removal"
+
+
+class PolicyChangeStatus(models.TextChoices):
+    PENDING = "pending", "Waiting for finance"
+    CONFIRMED = "confirmed", "Confirmed"
+    REJECTED = "rejected", "Rejected"
+
+
+class PolicyChange(models.Model):
+    """A change to an approval limit or an auto-approval cap, waiting for a second person.
+
+    The admin site proposes; a member of finance other than the proposer confirms or rejects
+    (approvals/policy_changes.py). Until it is confirmed the old value stays in force: the
+    limit or cap row is written only by the confirmation, in the same transaction.
+
+    The row is named by its natural key (the limit's person and currency, the cap's scope and
+    currency), which each table holds unique: a change names its row before it exists (a new
+    limit) and after it is gone (a removal). ``before`` is the row's values when proposed
+    (null for a new row), ``after`` the values asked for (null for a removal); a confirmation
+    applies ``after`` only while the row still holds ``before``.
+    """
+
+    target = models.CharField(max_length=32, choices=PolicyTarget.choices)
+    operation = models.CharField(max_length=16, choices=PolicyOperation.choices)
+    # An approval limit's person; null for a cap.
+    limit_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    # A cap's scope; blank for an approval limit.
+    scope = models.CharField(max_length=16, choices=CapScope.choices, blank=True)
+    currency = models.CharField(max_length=3)
+    before = models.JSONField(null=True, blank=True, help_text="The row's values when proposed; null for a new row.")
+    after = models.JSONField(null=True, blank=True, help_text="The values asked for; null for a removal.")
+    status = models.CharField(max_length=16, choices=PolicyChangeStatus.choices, default=PolicyChangeStatus.PENDING)
+    proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    proposed_at = models.DateTimeField()
+    # Who confirmed or rejected it (``status`` says which), and when.
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-proposed_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(target="approval_limit", limit_user__isnull=False, scope="")
+                    | Q(target="auto_approval_cap", limit_user__isnull=True) & ~Q(scope="")
+                ),
+                name="policy_change_names_its_row",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status="pending", decided_by__isnull=True, decided_at__isnull=True)
+                    | ~Q(status="pending") & Q(decided_by__isnull=False, decided_at__isnull=False)
+                ),
+                name="policy_change_decided_once",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(operation="create", before__isnull=True, after__isnull=False)
+                    | Q(operation="update", before__isnull=False, after__isnull=False)
+                    | Q(operation="delete", before__isnull=False, after__isnull=True)
+                ),
+                name="policy_change_before_after",
+            ),
+            # One change at a time per row: a second would be proposed against a value that the
+            # first may replace, so it waits until finance has decided the first.
+            models.UniqueConstraint(
+                fields=["limit_user", "currency"],
+                condition=Q(status="pending", target="approval_limit"),
+                name="policy_change_one_pending_per_limit",
+            ),
+            models.UniqueConstraint(
+                fields=["scope", "currency"],
+                condition=Q(status="pending", target="auto_approval_cap"),
+                name="policy_change_one_pending_per_cap",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_operation_display()} of the {self.what()}: {self.status}"
+
+    def what(self) -> str:
+        """The row, in words: "approval limit of maria in EUR", "auto-approval cap per agent in EUR"."""
+        if self.target == PolicyTarget.APPROVAL_LIMIT:
+            assert self.limit_user is not None
+            return f"approval limit of {self.limit_user.get_username()} in {self.currency}"
+        return f"auto-approval cap {CapScope(self.scope).label.lower()} in {self.currency}"
+
+    def values_text(self, values: dict[str, object] | None) -> str:
+        """``before`` or ``after`` in words, with the currency: "500.00 EUR", "50.00 EUR, at most
+        2 actions, per 168 h", or "none" for a row that does not exist."""
+        if values is None:
+            return "none"
+        text = f"{_money_text(values.get('max_amount'))} {self.currency}"
+        if self.target == PolicyTarget.AUTO_APPROVAL_CAP:
+            if values.get("max_count") is not None:
+                text += f", at most {values['max_count']} actions"
+            text += f", per {values.get('window_hours')} h"
+        return text
+
+    def before_text(self) -> str:
+        return self.values_text(self.before)
+
+    def after_text(self) -> str:
+        return self.values_text(self.after)
+
+    def confirm(self, *, by: Any, at: datetime) -> None:
+        self.status = PolicyChangeStatus.CONFIRMED
+        self.decided_by = by
+        self.decided_at = at
+
+    def reject(self, *, by: Any, at: datetime, note: str = "") -> None:
+        self.status = PolicyChangeStatus.REJECTED
+        self.decided_by = by
+        self.decided_at = at
+        self.decision_note = note
 
 
 class PendingRejection(models.Model):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views, workflow_views
+from approvals import policy_change_views, views, workflow_views
 
 urlpatterns = [
     path("", views.inbox, name="approvals-inbox"),
@@ -17,4 +17,15 @@ urlpatterns = [
     path("workflows/", workflow_views.plan_inbox, name="approvals-workflows"),
     path("workflows/<int:pk>/", workflow_views.plan_detail, name="approvals-workflow"),
     path("workflows/<int:pk>/decide", workflow_views.plan_decide_view, name="approvals-workflow-decide"),
+    path("policy-changes/", policy_change_views.policy_changes, name="approvals-policy-changes"),
+    path(
+        "policy-changes/<int:pk>/confirm",
+        policy_change_views.policy_change_confirm_view,
+        name="approvals-policy-change-confirm",
+    ),
+    path(
+        "policy-changes/<int:pk>/reject",
+        policy_change_views.policy_change_reject_view,
+        name="approvals-policy-change-reject",
+    ),
 ]

@@ -86,6 +86,8 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "approvals.add_approvallimit",
         "approvals.change_approvallimit",
         "approvals.delete_approvallimit",
+        # Changes to limits and caps take effect once finance confirms them; the admin reads them.
+        "approvals.view_policychange",
         # Viewing only: with auth.change_user the admin role could grant itself any group or
         # superuser status, defeating four eyes. Users and roles are managed by a superuser.
         "auth.view_user",

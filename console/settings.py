@@ -400,6 +400,8 @@ AGENT_WEBHOOK_PROXY_URL: str = env_str("AGENT_WEBHOOK_PROXY_URL", "")
 # escalations and overdue items this often; mails come from NOTIFICATION_EMAIL_FROM.
 NOTIFICATION_INTERVAL_SECONDS: int = env_int("NOTIFICATION_INTERVAL_SECONDS", 60)
 NOTIFICATION_EMAIL_FROM = env_str("NOTIFICATION_EMAIL_FROM", "console@console.invalid")
+# The console's address as people reach it, for the links in notifications.
+CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
 # A backend of their own: the default EMAIL_BACKEND is the supplier emails' (the mail sandbox,
 # whose accepted messages are a receiver's ledger that the audits read). Django's console
 # backend by default (the worker's log in `make start`); production sets an SMTP backend.

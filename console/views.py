@@ -11,6 +11,8 @@ from django.views.decorators.http import require_safe
 
 from actions import permissions as perms
 from actions.review_selectors import RESOLVE_PERMISSION, ledger_audit_last_get, review_summary_get
+from approvals.four_eyes import policy_change_reader_refusal
+from approvals.policy_changes import policy_changes_waiting_count
 from approvals.selectors import approval_summary_get
 
 
@@ -23,4 +25,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         context["manager_summary"] = approval_summary_get(user=request.user)
     if request.user.has_perm(RESOLVE_PERMISSION):
         context["finance_summary"] = review_summary_get(user=request.user)
+    if policy_change_reader_refusal(user=request.user) is None:
+        # Changes to approval limits and caps wait for a member of finance to confirm them.
+        context["policy_changes_waiting"] = policy_changes_waiting_count(user=request.user)
     return render(request, "console/dashboard.html", context)

@@ -104,6 +104,7 @@ class NotificationKind(models.TextChoices):
     WAITING_PROPOSAL = "waiting_proposal", "Proposal waiting"
     ESCALATED = "escalated", "Escalated to you"
     OVERDUE = "overdue", "Overdue"
+    POLICY_CHANGE = "policy_change", "Limit or cap change to confirm"
 
 
 class NotificationSent(models.Model):

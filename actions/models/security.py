@@ -13,10 +13,16 @@ class SecurityEventKind(models.TextChoices):
     WEBHOOK_CHANGED = "webhook_changed", "Agent webhook URL set or removed"
     WEBHOOK_SECRET_ROTATED = "webhook_secret_rotated", "Agent webhook secret issued"
     AGENT_OWNER_CHANGED = "agent_owner_changed", "Agent owner changed"
+    # Written when the admin site changed limits and caps at once; kept for the rows written then.
     APPROVAL_LIMIT_CHANGED = "approval_limit_changed", "Approval limit changed"
     APPROVAL_LIMIT_DELETED = "approval_limit_deleted", "Approval limit deleted"
     CAP_CHANGED = "cap_changed", "Auto-approval cap changed"
     CAP_DELETED = "cap_deleted", "Auto-approval cap deleted"
+    # Limits and caps now change in two steps: proposed in the admin site, then confirmed (or
+    # rejected) by a second person in finance (approvals/policy_changes.py).
+    POLICY_CHANGE_PROPOSED = "policy_change_proposed", "Limit or cap change proposed"
+    POLICY_CHANGE_CONFIRMED = "policy_change_confirmed", "Limit or cap change confirmed"
+    POLICY_CHANGE_REJECTED = "policy_change_rejected", "Limit or cap change rejected"
 
 
 class SecurityEventQuerySet(models.QuerySet["SecurityEvent"]):

@@ -18,8 +18,8 @@ from django.utils import timezone
 from actions.models import Action, ActionStatus, SecurityEvent, SecurityEventKind
 from actions.services import Actor
 from approvals.caps import auto_approval_cap_refusal, auto_approval_held_record, cap_for
-from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope
-from tests.factories import make_agent, make_order
+from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, PolicyChange
+from tests.factories import make_agent, make_order, make_user
 from tests.security.conftest import propose
 
 pytestmark = pytest.mark.django_db
@@ -101,8 +101,16 @@ def test_an_admins_cap_row_overrides_the_settings_and_is_audited(console_admin: 
     order = make_order(captured="310.00")
 
     assert response.status_code == 302
+    # The cap takes effect once a second person in finance confirms it
+    # (tests/approvals/test_policy_changes.py).
+    assert not AutoApprovalCap.objects.exists()
+    assert SecurityEvent.objects.filter(kind=SecurityEventKind.POLICY_CHANGE_PROPOSED, actor=console_admin).exists()
+    finance = Client()
+    finance.force_login(make_user("fiona.finance", "finance"))
+    finance.post(f"/approvals/policy-changes/{PolicyChange.objects.get().pk}/confirm")
+
     assert AutoApprovalCap.objects.get().max_amount == Decimal("5.00")
-    assert SecurityEvent.objects.filter(kind=SecurityEventKind.CAP_CHANGED, actor=console_admin).exists()
+    assert SecurityEvent.objects.filter(kind=SecurityEventKind.POLICY_CHANGE_CONFIRMED).exists()
     assert auto_approval_cap_refusal(action=waiting(agent, order, "6.00"), now=timezone.now()) is not None
 
 

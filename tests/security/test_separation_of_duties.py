@@ -30,7 +30,7 @@ from actions.models import (
 )
 from actions.services import Actor
 from approvals.four_eyes import four_eyes_refusal
-from approvals.models import ApprovalLimit
+from approvals.models import ApprovalLimit, PolicyChange
 from approvals.services import DecisionRefused, approval_decide
 from tests.factories import PASSWORD, make_order, make_user
 from tests.security.conftest import propose
@@ -242,10 +242,21 @@ def test_an_admin_cannot_raise_his_own_limit_and_changes_are_audited(console_adm
     assert own_change.status_code == 403
     assert own.max_amount == Decimal("10")
     assert their_change.status_code == 302
+    # A change waits for a second person in finance (tests/approvals/test_policy_changes.py).
+    assert theirs.max_amount == Decimal("500")
+    proposed = SecurityEvent.objects.get(kind=SecurityEventKind.POLICY_CHANGE_PROPOSED)
+    assert proposed.actor == console_admin
+    assert proposed.detail["user"] == manager.username
+    assert proposed.detail["before"] == {"max_amount": "500.00"}
+    assert proposed.detail["after"] == {"max_amount": "750.00"}
+
+    change = PolicyChange.objects.get()
+    logged_in(make_user("fiona.finance", "finance")).post(f"/approvals/policy-changes/{change.pk}/confirm")
+    theirs.refresh_from_db()
     assert theirs.max_amount == Decimal("750")
-    event = SecurityEvent.objects.get(kind=SecurityEventKind.APPROVAL_LIMIT_CHANGED)
-    assert event.detail == {"user": manager.username, "currency": "EUR", "before": "500.00", "after": "750"}
-    assert event.actor == console_admin
+    confirmed = SecurityEvent.objects.get(kind=SecurityEventKind.POLICY_CHANGE_CONFIRMED)
+    assert confirmed.detail["before"] == {"max_amount": "500.00"}
+    assert confirmed.detail["after"] == {"max_amount": "750.00"}
 
 
 def test_the_password_of_every_persona_is_known_to_the_tests() -> None:
