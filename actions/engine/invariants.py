@@ -79,39 +79,55 @@ def max_unknown_seconds() -> float:
     return total
 
 
+ActionRows = dict[str, dict[str, Any]]
+EffectsByAction = dict[str, list[Effect]]
+
+# What the checks read of each action: one query for the whole table.
+_ACTION_COLUMNS = (
+    "pk",
+    "action_id",
+    "kind",
+    "status",
+    "provider_reference",
+    "status_changed_at",
+    "owner_id",
+    "amount",
+    "currency",
+    "lease_expires_at",
+    "next_reconcile_at",
+    "proposed_by_user_id",
+    "proposed_by_agent__owner_id",
+)
+
+
 def check_effects(
     *, ledger: list[Effect], now: datetime | None = None, stuck_grace_seconds: float = 0
 ) -> EffectsReport:
     """``ledger``: the effects of every kind's receiver, read before this call."""
     now = now or timezone.now()
     report = EffectsReport(checked_at=now.isoformat())
-    effects_by_action: dict[str, list[Effect]] = defaultdict(list)
+    effects_by_action = _effects_by_action(report, ledger)
+    actions: ActionRows = {row["action_id"]: row for row in Action.objects.values(*_ACTION_COLUMNS)}
+    _count_actions(report, actions)
+    decisions = repeat_allowances(effects_by_action.keys())
+    _check_at_most_one_effect(report, actions, effects_by_action, decisions)
+    _check_each_success_has_its_effect(report, actions, effects_by_action, decisions)
+    _check_money_adds_up(report)
+    _check_nothing_is_stuck(report, actions, now=now, grace_seconds=stuck_grace_seconds)
+    _check_liveness(report, actions)
+    return report
+
+
+def _effects_by_action(report: EffectsReport, ledger: list[Effect]) -> EffectsByAction:
+    effects_by_action: EffectsByAction = defaultdict(list)
     for effect in ledger:
         if effect.is_effect:
             report.effects += 1
             effects_by_action[effect.action_id or ""].append(effect)
+    return effects_by_action
 
-    actions = {
-        a["action_id"]: a
-        for a in Action.objects.values(
-            "pk",
-            "action_id",
-            "kind",
-            "status",
-            "provider_reference",
-            "status_changed_at",
-            "owner_id",
-            "amount",
-            "currency",
-            "lease_expires_at",
-            "next_reconcile_at",
-            "proposed_by_user_id",
-            "proposed_by_agent__owner_id",
-        )
-    }
-    # Invariant 2 can only be checked where a ledger was read: a compensation's or a void's
-    # effect is not a record its receiver lists.
-    audited_kinds = {kind.name for kind in all_kinds() if kind.ledger_enabled()}
+
+def _count_actions(report: EffectsReport, actions: ActionRows) -> None:
     report.actions = len(actions)
     for row in actions.values():
         report.states[row["status"]] = report.states.get(row["status"], 0) + 1
@@ -120,20 +136,17 @@ def check_effects(
         report.duplicates_by_kind.setdefault(kind.name, 0)
         report.lost_by_kind.setdefault(kind.name, 0)
 
-    def lose(action_id: str) -> None:
-        report.lost += 1
-        kind_name = actions[action_id]["kind"]
-        report.lost_by_kind[kind_name] = report.lost_by_kind.get(kind_name, 0) + 1
 
-    decisions = repeat_allowances(effects_by_action.keys())
+def _check_at_most_one_effect(
+    report: EffectsReport, actions: ActionRows, effects_by_action: EffectsByAction, decisions: dict[str, int]
+) -> None:
+    """Invariant 1: at most one effect per action (plus one per recorded "send again" decision,
+    invariant 16); an effect must belong to an action."""
     # Effects that no action made but that a kind booked by other means (an outside refund
     # learnt from the receiver's webhook) are explained: counted, not reported.
     explained: dict[str, str] = {}
     for kind in all_kinds():
         explained.update(kind.explained_effects())
-
-    # Invariant 1: at most one effect per action (plus one per recorded "send again" decision,
-    # invariant 16); an effect must belong to an action.
     for action_id, effects in effects_by_action.items():
         if action_id not in actions:
             for effect in effects:
@@ -159,14 +172,17 @@ def check_effects(
             references = ", ".join(sorted(e.reference for e in effects))
             report.violations.append(Violation(1, action_id, f"{len(effects)} effects at the receiver: {references}"))
 
-    # A workflow step walked back by its compensation (a credit note voided) no longer shows a
-    # live effect at its receiver: the compensation accounts for it. That holds once the
-    # compensation succeeded, and also while its outcome is still being established (sent, not
-    # final): the receiver may have voided the note before the answer was lost,
-    # and the compensation itself is then owned by the reconciler or a person (invariant 8 checks
-    # that). Only a compensation that failed for good, or was never sent, leaves a missing
-    # effect unexplained.
-    compensated = set(
+
+def _compensated_action_ids() -> set[str]:
+    """Workflow steps walked back by their compensation (a credit note voided): they no longer
+    show a live effect at their receiver, and the compensation accounts for it.
+
+    That holds once the compensation succeeded, and also while its outcome is still being
+    established (sent, not final): the receiver may have voided the note before the answer was
+    lost, and the compensation itself is then owned by the reconciler or a person (invariant 8
+    checks that). Only a compensation that failed for good, or was never sent, leaves a missing
+    effect unexplained."""
+    return set(
         WorkflowStep.objects.filter(
             action__isnull=False,
             # Sent, or being established: a send refused before the receiver took it (AUTHORIZED
@@ -174,13 +190,28 @@ def check_effects(
             compensation__status__in=(S.SUCCEEDED, S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REVIEW),
         ).values_list("action__action_id", flat=True)
     )
-    # Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded.
+
+
+def _check_each_success_has_its_effect(
+    report: EffectsReport, actions: ActionRows, effects_by_action: EffectsByAction, decisions: dict[str, int]
+) -> None:
+    """Invariant 2: every SUCCEEDED action has exactly one effect, and its reference is recorded;
+    and (invariant 1's other side) no action that ended without success has a succeeded effect,
+    which would mean money moved without the console's record."""
+    # Invariant 2 can only be checked where a ledger was read: a compensation's or a void's
+    # effect is not a record its receiver lists.
+    audited_kinds = {kind.name for kind in all_kinds() if kind.ledger_enabled()}
+    compensated = _compensated_action_ids()
     for action_id, row in actions.items():
+        effects = effects_by_action.get(action_id, [])
+        succeeded = [e for e in effects if e.outcome == Outcome.SUCCEEDED]
+        if row["status"] in (S.FAILED_FINAL, S.REJECTED, S.CANCELLED) and succeeded:
+            report.violations.append(
+                Violation(1, action_id, f"{row['status']} in the console but a succeeded effect at the receiver")
+            )
         # A kind whose receiver keeps no ledger (a person is its receiver) has nothing to count.
         if row["status"] != S.SUCCEEDED or row["kind"] not in audited_kinds:
             continue
-        effects = effects_by_action.get(action_id, [])
-        succeeded = [e for e in effects if e.outcome == Outcome.SUCCEEDED]
         if action_id in compensated and not succeeded:
             continue
         if not 1 <= len(succeeded) <= 1 + decisions.get(action_id, 0):
@@ -196,41 +227,34 @@ def check_effects(
                     f"but the effect is {succeeded[0].reference}",
                 )
             )
-        # An effect in a terminal non-success state would mean money moved without our record.
-    for action_id, row in actions.items():
-        if row["status"] in (S.FAILED_FINAL, S.REJECTED, S.CANCELLED) and any(
-            e.outcome == Outcome.SUCCEEDED for e in effects_by_action.get(action_id, [])
-        ):
-            report.violations.append(
-                Violation(1, action_id, f"{row['status']} in the console but a succeeded effect at the receiver")
-            )
 
-    # Invariant 5: each kind's targets add up.
+
+def _check_money_adds_up(report: EffectsReport) -> None:
+    """Invariant 5: each kind's targets add up."""
     for kind in all_kinds():
         checked, problems = kind.money_violations()
         report.targets += checked
         report.violations.extend(Violation(5, subject, message) for subject, message in problems)
 
-    # Invariant 8: nothing is lost.
-    lease_bound = timedelta(seconds=settings.LEASE_SECONDS + settings.SWEEP_INTERVAL_SECONDS + stuck_grace_seconds)
-    unknown_bound = timedelta(seconds=max_unknown_seconds() + stuck_grace_seconds)
+
+def _check_nothing_is_stuck(report: EffectsReport, actions: ActionRows, *, now: datetime, grace_seconds: float) -> None:
+    """Invariant 8: nothing is lost. No action stays SUBMITTING beyond its lease and a sweep,
+    none UNKNOWN beyond the escalation policy, none in NEEDS_REVIEW without a named owner."""
+    lease_bound = timedelta(seconds=settings.LEASE_SECONDS + settings.SWEEP_INTERVAL_SECONDS + grace_seconds)
+    unknown_bound = timedelta(seconds=max_unknown_seconds() + grace_seconds)
     for action_id, row in actions.items():
         since = row["status_changed_at"] or now
         if row["status"] == S.SUBMITTING and now - since > lease_bound:
-            lose(action_id)
-            report.violations.append(
-                Violation(8, action_id, f"SUBMITTING for {_age(now - since)}, beyond lease + sweep interval")
-            )
+            message = f"SUBMITTING for {_age(now - since)}, beyond lease + sweep interval"
         elif row["status"] == S.UNKNOWN and now - since > unknown_bound:
-            lose(action_id)
-            report.violations.append(
-                Violation(8, action_id, f"UNKNOWN for {_age(now - since)}, beyond the escalation policy")
-            )
+            message = f"UNKNOWN for {_age(now - since)}, beyond the escalation policy"
         elif row["status"] == S.NEEDS_REVIEW and row["owner_id"] is None:
-            lose(action_id)
-            report.violations.append(Violation(8, action_id, "NEEDS_REVIEW with no named owner"))
-    _check_liveness(report, actions)
-    return report
+            message = "NEEDS_REVIEW with no named owner"
+        else:
+            continue
+        report.lost += 1
+        report.lost_by_kind[row["kind"]] = report.lost_by_kind.get(row["kind"], 0) + 1
+        report.violations.append(Violation(8, action_id, message))
 
 
 def _check_liveness(report: EffectsReport, actions: dict[str, dict[str, Any]]) -> None:

@@ -77,7 +77,7 @@ from actions.engine.resolutions import (
     action_resolve_retry,
     action_resolve_succeeded,
 )
-from actions.kinds.base import LookupVerdict, Outcome, Receiver
+from actions.kinds.base import Effect, LookupVerdict, Outcome, Receiver
 from actions.kinds.invoice_adjustment import AdjustmentReceiver, accounting_from_settings
 from actions.kinds.refund import RefundReceiver
 from actions.kinds.supplier_email import MailRelay, message_reference
@@ -424,6 +424,19 @@ def _db_retry(fn: Callable[[], Any], attempts: int = 60) -> Any:
                 raise
             time.sleep(0.5)
     return None
+
+
+@dataclass
+class _Storm:
+    """Where the storm phase of a run stands: the next kill, the outage, the restarts done."""
+
+    next_kill: float
+    outside_total: int
+    outage_over: bool
+    outage_started: float | None = None
+    creates_down: bool = False
+    restarted: bool = False
+    flushed: bool = False
 
 
 class ChaosRun:
@@ -1138,178 +1151,213 @@ class ChaosRun:
         self._checks()
         started = time.monotonic()
         try:
-            # The run owns its broker database: messages left by an earlier run (for actions of
-            # another database) would only delay this one.
-            import redis
-
-            redis.Redis.from_url(self.broker_url).flushdb()
-            self.start_sandbox()
-            if self.config.adjustments:
-                self.start_accounting_sandbox()
-            self.start_mail_sandbox()
-            proposals = self.seed()
-            self.start_web()
-            self.configure_faults(on=True)
-            for _ in range(self.config.workers):
-                self.start_worker()
-            for _ in range(self.config.dispatchers):
-                self.start_dispatcher()
-            self.start_beat()
-
-            proposer = threading.Thread(target=self.propose_all, args=(proposals,), daemon=True)
-            proposer.start()
-            next_kill = time.monotonic() + self.config.kill_every_seconds
-            restarted = flushed = False
-            outage_started: float | None = None
-            creates_down = False
-            outage_over = self.config.outage_seconds <= 0
-            outside_total = int(len(self.charges) * self.config.outside_refund_share)
-            while proposer.is_alive() or self.counts()[1] < self._proposed() * 0.6:
-                total, _final = self.counts()
-                # Outside refunds keep pace with the proposals, so they land on orders under way.
-                due_outside = outside_total * min(total / max(self.config.actions, 1), 1.0)
-                while self.report.outside_refunds < due_outside and self.charges:
-                    self.outside_refund()
-                outage_due = total >= self.config.actions * self.config.outage_at_share
-                if not outage_over and outage_started is None and outage_due:
-                    self.receiver_outage(creates=True)
-                    outage_started = time.monotonic()
-                    creates_down = True
-                elif (
-                    outage_started is not None
-                    and creates_down
-                    and time.monotonic() - outage_started >= self.config.outage_creates_seconds
-                ):
-                    # Creates come back first: the actions the outage left UNKNOWN are bounded,
-                    # so their reconciliations fail often enough to escalate.
-                    self.receiver_outage(creates=False)
-                    creates_down = False
-                elif outage_started is not None and not outage_over and self._outage_may_end(outage_started):
-                    self.collect_fired()
-                    self.configure_faults(on=True, mail=False)
-                    self.report.outage_seconds = time.monotonic() - outage_started
-                    outage_over = True
-                self.approve_waiting()
-                self._reap(with_faults=True)
-                if time.monotonic() >= next_kill and self.workers:
-                    victim = self.rng.choice(self.workers + self.dispatchers)
-                    victim.kill()
-                    self.report.kills += 1
-                    self._replace(victim, with_faults=True)
-                    next_kill = time.monotonic() + self.config.kill_every_seconds
-                total, _final = self.counts()
-                if self.config.restart_postgres and not restarted and total >= self.config.actions // 3:
-                    self.restart_postgres()
-                    restarted = True
-                if self.config.flush_redis and not flushed and total >= self.config.actions // 2:
-                    if self.config.restart_redis:
-                        self.restart_redis()
-                    else:
-                        self.flush_redis()
-                    flushed = True
-                self.progress("chaos")
-                time.sleep(0.5)
-                if time.monotonic() - started > self.config.drain_deadline_seconds:
-                    break
-            proposer.join(timeout=60)
-
-            # Drain: no more injected faults or kills; replace fault-point workers with clean ones.
-            if outage_started is not None and not outage_over:
-                self.report.outage_seconds = time.monotonic() - outage_started
-            self.collect_fired()
-            # The mail sandbox counts for the whole run (clearing its faults keeps the counts).
-            mail_fired = _http("GET", f"{self.mail_url}/faults").get("fired", {})
-            self.report.mail_faults_fired = {str(k): int(v) for k, v in mail_fired.items()}
-            self.configure_faults(on=False)
-            for worker in [*self.workers, *self.dispatchers]:
-                worker.kill()
-            self.workers.clear()
-            self.dispatchers.clear()
-            for _ in range(self.config.workers):
-                self.start_worker(with_faults=False)
-            for _ in range(self.config.dispatchers):
-                self.start_dispatcher(with_faults=False)
-            deadline = time.monotonic() + self.config.drain_deadline_seconds
-            while time.monotonic() < deadline:
-                self.approve_waiting()
-                self._reap(with_faults=False)
-                total, final = self.counts()
-                self.progress("draining")
-                if final >= total and total >= self._proposed() and self.workflow_chaos.settled():
-                    self.report.drained = True
-                    break
-                time.sleep(0.5)
+            proposals = self._start_everything()
+            self._storm(proposals, started=started)
+            self._drain()
             sys.stderr.write("\n")
             self.report.seconds = time.monotonic() - started
-            # Each pool child a fault point killed left a line in its worker's log.
-            self.report.self_kills += sum(
-                log.read_text(errors="replace").count("fault point ")
-                for pattern in ("worker*.log", "dispatcher*.log")
-                for log in self.workdir.glob(pattern)
-            )
-            provider = StripeProvider(
-                api_key="sk_test_chaos",
-                api_base=self.sandbox_url,
-                timeout_seconds=30,
-                key_retention=timedelta(seconds=self.config.key_retention_seconds),
-                lookup_visibility_delay=timedelta(seconds=self.config.visibility_delay_seconds),
-            )
-            self.report.dispatcher_claims = _db_retry(
-                lambda: ActionEvent.objects.filter(
-                    transition="begin_submission", actor_label=DISPATCHER_PROCESS.label
-                ).count()
-            )
-            self.report.reached_review = _db_retry(
-                lambda: ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW)
-                .values("action_id")
-                .distinct()
-                .count()
-            )
-            receivers: dict[str, Receiver] = {ActionKind.REFUND.value: RefundReceiver(provider)}
-            if self.accounting_url:
-                receivers[ActionKind.INVOICE_ADJUSTMENT.value] = AdjustmentReceiver(self._accounting_client())
-            if self.config.finance_resolves:
-                self.finance_resolve(receivers)
-            # The provider's lists lag by its lookup visibility delay: a refund created just
-            # before the drain ended is not listed yet. Read the ledger only once the last
-            # change is older than that delay, so the audit sees every effect.
-            self._wait_until_ledger_settles()
-            self._emails_resolve()
-            mail_ledger = list(MailRelay(SmtpMailer(), self.mail_url).ledger())
-            # Workflow emails held for a person are settled by their own clerk, then the
-            # workflows they paused run on (compensating where a step failed) before the audit.
-            workflow_resolutions = self.workflow_chaos.resolve_reviews(mail_ledger)
-            self.workflow_chaos.wait_settled(self.config.drain_deadline_seconds)
-            self._wait_until_ledger_settles()
-            mail_ledger = list(MailRelay(SmtpMailer(), self.mail_url).ledger())
-            self.report.messages_at_relay = len(mail_ledger)
-            ledger = list(RefundReceiver(provider).ledger())
-            # Reading the ledger settles what was due; its events go out now. Every event must
-            # have reached the console before its bookings are judged.
-            self._wait_for_webhooks()
-            self.report.outside_refunds_booked = _db_retry(
-                lambda: OutsideRefund.objects.filter(booked=True).count()
-            )
-            self.report.money_mismatches = _db_retry(lambda: money_per_order(ledger))
-            self.report.stale_by_policy = _db_retry(stale_by_policy_count)
-            ledger += mail_ledger
-            if self.accounting_url:
-                ledger += list(receivers[ActionKind.INVOICE_ADJUSTMENT.value].ledger())
-                self._audit_accounting_ledger()
-            # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
-            with _override(
-                LEASE_SECONDS=self.config.lease_seconds,
-                SWEEP_INTERVAL_SECONDS=self.config.sweep_interval_seconds,
-                RECONCILE_BASE_BACKOFF_SECONDS=1,
-                RECONCILE_MAX_FAILURES=self.config.reconcile_max_failures,
-                PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS=self.config.visibility_delay_seconds,
-            ):
-                self.report.audit = _db_retry(lambda: check_effects(ledger=ledger))
-            self.report.workflows = self.workflow_chaos.audit(ledger, workflow_resolutions)
-            return self.report
+            self._count_self_kills()
+            return self._audit()
         finally:
             for process in [*self.workers, *self.dispatchers, *self.others]:
                 process.stop()
+
+    def _start_everything(self) -> list[tuple[str, int, str, str]]:
+        """The receivers' sandboxes, the seeded orders, the web process, the workers, the
+        dispatchers and beat; returns the proposals the run will make."""
+        # The run owns its broker database: messages left by an earlier run (for actions of
+        # another database) would only delay this one.
+        import redis
+
+        redis.Redis.from_url(self.broker_url).flushdb()
+        self.start_sandbox()
+        if self.config.adjustments:
+            self.start_accounting_sandbox()
+        self.start_mail_sandbox()
+        proposals = self.seed()
+        self.start_web()
+        self.configure_faults(on=True)
+        for _ in range(self.config.workers):
+            self.start_worker()
+        for _ in range(self.config.dispatchers):
+            self.start_dispatcher()
+        self.start_beat()
+        return proposals
+
+    def _storm(self, proposals: list[tuple[str, int, str, str]], *, started: float) -> None:
+        """The proposals flow in while workers are killed, the receivers fail and go down, refunds
+        are made outside the console, and the database and the broker restart."""
+        proposer = threading.Thread(target=self.propose_all, args=(proposals,), daemon=True)
+        proposer.start()
+        storm = _Storm(
+            next_kill=time.monotonic() + self.config.kill_every_seconds,
+            outside_total=int(len(self.charges) * self.config.outside_refund_share),
+            outage_over=self.config.outage_seconds <= 0,
+        )
+        while proposer.is_alive() or self.counts()[1] < self._proposed() * 0.6:
+            total, _final = self.counts()
+            # Outside refunds keep pace with the proposals, so they land on orders under way.
+            due_outside = storm.outside_total * min(total / max(self.config.actions, 1), 1.0)
+            while self.report.outside_refunds < due_outside and self.charges:
+                self.outside_refund()
+            self._outage_step(storm, total)
+            self.approve_waiting()
+            self._reap(with_faults=True)
+            if time.monotonic() >= storm.next_kill and self.workers:
+                victim = self.rng.choice(self.workers + self.dispatchers)
+                victim.kill()
+                self.report.kills += 1
+                self._replace(victim, with_faults=True)
+                storm.next_kill = time.monotonic() + self.config.kill_every_seconds
+            self._restarts_step(storm)
+            self.progress("chaos")
+            time.sleep(0.5)
+            if time.monotonic() - started > self.config.drain_deadline_seconds:
+                break
+        proposer.join(timeout=60)
+        if storm.outage_started is not None and not storm.outage_over:
+            self.report.outage_seconds = time.monotonic() - storm.outage_started
+
+    def _outage_step(self, storm: _Storm, total: int) -> None:
+        """The receivers' outage: it starts once its share of the actions is proposed, creates
+        come back first, and the rest once the outage may end."""
+        outage_due = total >= self.config.actions * self.config.outage_at_share
+        if not storm.outage_over and storm.outage_started is None and outage_due:
+            self.receiver_outage(creates=True)
+            storm.outage_started = time.monotonic()
+            storm.creates_down = True
+        elif (
+            storm.outage_started is not None
+            and storm.creates_down
+            and time.monotonic() - storm.outage_started >= self.config.outage_creates_seconds
+        ):
+            # Creates come back first: the actions the outage left UNKNOWN are bounded, so their
+            # reconciliations fail often enough to escalate.
+            self.receiver_outage(creates=False)
+            storm.creates_down = False
+        elif storm.outage_started is not None and not storm.outage_over and self._outage_may_end(storm.outage_started):
+            self.collect_fired()
+            self.configure_faults(on=True, mail=False)
+            self.report.outage_seconds = time.monotonic() - storm.outage_started
+            storm.outage_over = True
+
+    def _restarts_step(self, storm: _Storm) -> None:
+        """PostgreSQL restarts a third of the way in, the broker is flushed (or restarted) half way."""
+        total, _final = self.counts()
+        if self.config.restart_postgres and not storm.restarted and total >= self.config.actions // 3:
+            self.restart_postgres()
+            storm.restarted = True
+        if self.config.flush_redis and not storm.flushed and total >= self.config.actions // 2:
+            if self.config.restart_redis:
+                self.restart_redis()
+            else:
+                self.flush_redis()
+            storm.flushed = True
+
+    def _drain(self) -> None:
+        """No more injected faults or kills: fault-point workers are replaced with clean ones, and
+        the run waits until every action is final and every workflow settled."""
+        self.collect_fired()
+        # The mail sandbox counts for the whole run (clearing its faults keeps the counts).
+        mail_fired = _http("GET", f"{self.mail_url}/faults").get("fired", {})
+        self.report.mail_faults_fired = {str(k): int(v) for k, v in mail_fired.items()}
+        self.configure_faults(on=False)
+        for worker in [*self.workers, *self.dispatchers]:
+            worker.kill()
+        self.workers.clear()
+        self.dispatchers.clear()
+        for _ in range(self.config.workers):
+            self.start_worker(with_faults=False)
+        for _ in range(self.config.dispatchers):
+            self.start_dispatcher(with_faults=False)
+        deadline = time.monotonic() + self.config.drain_deadline_seconds
+        while time.monotonic() < deadline:
+            self.approve_waiting()
+            self._reap(with_faults=False)
+            total, final = self.counts()
+            self.progress("draining")
+            if final >= total and total >= self._proposed() and self.workflow_chaos.settled():
+                self.report.drained = True
+                break
+            time.sleep(0.5)
+
+    def _count_self_kills(self) -> None:
+        # Each pool child a fault point killed left a line in its worker's log.
+        self.report.self_kills += sum(
+            log.read_text(errors="replace").count("fault point ")
+            for pattern in ("worker*.log", "dispatcher*.log")
+            for log in self.workdir.glob(pattern)
+        )
+
+    def _audit(self) -> ChaosReport:
+        """Finance resolves what waits for a person, then every invariant is checked against the
+        receivers' own ledgers."""
+        provider = StripeProvider(
+            api_key="sk_test_chaos",
+            api_base=self.sandbox_url,
+            timeout_seconds=30,
+            key_retention=timedelta(seconds=self.config.key_retention_seconds),
+            lookup_visibility_delay=timedelta(seconds=self.config.visibility_delay_seconds),
+        )
+        self.report.dispatcher_claims = _db_retry(
+            lambda: ActionEvent.objects.filter(
+                transition="begin_submission", actor_label=DISPATCHER_PROCESS.label
+            ).count()
+        )
+        self.report.reached_review = _db_retry(
+            lambda: ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW)
+            .values("action_id")
+            .distinct()
+            .count()
+        )
+        receivers: dict[str, Receiver] = {ActionKind.REFUND.value: RefundReceiver(provider)}
+        if self.accounting_url:
+            receivers[ActionKind.INVOICE_ADJUSTMENT.value] = AdjustmentReceiver(self._accounting_client())
+        if self.config.finance_resolves:
+            self.finance_resolve(receivers)
+        ledger, workflow_resolutions = self._settled_ledger(provider, receivers)
+        # The audit uses the run's own policy timings (leases, escalation) to judge "stuck".
+        with _override(
+            LEASE_SECONDS=self.config.lease_seconds,
+            SWEEP_INTERVAL_SECONDS=self.config.sweep_interval_seconds,
+            RECONCILE_BASE_BACKOFF_SECONDS=1,
+            RECONCILE_MAX_FAILURES=self.config.reconcile_max_failures,
+            PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS=self.config.visibility_delay_seconds,
+        ):
+            self.report.audit = _db_retry(lambda: check_effects(ledger=ledger))
+        self.report.workflows = self.workflow_chaos.audit(ledger, workflow_resolutions)
+        return self.report
+
+    def _settled_ledger(
+        self, provider: StripeProvider, receivers: dict[str, Receiver]
+    ) -> tuple[list[Effect], dict[str, int]]:
+        """Every receiver's ledger, read once nothing is moving any more; with the workflows'
+        resolutions made on the way."""
+        # The provider's lists lag by its lookup visibility delay: a refund created just before
+        # the drain ended is not listed yet. Read the ledger only once the last change is older
+        # than that delay, so the audit sees every effect.
+        self._wait_until_ledger_settles()
+        self._emails_resolve()
+        mail_ledger = list(MailRelay(SmtpMailer(), self.mail_url).ledger())
+        # Workflow emails held for a person are settled by their own clerk, then the workflows
+        # they paused run on (compensating where a step failed) before the audit.
+        workflow_resolutions = self.workflow_chaos.resolve_reviews(mail_ledger)
+        self.workflow_chaos.wait_settled(self.config.drain_deadline_seconds)
+        self._wait_until_ledger_settles()
+        mail_ledger = list(MailRelay(SmtpMailer(), self.mail_url).ledger())
+        self.report.messages_at_relay = len(mail_ledger)
+        ledger = list(RefundReceiver(provider).ledger())
+        # Reading the ledger settles what was due; its events go out now. Every event must have
+        # reached the console before its bookings are judged.
+        self._wait_for_webhooks()
+        self.report.outside_refunds_booked = _db_retry(lambda: OutsideRefund.objects.filter(booked=True).count())
+        self.report.money_mismatches = _db_retry(lambda: money_per_order(ledger))
+        self.report.stale_by_policy = _db_retry(stale_by_policy_count)
+        ledger += mail_ledger
+        if self.accounting_url:
+            ledger += list(receivers[ActionKind.INVOICE_ADJUSTMENT.value].ledger())
+            self._audit_accounting_ledger()
+        return ledger, workflow_resolutions
 
     def _emails_resolve(self) -> None:
         """Count the ambiguous sends, then resolve each as a member of finance would: confirm it
