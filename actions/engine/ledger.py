@@ -90,81 +90,10 @@ def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, gr
     for action_id, effects in effects_by_action.items():
         action = known.get(action_id)
         if action is None:
-            for effect in effects:
-                if effect.reference in explained:
-                    # Booked on its target by other means (an outside refund from a webhook):
-                    # finance already sees it there, so it is not a discrepancy.
-                    continue
-                result.findings.append(
-                    Finding(
-                        DiscrepancyKind.EFFECT_WITHOUT_ACTION,
-                        None,
-                        effect.reference,
-                        {
-                            "metadata_action_id": action_id or None,
-                            "amount_minor": effect.amount_minor,
-                            "currency": effect.currency.upper(),
-                        },
-                    )
-                )
+            result.findings.extend(_effects_without_action(action_id, effects, explained))
             continue
         result.actions_checked += 1
-        if action.status in NOT_SUCCEEDED_STATUSES:
-            for effect in effects:
-                result.findings.append(
-                    Finding(
-                        DiscrepancyKind.EFFECT_FOR_UNSUCCESSFUL_ACTION,
-                        action_id,
-                        effect.reference,
-                        {"console_status": action.status, "effect_status": effect.status},
-                    )
-                )
-        elif (
-            action.status == ActionStatus.SUCCEEDED
-            and len(effects) == 1
-            and action.provider_reference
-            and action.provider_reference != effects[0].reference
-        ):
-            result.findings.append(
-                Finding(
-                    DiscrepancyKind.SUCCEEDED_WITHOUT_EFFECT,
-                    action_id,
-                    action.provider_reference,
-                    {"recorded_reference": action.provider_reference, "effect_at_provider": effects[0].reference},
-                )
-            )
-        if len(effects) > 1:
-            decided = decisions.get(action_id, 0)
-            result.findings.append(
-                Finding(
-                    DiscrepancyKind.REPEAT_BY_DECISION
-                    if len(effects) <= 1 + decided
-                    else DiscrepancyKind.DUPLICATE_EFFECT,
-                    action_id,
-                    effects[0].reference,
-                    {
-                        "effects": sorted(e.reference for e in effects),
-                        "count": len(effects),
-                        "send_again_decisions": decided,
-                    },
-                )
-            )
-        expected_minor = kind.expected_amount_minor(action)
-        for effect in effects:
-            if (expected_minor is not None and effect.amount_minor != expected_minor) or (
-                effect.currency and effect.currency.upper() != action.currency
-            ):
-                result.findings.append(
-                    Finding(
-                        DiscrepancyKind.AMOUNT_MISMATCH,
-                        action_id,
-                        effect.reference,
-                        {
-                            "expected": {"amount_minor": expected_minor, "currency": action.currency},
-                            "found": {"amount_minor": effect.amount_minor, "currency": effect.currency.upper()},
-                        },
-                    )
-                )
+        result.findings.extend(_effects_against_their_action(kind, action, effects, decisions.get(action_id, 0)))
 
     # A SUCCEEDED action younger than the receiver's visibility delay may not be listed yet.
     succeeded = Action.objects.filter(kind=kind.name, status=ActionStatus.SUCCEEDED, status_changed_at__lt=now - grace)
@@ -177,6 +106,91 @@ def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, gr
                 )
             )
     return result
+
+
+def _effects_without_action(action_id: str, effects: list[Effect], explained: dict[str, str]) -> list[Finding]:
+    """Effects that name no action of the console's, except those a kind booked on its target by
+    other means (an outside refund from a webhook): finance already sees those there."""
+    return [
+        Finding(
+            DiscrepancyKind.EFFECT_WITHOUT_ACTION,
+            None,
+            effect.reference,
+            {
+                "metadata_action_id": action_id or None,
+                "amount_minor": effect.amount_minor,
+                "currency": effect.currency.upper(),
+            },
+        )
+        for effect in effects
+        if effect.reference not in explained
+    ]
+
+
+def _effects_against_their_action(
+    kind: EffectKind, action: Action, effects: list[Effect], send_again_decisions: int
+) -> list[Finding]:
+    """What one action's effects at the receiver contradict in its record: an effect for an action
+    that did not succeed, a recorded reference the receiver does not show, more effects than
+    decisions allow, an amount or currency that differs."""
+    action_id = action.action_id
+    findings: list[Finding] = []
+    if action.status in NOT_SUCCEEDED_STATUSES:
+        findings.extend(
+            Finding(
+                DiscrepancyKind.EFFECT_FOR_UNSUCCESSFUL_ACTION,
+                action_id,
+                effect.reference,
+                {"console_status": action.status, "effect_status": effect.status},
+            )
+            for effect in effects
+        )
+    elif (
+        action.status == ActionStatus.SUCCEEDED
+        and len(effects) == 1
+        and action.provider_reference
+        and action.provider_reference != effects[0].reference
+    ):
+        findings.append(
+            Finding(
+                DiscrepancyKind.SUCCEEDED_WITHOUT_EFFECT,
+                action_id,
+                action.provider_reference,
+                {"recorded_reference": action.provider_reference, "effect_at_provider": effects[0].reference},
+            )
+        )
+    if len(effects) > 1:
+        findings.append(
+            Finding(
+                DiscrepancyKind.REPEAT_BY_DECISION
+                if len(effects) <= 1 + send_again_decisions
+                else DiscrepancyKind.DUPLICATE_EFFECT,
+                action_id,
+                effects[0].reference,
+                {
+                    "effects": sorted(e.reference for e in effects),
+                    "count": len(effects),
+                    "send_again_decisions": send_again_decisions,
+                },
+            )
+        )
+    expected_minor = kind.expected_amount_minor(action)
+    for effect in effects:
+        if (expected_minor is not None and effect.amount_minor != expected_minor) or (
+            effect.currency and effect.currency.upper() != action.currency
+        ):
+            findings.append(
+                Finding(
+                    DiscrepancyKind.AMOUNT_MISMATCH,
+                    action_id,
+                    effect.reference,
+                    {
+                        "expected": {"amount_minor": expected_minor, "currency": action.currency},
+                        "found": {"amount_minor": effect.amount_minor, "currency": effect.currency.upper()},
+                    },
+                )
+            )
+    return findings
 
 
 def ledger_audit_run(*, receivers: dict[str, Receiver] | None = None, now: datetime | None = None) -> LedgerAuditRun:
