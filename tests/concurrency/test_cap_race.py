@@ -29,7 +29,7 @@ from tests.workflows.conftest import refund_parameters
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 W = WorkflowState
-ROUNDS = 3  # a fresh order each round, so that more than one interleaving is likely
+ROUNDS = 6  # a fresh order each round, so that more than one interleaving is likely
 PLANS = 3
 
 

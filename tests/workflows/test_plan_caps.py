@@ -1,13 +1,17 @@
 """The caps on autonomy count a plan the policy approved before the coordinator creates its
-money step's action, from either door: another plan, or a lone proposal on the same order.
-(tests/concurrency/test_workflow_cap_race.py races plans proposed together.)"""
+money step's action, from either door: another plan, or a lone proposal on the same order. And
+they count an approval stamped a moment after the deciding proposal's own clock, which is what a
+proposal that waited for the order's lock meets. (tests/concurrency/test_cap_race.py races
+proposals made together, with threads.)"""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from actions.models import Action, ActionStatus, Order, Workflow, WorkflowState
 from actions.services import Actor, action_propose_refund
@@ -95,3 +99,27 @@ def test_the_agents_daily_cap_counts_its_plans_still_to_run(agent: Any, settings
     states = [plan(agent, each, 1).state for each in orders]
 
     assert states == [W.AUTHORIZED, W.AUTHORIZED, W.PROPOSED]
+
+
+def test_an_approval_stamped_after_the_proposals_clock_still_counts(agent: Any, order: Order) -> None:
+    """A proposal reads its clock, then waits for the order's lock while two others are approved
+    and committed: their approvals are stamped after its clock, and it is still the third."""
+    clock = timezone.now()
+    for number in (1, 2):
+        action_propose_refund(
+            order_number=order.number,
+            request_number=number,
+            amount="10.00",
+            currency="EUR",
+            reason_code="damaged",
+            proposer=Actor.for_agent(agent),
+            now=clock,
+        )
+    late = workflow_propose(
+        template="refund_with_notice",
+        parameters=refund_parameters(order_number=order.number, request_number=3, amount="10.00", case="t-3"),
+        proposer=Actor.for_agent(agent),
+        now=clock - timedelta(milliseconds=5),
+    ).workflow
+
+    assert late.state == W.PROPOSED
