@@ -12,7 +12,14 @@ The caps are policy data (``AutoApprovalCap`` rows, proposed in the admin and in
 member of finance confirms them, approvals/policy_changes.py), with defaults in the settings.
 ``auto_approval_cap_refusal`` decides and changes nothing: the auto-approval policy calls it
 before approving, inside its transaction, after ``auto_approval_cap_lock`` has locked the rows
-that serialise concurrent decisions.
+that serialise concurrent decisions. Both doors call the pair: a lone proposal
+(``approvals.policy``) and a workflow's plan, for each of its money steps
+(``actions.workflows.services``).
+
+What counts as auto-approved: every action with an auto-approval, and every money step of a
+plan the policy approved whose action the coordinator has not created yet (the plan's approval
+binds its target, amount and currency). Without the second, plans proposed together were each
+approved against a count that none of them had reached yet.
 """
 
 from __future__ import annotations
@@ -23,12 +30,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Func, QuerySet, Subquery
+from django.db.models import Exists, F, Func, QuerySet, Subquery
 
-from actions.models import Action, ActionEvent, Agent, Bill, Order
+from actions.models import Action, ActionEvent, Agent, Bill, Order, WorkflowState, WorkflowStep
 from actions.outbox import agent_webhook_known
 from actions.trail import Actor, event_record
-from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision
+from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision, WorkflowApproval
 
 # The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card
 # shows its reason (approvals/selectors.py).
@@ -66,13 +73,70 @@ def _cap(*, scope: str, currency: str, row: AutoApprovalCap | None) -> Cap:
     return Cap(settings.AUTO_APPROVAL_AGENT_DAILY_AMOUNTS.get(currency), None, timedelta(days=1))
 
 
-def _auto_approved(*, since: datetime, until: datetime, exclude: Action) -> QuerySet[Action]:
+def _auto_approved(*, since: datetime, exclude: Action) -> QuerySet[Action]:
     """Actions auto-approved since ``since``, each counted once (a reopened action may hold
-    two approvals), other than the one being decided."""
+    two approvals), other than the one being decided.
+
+    No upper bound at the decision's ``now``: a proposal takes its ``now`` before it waits for
+    the lock, so a concurrent auto-approval that committed while it waited is stamped a moment
+    after that ``now``, and must count (bounded by ``now``, three refunds proposed together on
+    one order were all auto-approved, above the cap of 2)."""
     approved = Approval.objects.filter(
-        policy=ApprovalPolicy.AUTO, decision=Decision.APPROVE, decided_at__gte=since, decided_at__lte=until
+        policy=ApprovalPolicy.AUTO, decision=Decision.APPROVE, decided_at__gte=since
     ).values("action_id")
     return Action.objects.filter(pk__in=approved).exclude(pk=exclude.pk)
+
+
+# A plan in one of these states may still create its approved steps' actions; a finished one,
+# or one walking back its steps, creates no more forward steps.
+_PLAN_GOES_ON = (WorkflowState.AUTHORIZED, WorkflowState.RUNNING, WorkflowState.PAUSED)
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """A money step of an auto-approved plan that has no action yet: what its approval binds."""
+
+    target: dict[str, str]  # as the plan names it: {"type": "order", "ref": "4821"}
+    amount: Decimal
+    currency: str
+    agent_id: int | None
+    decided_at: datetime
+
+
+def _plans_auto_approved(*, since: datetime) -> QuerySet[WorkflowApproval]:
+    """Auto-approvals of plans that go on and still have a step with no action (no upper bound:
+    see ``_auto_approved``)."""
+    return WorkflowApproval.objects.filter(
+        policy=ApprovalPolicy.AUTO,
+        decision=Decision.APPROVE,
+        decided_at__gte=since,
+        workflow__state__in=_PLAN_GOES_ON,
+        workflow__steps__action__isnull=True,
+    )
+
+
+def _planned_steps(*, since: datetime) -> list[PlannedStep]:
+    """The money steps of auto-approved plans whose actions are not created yet. Once the
+    coordinator creates one, it carries its own auto-approval (counted by ``_auto_approved``)
+    and its step points at it, in one transaction, so a step is never counted twice or missed."""
+    approvals = list(_plans_auto_approved(since=since).distinct().select_related("workflow"))
+    waiting = set(
+        WorkflowStep.objects.filter(
+            workflow_id__in=[approval.workflow_id for approval in approvals], action__isnull=True
+        ).values_list("workflow_id", "name")
+    )
+    return [
+        PlannedStep(
+            target=binding.get("target") or {},
+            amount=Decimal(binding["amount"]),
+            currency=str(binding.get("currency") or ""),
+            agent_id=approval.workflow.proposed_by_agent_id,
+            decided_at=approval.decided_at,
+        )
+        for approval in approvals
+        for binding in approval.bindings
+        if binding.get("amount") and (approval.workflow_id, binding.get("step")) in waiting
+    ]
 
 
 def _aggregate(rows: QuerySet[Action], function: str, column: str) -> Subquery:
@@ -111,15 +175,20 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
     # (issue 18): scalar subqueries read as columns of a row the lock above holds, the agent's
     # or else the target's (a plain read after the lock, so they see every commit before it).
     totals: dict[str, Subquery] = {}
+    windows = ([target.window] if same_target else []) + ([agent_cap.window] if agent_cap is not None else [])
     if same_target:
-        on_target = _auto_approved(since=now - target.window, until=now, exclude=action).filter(**same_target)
+        on_target = _auto_approved(since=now - target.window, exclude=action).filter(**same_target)
         totals["target_total"] = _aggregate(on_target, "SUM", "amount")
         totals["target_count"] = _aggregate(on_target, "COUNT", "pk")
     if agent_cap is not None and agent_cap.max_amount is not None:
-        by_agent = _auto_approved(since=now - agent_cap.window, until=now, exclude=action).filter(
+        by_agent = _auto_approved(since=now - agent_cap.window, exclude=action).filter(
             proposed_by_agent_id=action.proposed_by_agent_id, currency=currency
         )
         totals["agent_total"] = _aggregate(by_agent, "SUM", "amount")
+    if totals:
+        # Whether any auto-approved plan still has steps to create, in the same statement: the
+        # plans' steps are read only when there are some (rarely), so a lone proposal reads no more.
+        totals["plans_waiting"] = Exists(_plans_auto_approved(since=now - max(windows)))
     found: dict[str, Any] = {}
     if totals:
         if action.proposed_by_agent_id is not None:
@@ -130,28 +199,50 @@ def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
             assert action.bill_id is not None  # totals are read only for a target or an agent
             anchor = Bill.objects.filter(pk=action.bill_id)
         found = anchor.values(**totals).get()
+    planned = _planned_steps(since=now - max(windows)) if found.get("plans_waiting") else []
 
     if same_target:
         assert target.max_amount is not None
-        total = found["target_total"] or Decimal("0")
-        count = found["target_count"] or 0
+        on_plans = [
+            step
+            for step in planned
+            if step.target == {"type": noun, "ref": str(number)} and step.decided_at >= now - target.window
+        ]
+        total = (found["target_total"] or Decimal("0")) + sum(
+            (step.amount for step in on_plans if step.currency == currency), Decimal("0")
+        )
+        count = (found["target_count"] or 0) + len(on_plans)
         hours = int(target.window.total_seconds() // 3600)
+        in_plans = (
+            f" {len(on_plans)} of the auto-approved {plural} are steps of workflow plans still to run."
+            if on_plans
+            else ""
+        )
         if target.max_count is not None and count + 1 > target.max_count:
             return (
                 f"Auto-approval cap for {noun} {number} reached: {count} {plural} were auto-approved on it in the "
-                f"last {hours} h (at most {target.max_count}). A manager decides this one."
+                f"last {hours} h (at most {target.max_count}).{in_plans} A manager decides this one."
             )
         if total + amount > target.max_amount:
             return (
                 f"Auto-approval cap for {noun} {number} reached: {total} {currency} was auto-approved on it in the "
-                f"last {hours} h, and {amount} {currency} more would pass the cap of {target.max_amount} {currency}. "
-                "A manager decides this one."
+                f"last {hours} h, and {amount} {currency} more would pass the cap of {target.max_amount} {currency}."
+                f"{in_plans} A manager decides this one."
             )
 
     if agent_cap is not None:
         if agent_cap.max_amount is None:
             return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
-        total = found["agent_total"] or Decimal("0")
+        total = (found["agent_total"] or Decimal("0")) + sum(
+            (
+                step.amount
+                for step in planned
+                if step.agent_id == action.proposed_by_agent_id
+                and step.currency == currency
+                and step.decided_at >= now - agent_cap.window
+            ),
+            Decimal("0"),
+        )
         if total + amount > agent_cap.max_amount:
             hours = int(agent_cap.window.total_seconds() // 3600)
             return (

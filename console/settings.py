@@ -215,11 +215,17 @@ LOGOUT_REDIRECT_URL = "login"
 # Production mode: the settings below that differ between a demo and a real deployment. It is
 # on unless DEBUG is; `check --deploy` reports what production mode still leaves open.
 PRODUCTION_MODE: bool = env_bool("PRODUCTION_MODE", not DEBUG)
-# django-axes: after this many failed logins for one username, or from one IP address, further
-# attempts are refused (429) until the cool-off has passed, even with the right password.
+# django-axes: after this many failed logins for one username from one IP address, further
+# attempts with that username from that address are refused (429) until the cool-off has passed,
+# even with the right password. The same username from another address, and another username
+# from the same address, are not locked: a guesser cannot lock out a colleague behind the same
+# address. Spraying across usernames from one address meets LOGIN_ADDRESS_FAILURE_LIMIT, a
+# higher ceiling past which every login from the address waits (console/login_lockout.py).
 AXES_FAILURE_LIMIT: int = env_int("LOGIN_FAILURE_LIMIT", 10)
+LOGIN_ADDRESS_FAILURE_LIMIT: int = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 50)
 AXES_COOLOFF_TIME: float = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_HANDLER = "console.login_lockout.LoginLockoutHandler"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "console/locked_out.html"
 # Client address: REMOTE_ADDR, or the proxy's X-Forwarded-For only behind a trusted TLS proxy.

@@ -24,14 +24,14 @@ from django.utils import timezone
 
 from actions import permissions as perms
 from actions.kinds import kind_for
-from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowState, WorkflowStep
+from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
 from actions.publish import workflow_advance_enqueue_on_commit
 from actions.refusals import Refused
 from actions.services import FieldProblem, ProposalInvalid
 from actions.trail import Actor
 from actions.workflows.coordinator import latest_plan_approval, workflow_event, workflow_transition
 from actions.workflows.templates import READ, all_templates, plan_actions, plan_totals, template_for
-from approvals.caps import auto_approval_cap_refusal
+from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import ApprovalLimit, ApprovalPolicy, Decision, WorkflowApproval
 
@@ -228,6 +228,10 @@ def plan_auto_refusal(workflow: Workflow, *, now: datetime) -> str | None:
             threshold = kind.auto_approval_threshold(action.currency)
             if threshold is None or action.amount > threshold:
                 return f"{step['name']}: {action.amount} {action.currency} is above the {kind.label} threshold"
+            # As for a lone proposal: the target and the agent are locked until the proposal's
+            # transaction ends, so plans proposed together are counted one after the other and
+            # cannot all fit under a cap that only some of them fit.
+            auto_approval_cap_lock(action=action)
             held = auto_approval_cap_refusal(action=action, now=now)
             if held is not None:
                 return f"{step['name']}: {held}"
@@ -251,7 +255,7 @@ def plan_auto_approve(*, workflow: Workflow, now: datetime) -> WorkflowApproval 
             transition="auto_approval_held",
             from_state=workflow.state,
             actor=Actor.system("auto-approval"),
-            reason=f"Left to a manager: {refusal}.",
+            reason=f"Left to a manager: {refusal.rstrip('.')}.",
             now=now,
         )
         return None
@@ -406,7 +410,15 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
 def workflow_next(workflow: Workflow, steps: list[dict[str, Any]]) -> str:
     state = workflow.state
     if state == W.PROPOSED:
-        return "Waiting for a manager to approve the plan."
+        # Why the policy left it to a person (a cap reached, a step above its threshold), as the
+        # proposal's trail recorded it: the proposer reads it in the answer, not only managers.
+        held = (
+            WorkflowEvent.objects.filter(workflow=workflow, transition="auto_approval_held")
+            .order_by("-pk")
+            .values_list("reason", flat=True)
+            .first()
+        )
+        return "Waiting for a manager to approve the plan." + (f" {held}" if held else "")
     if state == W.AUTHORIZED:
         return "Approved: the first step starts shortly."
     if state == W.RUNNING:
