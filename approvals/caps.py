@@ -144,112 +144,148 @@ def _aggregate(rows: QuerySet[Action], function: str, column: str) -> Subquery:
     return Subquery(rows.order_by().annotate(value=Func(F(column), function=function)).values("value")[:1])
 
 
+@dataclass(frozen=True)
+class _CapTarget:
+    """What an action's target cap counts over: the order of a refund or the bill of an invoice
+    adjustment (many small credit notes on one bill add up just as many small refunds on one
+    order do)."""
+
+    noun: str
+    plural: str
+    number: object
+    same_target: dict[str, Any]
+
+
+def _cap_target(action: Action) -> _CapTarget | None:
+    if action.order_id is not None:
+        number: object = action.order.number if action.order is not None else action.order_id
+        return _CapTarget("order", "refunds", number, {"order_id": action.order_id})
+    if action.bill_id is not None:
+        number = action.bill.number if action.bill is not None else action.bill_id
+        return _CapTarget("bill", "adjustments", number, {"bill_id": action.bill_id})
+    return None
+
+
 def auto_approval_cap_refusal(*, action: Action, now: datetime) -> str | None:
     """Why the auto-approval policy must leave ``action`` to a manager, or None within every cap.
 
     The text is for the manager's card, e.g. "Auto-approval cap for order 4821 reached: ...".
     A currency with no cap configured has no auto-approval at all (fail closed).
     """
-    currency = action.currency
-    amount = action.amount
-
-    caps = caps_for(currency=currency)
-    target = caps[CapScope.TARGET]
-    # The target is the order of a refund or the bill of an invoice adjustment: many small
-    # credit notes on one bill add up just as many small refunds on one order do.
-    if action.order_id is not None:
-        noun, plural = "order", "refunds"
-        number: object = action.order.number if action.order is not None else action.order_id
-        same_target = {"order_id": action.order_id}
-    elif action.bill_id is not None:
-        noun, plural = "bill", "adjustments"
-        number = action.bill.number if action.bill is not None else action.bill_id
-        same_target = {"bill_id": action.bill_id}
-    else:
-        same_target = {}
+    caps = caps_for(currency=action.currency)
+    target_cap = caps[CapScope.TARGET]
+    target = _cap_target(action)
     agent_cap = caps[CapScope.AGENT] if action.proposed_by_agent_id is not None else None
-    if same_target and target.max_amount is None:
-        return f"No auto-approval cap is configured for {currency} per {noun}, so a manager decides."
+    if target is not None and target_cap.max_amount is None:
+        return f"No auto-approval cap is configured for {action.currency} per {target.noun}, so a manager decides."
+    found, planned = _auto_approved_so_far(
+        action=action, target=target, target_cap=target_cap, agent_cap=agent_cap, now=now
+    )
+    if target is not None:
+        refusal = _target_cap_refusal(
+            action=action, target=target, cap=target_cap, found=found, planned=planned, now=now
+        )
+        if refusal is not None:
+            return refusal
+    if agent_cap is not None:
+        return _agent_cap_refusal(action=action, cap=agent_cap, found=found, planned=planned, now=now)
+    return None
 
-    # The target's and the agent's totals, each the query it was on its own, in one statement
-    # (issue 18): scalar subqueries read as columns of a row the lock above holds, the agent's
-    # or else the target's (a plain read after the lock, so they see every commit before it).
+
+def _auto_approved_so_far(
+    *, action: Action, target: _CapTarget | None, target_cap: Cap, agent_cap: Cap | None, now: datetime
+) -> tuple[dict[str, Any], list[PlannedStep]]:
+    """The target's and the agent's totals auto-approved in their windows, and the money steps of
+    auto-approved plans not created yet.
+
+    The totals are each the query they were on their own, in one statement: scalar subqueries
+    read as columns of a row the lock above holds, the agent's or else the target's (a plain read
+    after the lock, so they see every commit before it)."""
     totals: dict[str, Subquery] = {}
-    windows = ([target.window] if same_target else []) + ([agent_cap.window] if agent_cap is not None else [])
-    if same_target:
-        on_target = _auto_approved(since=now - target.window, exclude=action).filter(**same_target)
+    windows = ([target_cap.window] if target is not None else []) + (
+        [agent_cap.window] if agent_cap is not None else []
+    )
+    if target is not None:
+        on_target = _auto_approved(since=now - target_cap.window, exclude=action).filter(**target.same_target)
         totals["target_total"] = _aggregate(on_target, "SUM", "amount")
         totals["target_count"] = _aggregate(on_target, "COUNT", "pk")
     if agent_cap is not None and agent_cap.max_amount is not None:
         by_agent = _auto_approved(since=now - agent_cap.window, exclude=action).filter(
-            proposed_by_agent_id=action.proposed_by_agent_id, currency=currency
+            proposed_by_agent_id=action.proposed_by_agent_id, currency=action.currency
         )
         totals["agent_total"] = _aggregate(by_agent, "SUM", "amount")
-    if totals:
-        # Whether any auto-approved plan still has steps to create, in the same statement: the
-        # plans' steps are read only when there are some (rarely), so a lone proposal reads no more.
-        totals["plans_waiting"] = Exists(_plans_auto_approved(since=now - max(windows)))
-    found: dict[str, Any] = {}
-    if totals:
-        if action.proposed_by_agent_id is not None:
-            anchor: QuerySet[Any] = Agent.objects.filter(pk=action.proposed_by_agent_id)
-        elif action.order_id is not None:
-            anchor = Order.objects.filter(pk=action.order_id)
-        else:
-            assert action.bill_id is not None  # totals are read only for a target or an agent
-            anchor = Bill.objects.filter(pk=action.bill_id)
-        found = anchor.values(**totals).get()
+    if not totals:
+        return {}, []
+    # Whether any auto-approved plan still has steps to create, in the same statement: the
+    # plans' steps are read only when there are some (rarely), so a lone proposal reads no more.
+    totals["plans_waiting"] = Exists(_plans_auto_approved(since=now - max(windows)))
+    if action.proposed_by_agent_id is not None:
+        anchor: QuerySet[Any] = Agent.objects.filter(pk=action.proposed_by_agent_id)
+    elif action.order_id is not None:
+        anchor = Order.objects.filter(pk=action.order_id)
+    else:
+        assert action.bill_id is not None  # totals are read only for a target or an agent
+        anchor = Bill.objects.filter(pk=action.bill_id)
+    found = anchor.values(**totals).get()
     planned = _planned_steps(since=now - max(windows)) if found.get("plans_waiting") else []
+    return found, planned
 
-    if same_target:
-        assert target.max_amount is not None
-        on_plans = [
-            step
+
+def _target_cap_refusal(
+    *, action: Action, target: _CapTarget, cap: Cap, found: dict[str, Any], planned: list[PlannedStep], now: datetime
+) -> str | None:
+    assert cap.max_amount is not None
+    currency, amount, noun, number, plural = action.currency, action.amount, target.noun, target.number, target.plural
+    on_plans = [
+        step
+        for step in planned
+        if step.target == {"type": noun, "ref": str(number)} and step.decided_at >= now - cap.window
+    ]
+    total = (found["target_total"] or Decimal("0")) + sum(
+        (step.amount for step in on_plans if step.currency == currency), Decimal("0")
+    )
+    count = (found["target_count"] or 0) + len(on_plans)
+    hours = int(cap.window.total_seconds() // 3600)
+    in_plans = (
+        f" {len(on_plans)} of the auto-approved {plural} are steps of workflow plans still to run." if on_plans else ""
+    )
+    if cap.max_count is not None and count + 1 > cap.max_count:
+        return (
+            f"Auto-approval cap for {noun} {number} reached: {count} {plural} were auto-approved on it in the "
+            f"last {hours} h (at most {cap.max_count}).{in_plans} A manager decides this one."
+        )
+    if total + amount > cap.max_amount:
+        return (
+            f"Auto-approval cap for {noun} {number} reached: {total} {currency} was auto-approved on it in the "
+            f"last {hours} h, and {amount} {currency} more would pass the cap of {cap.max_amount} {currency}."
+            f"{in_plans} A manager decides this one."
+        )
+    return None
+
+
+def _agent_cap_refusal(
+    *, action: Action, cap: Cap, found: dict[str, Any], planned: list[PlannedStep], now: datetime
+) -> str | None:
+    currency, amount = action.currency, action.amount
+    if cap.max_amount is None:
+        return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
+    total = (found["agent_total"] or Decimal("0")) + sum(
+        (
+            step.amount
             for step in planned
-            if step.target == {"type": noun, "ref": str(number)} and step.decided_at >= now - target.window
-        ]
-        total = (found["target_total"] or Decimal("0")) + sum(
-            (step.amount for step in on_plans if step.currency == currency), Decimal("0")
+            if step.agent_id == action.proposed_by_agent_id
+            and step.currency == currency
+            and step.decided_at >= now - cap.window
+        ),
+        Decimal("0"),
+    )
+    if total + amount > cap.max_amount:
+        hours = int(cap.window.total_seconds() // 3600)
+        return (
+            f"Auto-approval cap for this agent reached: {total} {currency} of its proposals was auto-approved in "
+            f"the last {hours} h, and {amount} {currency} more would pass the cap of {cap.max_amount} "
+            f"{currency}. A manager decides this one."
         )
-        count = (found["target_count"] or 0) + len(on_plans)
-        hours = int(target.window.total_seconds() // 3600)
-        in_plans = (
-            f" {len(on_plans)} of the auto-approved {plural} are steps of workflow plans still to run."
-            if on_plans
-            else ""
-        )
-        if target.max_count is not None and count + 1 > target.max_count:
-            return (
-                f"Auto-approval cap for {noun} {number} reached: {count} {plural} were auto-approved on it in the "
-                f"last {hours} h (at most {target.max_count}).{in_plans} A manager decides this one."
-            )
-        if total + amount > target.max_amount:
-            return (
-                f"Auto-approval cap for {noun} {number} reached: {total} {currency} was auto-approved on it in the "
-                f"last {hours} h, and {amount} {currency} more would pass the cap of {target.max_amount} {currency}."
-                f"{in_plans} A manager decides this one."
-            )
-
-    if agent_cap is not None:
-        if agent_cap.max_amount is None:
-            return f"No auto-approval cap is configured for {currency} per agent, so a manager decides."
-        total = (found["agent_total"] or Decimal("0")) + sum(
-            (
-                step.amount
-                for step in planned
-                if step.agent_id == action.proposed_by_agent_id
-                and step.currency == currency
-                and step.decided_at >= now - agent_cap.window
-            ),
-            Decimal("0"),
-        )
-        if total + amount > agent_cap.max_amount:
-            hours = int(agent_cap.window.total_seconds() // 3600)
-            return (
-                f"Auto-approval cap for this agent reached: {total} {currency} of its proposals was auto-approved in "
-                f"the last {hours} h, and {amount} {currency} more would pass the cap of {agent_cap.max_amount} "
-                f"{currency}. A manager decides this one."
-            )
     return None
 
 
