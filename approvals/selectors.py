@@ -124,6 +124,9 @@ class ProposalRow:
     refund_history: str = ""
     # Every grouped-approval sibling's card says it was decided with the others.
     group_size: int = 0
+    # The version of the action's target as this card shows it (None: the kind binds to no
+    # target); a decision form posts it back, with the amount and payload hash it shows.
+    target_version: int | None = None
 
     @property
     def is_waiting(self) -> bool:
@@ -293,6 +296,7 @@ def _row(
         message=kind.message_preview(action),
         pending_rejection=_pending_rejection(action),
         refund_history=(history or {}).get(action.pk, ""),
+        target_version=kind.target_version(action) if action.status == S.PROPOSED else None,
     )
 
 
@@ -318,6 +322,12 @@ class InboxGroup:
         if self.bill is not None:
             return self.bill.adjustable_amount
         return None
+
+    @property
+    def target_version(self) -> int | None:
+        """The target's version as the group card shows it: "approve together" posts it back."""
+        target = self.order or self.bill
+        return target.version if target is not None else None
 
     @property
     def over_balance(self) -> bool:
