@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
@@ -21,6 +22,12 @@ SHOWN_HASH_LENGTH = 80
 
 def _version(value: str) -> int | None:
     return None if value == "none" else int(value)
+
+
+def page_version(raw: object) -> str:
+    """The target's version a page showed, as its card's forms and poll send it; empty when it
+    is missing or not a version."""
+    return raw if isinstance(raw, str) and re.fullmatch(SHOWN_VERSION, raw) else ""
 
 
 class DecisionForm(forms.Form):

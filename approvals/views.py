@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -29,7 +30,7 @@ from actions.kinds import kind_for
 from actions.models import Action
 from actions.models.actions import TERMINAL_STATUSES
 from actions.plain import without_status_codes
-from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem
+from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem, page_version
 from approvals.models import Decision, RejectionReason
 from approvals.selectors import (
     action_outcome_get,
@@ -182,6 +183,8 @@ def row(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         proposal = proposal_row_get(action_pk=pk, user=request.user)
     except Action.DoesNotExist as missing:
         raise Http404("There is no such action.") from missing
+    # The card's poll names the version its page showed: its forms keep posting that one.
+    proposal = replace(proposal, page_version=page_version(request.GET.get("shown_version")))
     template = "approvals/_decided_status.html" if request.GET.get("as") == "status" else "approvals/_proposal_row.html"
     response = render(request, template, _context(row=proposal))
     _toast_if_final(response, proposal.action, was=request.GET.get("was", ""))
@@ -371,8 +374,14 @@ def _row_response(
         row = proposal_row_get(action_pk=pk, user=request.user)
     except Action.DoesNotExist as missing:
         raise Http404("There is no such action.") from missing
-    # With ``reload_url`` the card offers a reload in place of its buttons: the card itself is
-    # drawn anew, but the rest of the page (the order's money, the other proposals) is not.
+    # The card is drawn anew, the rest of the page (the order's money, the other proposals) is
+    # not: its forms keep posting the version the page showed. Without that version the card
+    # cannot tell how old the page around it is, and offers a reload instead of its buttons, as
+    # it does with ``reload_url``.
+    shown_version = page_version(request.POST.get("shown_version"))
+    if not shown_version and not reload_url:
+        reload_url = _reload_url(request, fallback=reverse("approvals-detail", args=[pk]))
+    row = replace(row, page_version=shown_version)
     notice = {"level": level, "text": text, "status": status, "reload_url": reload_url}
     return render(request, "approvals/_proposal_row.html", _context(row=row, notice=notice), status=status)
 

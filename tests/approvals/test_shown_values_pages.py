@@ -168,3 +168,76 @@ def test_approving_together_on_an_older_group_card_is_refused_in_the_group(
     assert "another refund of 20.00 EUR went ahead" in body
     assert 'href="/approvals/" data-testid="reload"' in body
     assert not ApprovalGroup.objects.exists()
+
+
+def test_a_card_drawn_again_after_a_refusal_keeps_the_version_its_page_showed(
+    client: Client, manager: Any, second_manager: Any, agent_actor: Actor
+) -> None:
+    """Only the card is drawn again, not the order's money beside it: its forms must not start
+    posting the order's version now, or her next click would approve what she did not see."""
+    order = make_order(captured="300.00")
+    action = propose(agent_actor, amount="50.00", order=order)
+    client.force_login(manager)
+    card = row_html(client.get(reverse("approvals-detail", args=[action.pk])), action)
+    another_refund_goes_ahead(order, agent_actor=agent_actor, approver=second_manager, amount="20.00")
+
+    # A rejection without a reason is refused; the answer is the card, drawn again.
+    refused = client.post(
+        reverse("approvals-decide", args=[action.pk]), {"decision": "reject", **shown_in(card)}, headers=HTMX
+    )
+    assert refused.status_code == 400
+    redrawn = refused.content.decode()
+    assert shown_in(redrawn) == shown_in(card)
+    assert shown_in(redrawn) != shown_now(action)
+
+    approved = client.post(
+        reverse("approvals-decide", args=[action.pk]), {"decision": "approve", **shown_in(redrawn)}, headers=HTMX
+    )
+    assert approved.status_code == 409
+    assert "another refund of 20.00 EUR went ahead" in approved.content.decode()
+    nothing_decided(action)
+
+
+def test_a_cards_poll_and_its_undo_keep_the_version_its_page_showed(
+    client: Client, manager: Any, second_manager: Any, agent_actor: Actor
+) -> None:
+    order = make_order(captured="300.00")
+    action = propose(agent_actor, amount="50.00", order=order)
+    client.force_login(manager)
+    on_the_page = shown_now(action)
+    page_version = on_the_page["shown_version"]
+    pending = client.post(
+        reverse("approvals-decide", args=[action.pk]),
+        {"decision": "reject", "reason_code": "duplicate", **on_the_page},
+        headers=HTMX,
+    ).content.decode()
+    # Meanwhile the order moves on; the page around the pending card does not.
+    another_refund_goes_ahead(order, agent_actor=agent_actor, approver=second_manager, amount="20.00")
+    assert shown_now(action)["shown_version"] != page_version
+    assert f'name="shown_version" value="{page_version}"' in pending, "the undo form keeps it"
+    assert f"shown_version={page_version}" in pending, "so does the poll"
+
+    polled = client.get(
+        reverse("approvals-row", args=[action.pk]) + f"?was=PROPOSED&shown_version={page_version}", headers=HTMX
+    ).content.decode()
+    assert f'name="shown_version" value="{page_version}"' in polled
+
+    undone = client.post(
+        reverse("approvals-undo-reject", args=[action.pk]), {"shown_version": page_version}, headers=HTMX
+    ).content.decode()
+    assert shown_in(undone)["shown_version"] == page_version
+    approved = client.post(
+        reverse("approvals-decide", args=[action.pk]), {"decision": "approve", **shown_in(undone)}, headers=HTMX
+    )
+    assert approved.status_code == 409
+
+    # An undo from a form that does not say which version its page showed cannot be followed by
+    # a decision on that card: it offers a reload instead.
+    client.post(
+        reverse("approvals-decide", args=[action.pk]),
+        {"decision": "reject", "reason_code": "duplicate", **shown_now(action)},
+        headers=HTMX,
+    )
+    blind = client.post(reverse("approvals-undo-reject", args=[action.pk]), headers=HTMX).content.decode()
+    assert 'data-testid="reload"' in blind
+    assert 'value="approve"' not in blind

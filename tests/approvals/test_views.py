@@ -404,7 +404,9 @@ def test_approving_with_htmx_returns_only_the_updated_row(
     assert 'data-status="AUTHORIZED"' in body
     assert f"Approved {action.action_id} for 120.00 EUR. It is on its way to the" in body
     # The card follows the action until it is final.
-    assert f'hx-get="{reverse("approvals-row", args=[action.pk])}?was=AUTHORIZED"' in body
+    # It polls with the order's version its page showed, which its forms keep posting.
+    row_url = reverse("approvals-row", args=[action.pk])
+    assert f'hx-get="{row_url}?was=AUTHORIZED&amp;shown_version={shown_now(action)["shown_version"]}"' in body
     assert 'value="approve"' not in body, "a decided row offers no more buttons"
     assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
     approval = Approval.objects.get(action=action)
@@ -644,8 +646,12 @@ def test_asking_for_a_new_decision_with_htmx_puts_the_stale_action_back_up_for_d
     stale = make_stale(propose(agent_actor, amount="60.00"), approver=second_manager)
     client.force_login(manager)
 
+    card = row_html(client.get(INBOX), stale)
+
     response = client.post(
-        reverse("approvals-reopen", args=[stale.pk]), {"note": "Order corrected; please look again."}, headers=HTMX
+        reverse("approvals-reopen", args=[stale.pk]),
+        {"note": "Order corrected; please look again.", **shown_in(card)},
+        headers=HTMX,
     )
 
     assert response.status_code == 200
