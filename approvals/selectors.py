@@ -124,6 +124,21 @@ class ProposalRow:
     refund_history: str = ""
     # Every grouped-approval sibling's card says it was decided with the others.
     group_size: int = 0
+    # The version of the action's target now (None: the kind binds to no target, or the action
+    # is final). Every form on the card posts back the version its page showed, with the amount
+    # and payload hash the card shows.
+    target_version: int | None = None
+    # The target's version the page around this card showed, when the card is drawn again on
+    # its own (the answer to one of its forms, its poll): its forms keep posting that, not the
+    # version now, since the rest of the page (the order's money) was not drawn again.
+    page_version: str = ""
+
+    @property
+    def shown_version(self) -> str:
+        """The version the card's forms post back: "none" for a kind that binds to no target."""
+        if self.page_version:
+            return self.page_version
+        return "none" if self.target_version is None else str(self.target_version)
 
     @property
     def is_waiting(self) -> bool:
@@ -293,6 +308,7 @@ def _row(
         message=kind.message_preview(action),
         pending_rejection=_pending_rejection(action),
         refund_history=(history or {}).get(action.pk, ""),
+        target_version=kind.target_version(action) if action.status not in TERMINAL_STATUSES else None,
     )
 
 
@@ -318,6 +334,12 @@ class InboxGroup:
         if self.bill is not None:
             return self.bill.adjustable_amount
         return None
+
+    @property
+    def target_version(self) -> int | None:
+        """The target's version as the group card shows it: "approve together" posts it back."""
+        target = self.order or self.bill
+        return target.version if target is not None else None
 
     @property
     def over_balance(self) -> bool:

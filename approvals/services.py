@@ -43,6 +43,54 @@ class DecisionRefused(Refused):
     default_status = 403
 
 
+# The code of a refusal because the page the manager decided on is older than the proposal or
+# its target: the pages offer to reload.
+CHANGED_SINCE_SHOWN = "changed_since_shown"
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What the manager's page showed of a proposal when she decided on it: the version of its
+    target (None for a kind that binds to no target), its amount and its payload hash.
+
+    A decision is about what the manager saw: the service compares these with the locked row
+    and refuses the decision when they differ, so an approval never binds a state of the order
+    that no person looked at.
+    """
+
+    version: int | None
+    amount: Decimal
+    payload_hash: str
+
+
+def _proposal_changes(action: Action, shown: Shown) -> list[str]:
+    """How the proposal itself differs from what the page showed, in words (empty: it does not)."""
+    changes = []
+    if shown.amount != action.amount:
+        changes.append(
+            f"The amount changed since you opened this page: it showed {shown.amount} {action.currency}, the "
+            f"proposal now asks for {action.amount} {action.currency}."
+        )
+    if shown.payload_hash != action.payload_hash:
+        changes.append("The proposal's details changed since you opened this page.")
+    return changes
+
+
+def _refuse_if_changed_since_shown(action: Action, shown: Shown | None) -> None:
+    """Refuse (409, writing nothing) a decision on ``action`` whose page showed another state of
+    it or of its target. ``shown`` None: the caller shows no page (the harness, a test that
+    decides directly), so there is nothing to compare; every page sends what it showed."""
+    if shown is None:
+        return
+    kind = kind_for(action.kind)
+    changes = []
+    if shown.version != kind.target_version(action):
+        changes.append(kind.target_changed_words(action, shown_version=shown.version))
+    changes += _proposal_changes(action, shown)
+    if changes:
+        raise DecisionRefused(" ".join(changes), code=CHANGED_SINCE_SHOWN, status=409)
+
+
 # --- who may decide ------------------------------------------------------------------------
 
 
@@ -90,9 +138,13 @@ def approval_decide(
     decision: str,
     note: str = "",
     reason_code: str = "",
+    shown: Shown | None = None,
     now: datetime | None = None,
 ) -> Approval:
-    """A manager approves or rejects a proposal. Raises DecisionRefused with a clear message."""
+    """A manager approves or rejects a proposal. Raises DecisionRefused with a clear message.
+
+    ``shown``: what the manager's page showed; a decision on a page older than the proposal or
+    its target is refused (409) with what changed."""
     now = now or timezone.now()
     if decision not in Decision.values:
         raise DecisionRefused(f"Unknown decision {decision!r}.", code="invalid_decision", status=400)
@@ -115,6 +167,9 @@ def approval_decide(
                 code="rejection_pending",
                 status=409,
             )
+        # Before the rules: a page that no longer shows the proposal as it is cannot be the
+        # ground of a decision, and after a reload the rules show on the page themselves.
+        _refuse_if_changed_since_shown(action, shown)
         if decision == Decision.APPROVE:
             refusal = approval_refusal_reason(
                 action=action, user=user, limit=approval_limit_for(user=user, currency=action.currency)
@@ -176,20 +231,34 @@ class GroupDecision:
 
 
 def approval_decide_group(
-    *, action_pks: list[int], user: Any, note: str = "", now: datetime | None = None
+    *,
+    action_pks: list[int],
+    user: Any,
+    note: str = "",
+    shown: dict[int, Shown] | None = None,
+    now: datetime | None = None,
 ) -> GroupDecision:
     """Approve several proposals on one target (an order, a bill) as ONE decision.
 
     Every member passes the same checks as a lone approval (four eyes, the manager's limit, the
     target's balance), and together their sum must fit both the target's balance and the
-    manager's limit. They are bound to the target's version as the manager saw it; the group's
-    version chain (ApprovalGroup) lets each reserve after its siblings without going stale.
-    All or nothing: one refusal refuses the whole decision and writes nothing.
+    manager's limit. They are bound to the target's version as the manager saw it: ``shown``
+    (per member, what the page showed) must match the locked rows, every member at the one
+    version of their shared target. The group's version chain (ApprovalGroup) starts there and
+    lets each member reserve after its siblings without going stale. All or nothing: one
+    refusal refuses the whole decision and writes nothing.
     """
     now = now or timezone.now()
     pks = sorted(set(action_pks))
     if len(pks) < 2:
         raise DecisionRefused("Choose at least two proposals to approve together.", code="group_too_small", status=400)
+    if shown is not None and set(shown) != set(pks):
+        raise DecisionRefused(
+            "The page did not send what it showed of each ticked proposal. Reload the page and decide again.",
+            code="shown_missing",
+            status=400,
+            field="shown",
+        )
     with transaction.atomic(durable=True):
         # Locked in pk order, so two group decisions over the same proposals cannot deadlock.
         actions = list(
@@ -221,6 +290,10 @@ def approval_decide_group(
                 code="rejection_pending",
                 status=409,
             )
+        version = kind.target_version(first)
+        assert version is not None
+        if shown is not None:
+            _refuse_group_if_changed_since_shown(actions, shown, version=version)
         limit = approval_limit_for(user=user, currency=first.currency)
         for action in actions:
             refusal = approval_refusal_reason(action=action, user=user, limit=limit)
@@ -241,8 +314,6 @@ def approval_decide_group(
                 f"{balance[1]} {first.currency}.",
                 code="over_refundable_balance",
             )
-        version = kind.target_version(first)
-        assert version is not None
         group = ApprovalGroup.objects.create(
             approver=user,
             decided_at=now,
@@ -270,13 +341,39 @@ def approval_decide_group(
     return GroupDecision(group=group, approvals=approvals)
 
 
+def _refuse_group_if_changed_since_shown(actions: list[Action], shown: dict[int, Shown], *, version: int) -> None:
+    """The grouped form of ``_refuse_if_changed_since_shown``. Every member was shown at the one
+    version of the target the group card showed, and each is compared with the version now, not
+    with the chain's later steps: the chain only begins once this decision is recorded."""
+    first = actions[0]
+    changes = []
+    stale = [shown[a.pk].version for a in actions if shown[a.pk].version != version]
+    if stale:
+        # The oldest version any member showed: what changed since then covers them all.
+        since = min((v for v in stale if v is not None), default=None)
+        changes.append(kind_for(first.kind).target_changed_words(first, shown_version=since))
+    for action in actions:
+        changes += [f"{action.action_id}: {words}" for words in _proposal_changes(action, shown[action.pk])]
+    if changes:
+        raise DecisionRefused(" ".join(changes), code=CHANGED_SINCE_SHOWN, status=409)
+
+
 # --- a rejection with an undo window ----------------------------------------------------------
 
 
 def rejection_request(
-    *, action_pk: int, user: Any, reason_code: str, note: str = "", now: datetime | None = None
+    *,
+    action_pk: int,
+    user: Any,
+    reason_code: str,
+    note: str = "",
+    shown: Shown | None = None,
+    now: datetime | None = None,
 ) -> PendingRejection:
     """Ask for a rejection that takes effect after ``REJECTION_UNDO_SECONDS``.
+
+    ``shown``: what the manager's page showed; as for an approval, a rejection decided on an
+    older page is refused (409) with what changed, so a "no" is about what she saw too.
 
     Nothing about the action changes yet; while the rejection is pending nobody may approve it.
     The commit is published for the end of the window, and every page that lists proposals
@@ -299,6 +396,7 @@ def rejection_request(
             )
         if not has_transition_perm(action.reject, user):
             raise DecisionRefused("Only managers may approve or reject proposals.", code="not_a_manager")
+        _refuse_if_changed_since_shown(action, shown)
         # Whoever may not approve it under four eyes may not reject it either: the card shows
         # both buttons disabled for them, and the rule says the same.
         four_eyes = four_eyes_refusal(action=action, user=user)

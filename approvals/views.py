@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -29,7 +30,7 @@ from actions.kinds import kind_for
 from actions.models import Action
 from actions.models.actions import TERMINAL_STATUSES
 from actions.plain import without_status_codes
-from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem
+from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem, page_version
 from approvals.models import Decision, RejectionReason
 from approvals.selectors import (
     action_outcome_get,
@@ -40,6 +41,7 @@ from approvals.selectors import (
     proposal_row_get,
 )
 from approvals.services import (
+    CHANGED_SINCE_SHOWN,
     DecisionRefused,
     action_reopen,
     approval_decide,
@@ -114,11 +116,12 @@ def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             user=request.user,
             decision=Decision.APPROVE,
             note=form.cleaned_data["note"],
+            shown=form.shown(),
         )
     except Action.DoesNotExist as missing:
         raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
-        return _refused(request, pk, str(refused), status=refused.status)
+        return _refused_decision(request, pk, refused)
     action = approval.action
     assert approval.expires_at is not None
     message = (
@@ -140,11 +143,12 @@ def _reject(request: HtmxHttpRequest, pk: int, form: DecisionForm) -> HttpRespon
             user=request.user,
             reason_code=form.cleaned_data["reason_code"],
             note=form.cleaned_data["note"],
+            shown=form.shown(),
         )
     except Action.DoesNotExist as missing:
         raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
-        return _refused(request, pk, str(refused), status=refused.status)
+        return _refused_decision(request, pk, refused)
     seconds = settings.REJECTION_UNDO_SECONDS
     return _done(
         request,
@@ -179,6 +183,8 @@ def row(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         proposal = proposal_row_get(action_pk=pk, user=request.user)
     except Action.DoesNotExist as missing:
         raise Http404("There is no such action.") from missing
+    # The card's poll names the version its page showed: its forms keep posting that one.
+    proposal = replace(proposal, page_version=page_version(request.GET.get("shown_version")))
     template = "approvals/_decided_status.html" if request.GET.get("as") == "status" else "approvals/_proposal_row.html"
     response = render(request, template, _context(row=proposal))
     _toast_if_final(response, proposal.action, was=request.GET.get("was", ""))
@@ -244,11 +250,21 @@ def decide_group(request: HtmxHttpRequest) -> HttpResponse:
     if stepped_up is not None:
         return stepped_up
     try:
-        result = approval_decide_group(action_pks=pks, user=request.user, note=form.cleaned_data["note"])
+        result = approval_decide_group(
+            action_pks=pks, user=request.user, note=form.cleaned_data["note"], shown=form.cleaned_data["shown"]
+        )
     except Action.DoesNotExist as missing:
         raise Http404("One of these proposals does not exist.") from missing
     except DecisionRefused as refused:
-        return _group_answer(request, key, [], level="error", text=str(refused), status=refused.status)
+        return _group_answer(
+            request,
+            key,
+            [],
+            level="error",
+            text=str(refused),
+            status=refused.status,
+            reload=refused.code == CHANGED_SINCE_SHOWN,
+        )
     group = result.group
     text = (
         f"Approved {group.size} proposals together for {group.total_amount} {group.currency}, as one decision. "
@@ -258,18 +274,27 @@ def decide_group(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def _group_answer(
-    request: HtmxHttpRequest, key: str, decided_pks: list[int], *, level: str, text: str, status: int
+    request: HtmxHttpRequest,
+    key: str,
+    decided_pks: list[int],
+    *,
+    level: str,
+    text: str,
+    status: int,
+    reload: bool = False,
 ) -> HttpResponse:
     text = without_status_codes(text.removesuffix(" Nothing was changed."))
+    reload_url = _reload_url(request, fallback=reverse("approvals-inbox")) if reload else ""
     if not request.htmx:
         (messages.success if level == "success" else messages.error)(
             request, text if level == "success" else f"{text} Nothing was changed."
         )
         if level == "success":
             return redirect(f"{reverse('approvals-decided')}?today=1")
-        return render(request, "approvals/inbox.html", _context(inbox=_inbox_get(request)), status=status)
+        context = _context(inbox=_inbox_get(request), reload_url=reload_url)
+        return render(request, "approvals/inbox.html", context, status=status)
     group = inbox_group_get(user=request.user, key=key, decided_pks=decided_pks) if key else None
-    notice = {"level": level, "text": text, "status": status}
+    notice = {"level": level, "text": text, "status": status, "reload_url": reload_url}
     if group is None:
         return HttpResponse(status=204)
     return render(request, "approvals/_inbox_group.html", _context(group=group, group_notice=notice), status=status)
@@ -342,12 +367,22 @@ def _require_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse | None:
 # --- responses shared by the decisions ------------------------------------------------------
 
 
-def _row_response(request: HtmxHttpRequest, pk: int, *, level: str, text: str, status: int) -> HttpResponse:
+def _row_response(
+    request: HtmxHttpRequest, pk: int, *, level: str, text: str, status: int, reload_url: str = ""
+) -> HttpResponse:
     try:
         row = proposal_row_get(action_pk=pk, user=request.user)
     except Action.DoesNotExist as missing:
         raise Http404("There is no such action.") from missing
-    notice = {"level": level, "text": text, "status": status}
+    # The card is drawn anew, the rest of the page (the order's money, the other proposals) is
+    # not: its forms keep posting the version the page showed. Without that version the card
+    # cannot tell how old the page around it is, and offers a reload instead of its buttons, as
+    # it does with ``reload_url``.
+    shown_version = page_version(request.POST.get("shown_version"))
+    if not shown_version and not reload_url:
+        reload_url = _reload_url(request, fallback=reverse("approvals-detail", args=[pk]))
+    row = replace(row, page_version=shown_version)
+    notice = {"level": level, "text": text, "status": status, "reload_url": reload_url}
     return render(request, "approvals/_proposal_row.html", _context(row=row, notice=notice), status=status)
 
 
@@ -358,17 +393,31 @@ def _done(request: HtmxHttpRequest, pk: int, message: str) -> HttpResponse:
     return redirect("approvals-inbox")
 
 
-def _refused(request: HtmxHttpRequest, pk: int, message: str, *, status: int) -> HttpResponse:
+def _refused_decision(request: HtmxHttpRequest, pk: int, refused: DecisionRefused) -> HttpResponse:
+    """A refused decision; one made on a page older than the proposal offers to reload it."""
+    return _refused(request, pk, str(refused), status=refused.status, reload=refused.code == CHANGED_SINCE_SHOWN)
+
+
+def _refused(request: HtmxHttpRequest, pk: int, message: str, *, status: int, reload: bool = False) -> HttpResponse:
     # The services end some refusals with this sentence and not others; the templates add it
     # to every refusal, so it is taken off here to say it once.
     message = without_status_codes(message.removesuffix(" Nothing was changed."))
+    reload_url = _reload_url(request, fallback=reverse("approvals-inbox")) if reload else ""
     if request.htmx:
-        return _row_response(request, pk, level="error", text=message, status=status)
+        return _row_response(request, pk, level="error", text=message, status=status, reload_url=reload_url)
     # Without JavaScript the inbox is shown again at once, with the refusal on top and its
     # status code on the response; redirecting would hide the code behind a 302.
     messages.error(request, f"{message} Nothing was changed.")
-    context = _context(inbox=_inbox_get(request))
+    context = _context(inbox=_inbox_get(request), reload_url=reload_url)
     return render(request, "approvals/inbox.html", context, status=status)
+
+
+def _reload_url(request: HtmxHttpRequest, *, fallback: str) -> str:
+    """The page the manager decided on (htmx names it), to load again; only a path on this
+    site, never another origin's address from a header."""
+    if request.htmx and request.htmx.current_url_abs_path:
+        return request.htmx.current_url_abs_path
+    return fallback
 
 
 def _inbox_get(request: HttpRequest) -> Any:

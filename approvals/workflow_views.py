@@ -102,12 +102,15 @@ def plan_decide_view(request: HttpRequest, pk: int) -> HttpResponse:
                 next_url = reverse("approvals-workflow", args=[pk])
                 return redirect(f"{reverse('two-factor-verify')}?{urlencode({'next': next_url})}")
     try:
+        # The page always sends the hash of the plan it showed; without one the service refuses.
         plan_decide(
             workflow_pk=pk, user=request.user, decision=decision, note=note, plan_hash=request.POST.get("plan_hash", "")
         )
     except PlanDecisionRefused as refused:
         context = plan_context(Workflow.objects.get(pk=pk), request.user)
         context["error"] = f"{refused.message} Nothing was changed."
+        if refused.code == "plan_changed":
+            context["reload_url"] = reverse("approvals-workflow", args=[pk])
         return render(request, "approvals/workflow_plan.html", context, status=refused.status)
     verb = "Approved" if decision == Decision.APPROVE else "Rejected"
     messages.success(request, f"{verb} the plan of {workflow.workflow_id}.")

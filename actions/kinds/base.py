@@ -300,6 +300,13 @@ class EffectKind:
         """The version of the action's target an approval binds to; None where there is none."""
         return None
 
+    def target_changed_words(self, action: Action, *, shown_version: int | None) -> str:
+        """What changed on the action's target since a page showed it at ``shown_version``, in a
+        clerk's words: a manager's decision made on an older page is refused with this sentence.
+        A kind says what happened where it can tell (another refund went ahead); this is the
+        sentence where it cannot."""
+        return f"What this proposal is about ({self.target_label(action)}) changed since you opened this page."
+
     def approval_refusal(self, action: Action) -> tuple[str, str] | None:
         """Why no approval could hold now (the target cannot cover it), as (code, message)."""
         return None

@@ -36,7 +36,7 @@ from actions.kinds.base import (
     StepClass,
     lookup_from_effects,
 )
-from actions.models import Action, ActionKind, ActionStatus, Bill
+from actions.models import Action, ActionEvent, ActionKind, ActionStatus, Bill
 from actions.models.actions import RESERVING_STATUSES
 from actions.providers.accounting.client import (
     AccountingClient,
@@ -274,6 +274,16 @@ class InvoiceAdjustmentKind(EffectKind):
         assert bill is not None, "an invoice adjustment always targets a bill"
         return (f"bill {bill.number}'s adjustable balance", Decimal("0") if bill.voided else bill.adjustable_amount)
 
+    def target_changed_words(self, action: Action, *, shown_version: int | None) -> str:
+        bill = action.bill
+        assert bill is not None, "an invoice adjustment always targets a bill"
+        changes = _bill_changes_since(bill, shown_version) if shown_version is not None else []
+        return (
+            f"Bill {bill.number} changed since you opened this page: "
+            f"{'; '.join(changes or ['its details were changed'])}. "
+            f"It now has {bill.adjustable_amount} {bill.currency} left to adjust."
+        )
+
     def approval_refusal(self, action: Action) -> tuple[str, str] | None:
         # The inbox selects the bill with the action: no query per row.
         bill = action.bill
@@ -367,6 +377,25 @@ class InvoiceAdjustmentKind(EffectKind):
 def _bill_pk(action: Action) -> int:
     assert action.bill_id is not None, "an invoice adjustment always targets a bill"
     return action.bill_id
+
+
+def _bill_changes_since(bill: Bill, version: int) -> list[str]:
+    """What raised ``bill``'s version past ``version``, in a clerk's words: each adjustment
+    reserved on it (its reservation's event records the version it found, and raised it by
+    one), and whatever else changed the bill."""
+    reserved = list(
+        ActionEvent.objects.filter(
+            action__bill_id=bill.pk, transition="begin_submission", evidence__order_version__gte=version
+        )
+        .select_related("action")
+        .order_by("created_at", "pk")
+    )
+    changes = [f"another adjustment of {event.action.amount} {event.action.currency} went ahead" for event in reserved]
+    if bill.voided:
+        changes.append("it was voided")
+    elif bill.version - version > len(reserved):
+        changes.append("its details were changed")
+    return changes
 
 
 # --- the correction: void a credit note, through the same engine -------------------------------

@@ -34,6 +34,7 @@ from actions.kinds.base import (
 )
 from actions.models import (
     Action,
+    ActionEvent,
     ActionKind,
     ActionStatus,
     Order,
@@ -301,6 +302,16 @@ class RefundKind(EffectKind):
         assert action.order is not None, "a refund always targets an order"
         return action.order.version
 
+    def target_changed_words(self, action: Action, *, shown_version: int | None) -> str:
+        order = action.order
+        assert order is not None, "a refund always targets an order"
+        changes = _order_changes_since(order, shown_version) if shown_version is not None else []
+        return (
+            f"The order changed since you opened this page: "
+            f"{'; '.join(changes or ['its details were changed'])}. "
+            f"It now has {order.refundable_amount} {order.currency} left to refund."
+        )
+
     def approval_refusal(self, action: Action) -> tuple[str, str] | None:
         order = action.order
         if order is not None and action.amount > order.refundable_amount:
@@ -421,6 +432,29 @@ class RefundKind(EffectKind):
 def _order_pk(action: Action) -> int:
     assert action.order_id is not None, "a refund always targets an order"
     return action.order_id
+
+
+def _order_changes_since(order: Order, version: int) -> list[str]:
+    """What raised ``order``'s version past ``version``, in a clerk's words: each refund reserved
+    on it (its reservation's event records the version it found, and raised it by one), each
+    refund made or reversed outside the console, and whatever else changed the order."""
+    reserved = list(
+        ActionEvent.objects.filter(
+            action__order_id=order.pk, transition="begin_submission", evidence__order_version__gte=version
+        )
+        .select_related("action")
+        .order_by("created_at", "pk")
+    )
+    outside = list(OrderEvent.objects.filter(order=order, version_after__gt=version).order_by("created_at", "pk"))
+    changes = [f"another refund of {event.action.amount} {event.action.currency} went ahead" for event in reserved]
+    for change in outside:
+        if change.kind == OrderEventKind.OUTSIDE_REFUND:
+            changes.append(f"a refund of {change.amount} {change.currency} was made outside the console")
+        else:
+            changes.append(f"a refund of {change.amount} {change.currency} made outside the console was reversed")
+    if order.version - version > len(reserved) + len(outside):
+        changes.append("its details were changed (by the shop or a correction)")
+    return changes
 
 
 def _outside_refunds_since(order: Order, version: int) -> str:

@@ -278,6 +278,9 @@ class SupplierEmailKind(EffectKind):
         supplier = self._supplier(action)
         return supplier.version if supplier is not None else None
 
+    def target_changed_words(self, action: Action, *, shown_version: int | None) -> str:
+        return f"The contacts of supplier {action.payload.get('supplier', '-')} changed since you opened this page."
+
     def _contact_problem(self, action: Action) -> str | None:
         supplier = self._supplier(action)
         if supplier is None:

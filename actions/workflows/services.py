@@ -302,13 +302,30 @@ def plan_refusal_reason(*, workflow: Workflow, user: Any) -> tuple[str, str] | N
 
 
 def plan_decide(
-    *, workflow_pk: int, user: Any, decision: str, note: str = "", plan_hash: str = "", now: datetime | None = None
+    *,
+    workflow_pk: int,
+    user: Any,
+    decision: str,
+    note: str = "",
+    plan_hash: str | None = None,
+    now: datetime | None = None,
 ) -> Workflow:
-    """A manager approves or rejects a whole plan. ``plan_hash``: the plan the manager saw; a
-    plan that differs (it cannot change, but the page may be stale) is refused."""
+    """A manager approves or rejects a whole plan.
+
+    ``plan_hash``: the hash of the plan the manager's page showed. A page always sends it, so
+    an empty one is refused (400), and one that differs from the plan's is refused (409). None:
+    the caller shows no page (the harness, a test that decides directly)."""
     now = now or timezone.now()
     if decision not in Decision.values:
         raise PlanDecisionRefused(f"Unknown decision {decision!r}.", code="invalid_decision", status=400)
+    if plan_hash is not None and not plan_hash.strip():
+        raise PlanDecisionRefused(
+            "plan_hash is missing: the page sends the hash of the plan it showed with every decision. "
+            "Reload the page and decide again.",
+            code="plan_hash_missing",
+            status=400,
+            field="plan_hash",
+        )
     with transaction.atomic(durable=True):
         workflow = Workflow.objects.select_for_update().get(pk=workflow_pk)
         if workflow.state != W.PROPOSED:
@@ -317,8 +334,12 @@ def plan_decide(
                 code="not_waiting",
                 status=409,
             )
-        if plan_hash and plan_hash != workflow.plan_hash:
-            raise PlanDecisionRefused("The plan differs from the one shown.", code="plan_changed", status=409)
+        if plan_hash is not None and plan_hash != workflow.plan_hash:
+            raise PlanDecisionRefused(
+                "This is not the plan the page showed: its hash differs. Reload the page to see the plan as it is.",
+                code="plan_changed",
+                status=409,
+            )
         actor = Actor.for_user(user)
         if decision == Decision.APPROVE:
             refusal = plan_refusal_reason(workflow=workflow, user=user)

@@ -13,6 +13,7 @@ from actions.adjustments import action_propose_invoice_adjustment
 from actions.models import Action, ActionStatus
 from actions.services import action_propose_refund
 from actions.trail import Actor
+from tests.approvals.test_views import shown_now
 from tests.factories import make_adjustment_request, make_bill, make_order, make_request
 
 pytestmark = pytest.mark.django_db
@@ -91,7 +92,9 @@ def test_a_manager_approves_an_adjustment_above_the_threshold(
 ) -> None:
     _, adjustment = both
     client.force_login(manager)
-    answer = client.post(f"/approvals/{adjustment.pk}/decide", {"decision": "approve", "note": "PO checked"})
+    answer = client.post(
+        f"/approvals/{adjustment.pk}/decide", {"decision": "approve", "note": "PO checked", **shown_now(adjustment)}
+    )
     assert answer.status_code in (200, 302)
     adjustment.refresh_from_db()
     assert adjustment.status == ActionStatus.AUTHORIZED

@@ -15,7 +15,7 @@ from actions.models import Action, ActionStatus, UserSettings
 from actions.services import Actor
 from approvals.models import Approval, ApprovalGroup
 from approvals.services import approval_decide
-from tests.approvals.test_views import make_stale, make_succeeded, propose
+from tests.approvals.test_views import make_stale, make_succeeded, propose, shown_in_group
 from tests.factories import make_order, make_user
 
 pytestmark = pytest.mark.django_db
@@ -167,7 +167,12 @@ def test_approving_together_through_the_form_answers_with_the_group(
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(
             reverse("approvals-decide-group"),
-            {"group": f"order-{order.pk}", "action": [first.pk, second.pk], "note": "Both damaged."},
+            {
+                "group": f"order-{order.pk}",
+                "action": [first.pk, second.pk],
+                "note": "Both damaged.",
+                **shown_in_group(inbox, f"order-{order.pk}"),
+            },
             headers=HTMX,
         )
 
@@ -193,7 +198,7 @@ def test_approving_together_more_than_is_left_is_refused_in_words(
     assert 'data-testid="over-balance"' in inbox and "These proposals ask for more than is left." in inbox
     response = client.post(
         reverse("approvals-decide-group"),
-        {"group": f"order-{order.pk}", "action": [first.pk, second.pk]},
+        {"group": f"order-{order.pk}", "action": [first.pk, second.pk], **shown_in_group(inbox, f"order-{order.pk}")},
         headers=HTMX,
     )
 

@@ -22,6 +22,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.kinds import kind_for
 from actions.models import Action, ActionEvent, ActionStatus, Order
 from actions.services import Actor, action_propose_refund, action_transition
 from approvals.models import Approval, ApprovalLimit, PendingRejection
@@ -133,6 +134,36 @@ def button(row: str, decision: str) -> str:
     found = re.search(rf'<button [^>]*value="{decision}"[^>]*>', row)
     assert found, f"no {decision} button in the row"
     return found.group(0)
+
+
+def shown_now(action: Action) -> dict[str, str]:
+    """What a page opened now shows of ``action``, as its decision form posts it back."""
+    fresh = Action.objects.select_related("order", "bill").get(pk=action.pk)
+    version = kind_for(fresh.kind).target_version(fresh)
+    return {
+        "shown_version": "none" if version is None else str(version),
+        "shown_amount": str(fresh.amount),
+        "shown_payload_hash": fresh.payload_hash,
+    }
+
+
+def shown_in(row: str) -> dict[str, str]:
+    """What the decision form in ``row`` (a card's HTML) posts back: what that page showed."""
+    return dict(re.findall(r'<input type="hidden" name="(shown_[a-z_]+)" value="([^"]*)">', row))
+
+
+def shown_in_group(page: str, key: str) -> dict[str, str]:
+    """What "approve together" in group ``key`` of an inbox page posts back: the target's version
+    its card showed, and the amount and payload hash of every card in it."""
+    form = re.search(rf'id="group-form-{key}".*?</form>', page, flags=re.DOTALL)
+    assert form, f"no 'approve together' form for {key}"
+    version = re.search(r'<input type="hidden" name="shown_version" value="([^"]*)">', form.group(0))
+    assert version, "the group form carries no version"
+    members = re.findall(
+        rf'<input type="hidden" name="(shown_(?:amount|payload_hash)_[0-9]+)" value="([^"]*)" form="group-form-{key}">',
+        page,
+    )
+    return {"shown_version": version.group(1), **dict(members)}
 
 
 def snapshot(action: Action) -> dict[str, Any]:
@@ -360,7 +391,11 @@ def test_approving_with_htmx_returns_only_the_updated_row(
     client.force_login(manager)
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(decide_url(action), {"decision": "approve", "note": "Photos check out."}, headers=HTMX)
+        response = client.post(
+            decide_url(action),
+            {"decision": "approve", "note": "Photos check out.", **shown_now(action)},
+            headers=HTMX,
+        )
 
     assert response.status_code == 200
     body = response.content.decode()
@@ -369,7 +404,9 @@ def test_approving_with_htmx_returns_only_the_updated_row(
     assert 'data-status="AUTHORIZED"' in body
     assert f"Approved {action.action_id} for 120.00 EUR. It is on its way to the" in body
     # The card follows the action until it is final.
-    assert f'hx-get="{reverse("approvals-row", args=[action.pk])}?was=AUTHORIZED"' in body
+    # It polls with the order's version its page showed, which its forms keep posting.
+    row_url = reverse("approvals-row", args=[action.pk])
+    assert f'hx-get="{row_url}?was=AUTHORIZED&amp;shown_version={shown_now(action)["shown_version"]}"' in body
     assert 'value="approve"' not in body, "a decided row offers no more buttons"
     assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
     approval = Approval.objects.get(action=action)
@@ -386,7 +423,7 @@ def test_rejecting_with_htmx_replaces_the_row_with_the_rejected_one(
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(
             decide_url(action),
-            {"decision": "reject", "reason_code": "against_policy", "note": "Outside policy."},
+            {"decision": "reject", "reason_code": "against_policy", "note": "Outside policy.", **shown_now(action)},
             headers=HTMX,
         )
 
@@ -416,7 +453,7 @@ def test_a_rejection_without_a_reason_is_refused_and_writes_nothing(
     action = propose(agent_actor)
     client.force_login(manager)
 
-    response = client.post(decide_url(action), {"decision": "reject", "note": "No."}, headers=HTMX)
+    response = client.post(decide_url(action), {"decision": "reject", "note": "No.", **shown_now(action)}, headers=HTMX)
 
     assert response.status_code == 400
     assert "Choose a reason for the rejection." in response.content.decode()
@@ -430,7 +467,7 @@ def test_approving_without_javascript_redirects_to_the_inbox_with_a_message(
     action = propose(agent_actor)
     client.force_login(manager)
 
-    response = client.post(decide_url(action), {"decision": "approve", "note": ""})
+    response = client.post(decide_url(action), {"decision": "approve", "note": "", **shown_now(action)})
 
     assert response.status_code == 302
     assert response["Location"] == INBOX
@@ -450,10 +487,11 @@ def test_the_owner_of_the_proposing_agent_cannot_approve_its_proposal_even_as_a_
     """Invariant 10: approver != proposer (the agent acts for its owner)."""
     owner = make_manager_too(agent_owner, limits={"EUR": "1000"})
     action = propose(agent_actor)
+    shown = shown_now(action)
     before = snapshot(action)
     client.force_login(owner)
 
-    response = client.post(decide_url(action), {"decision": "approve"}, headers=HTMX if htmx else {})
+    response = client.post(decide_url(action), {"decision": "approve", **shown}, headers=HTMX if htmx else {})
 
     assert response.status_code == 403
     assert "You proposed this action (or own the agent that did): someone else must approve it." in (
@@ -470,10 +508,11 @@ def test_a_manager_cannot_approve_above_their_limit(
 ) -> None:
     """Invariant 10: the amount must be within the approver's limit for its currency."""
     action = propose(agent_actor, amount="120.00")
+    shown = shown_now(action)
     before = snapshot(action)
     client.force_login(second_manager)
 
-    response = client.post(decide_url(action), {"decision": "approve"}, headers=HTMX if htmx else {})
+    response = client.post(decide_url(action), {"decision": "approve", **shown}, headers=HTMX if htmx else {})
 
     assert response.status_code == 403
     assert "120.00 EUR is above your approval limit of 100.00 EUR." in response.content.decode()
@@ -524,9 +563,10 @@ def test_a_manager_who_sees_the_proposal_but_has_no_limit_in_its_currency_cannot
     page = client.get(INBOX)
     assert page.status_code == 200
     assert "disabled" in button(row_html(page, action), "approve")
+    shown = shown_in(row_html(page, action))
     before = snapshot(action)
 
-    response = client.post(decide_url(action), {"decision": "approve"}, headers=HTMX if htmx else {})
+    response = client.post(decide_url(action), {"decision": "approve", **shown}, headers=HTMX if htmx else {})
 
     assert response.status_code == 403
     assert "You have no approval limit in USD." in response.content.decode()
@@ -542,11 +582,13 @@ def test_approving_an_action_that_changed_state_since_the_page_loaded_gives_a_cl
     client.force_login(manager)
     page = client.get(INBOX)
     assert "disabled" not in button(row_html(page, action), "approve")
+    shown = shown_in(row_html(page, action))
+    assert shown == shown_now(action), "the card posts back what it shows"
     # Meanwhile, another manager rejects it.
     approval_decide(action_pk=action.pk, user=second_manager, decision="reject", note="Duplicate ticket.")
     before = snapshot(action)
 
-    response = client.post(decide_url(action), {"decision": "approve"}, headers=HTMX if htmx else {})
+    response = client.post(decide_url(action), {"decision": "approve", **shown}, headers=HTMX if htmx else {})
 
     assert response.status_code == 409
     body = response.content.decode()
@@ -577,7 +619,10 @@ def test_an_unknown_decision_is_refused_with_400_naming_the_field(
 def test_deciding_on_an_action_that_does_not_exist_is_a_404(client: Client, manager: Any) -> None:
     client.force_login(manager)
 
-    response = client.post(reverse("approvals-decide", args=[999_999]), {"decision": "approve"})
+    response = client.post(
+        reverse("approvals-decide", args=[999_999]),
+        {"decision": "approve", "shown_version": "1", "shown_amount": "1.00", "shown_payload_hash": "x"},
+    )
 
     assert response.status_code == 404
 
@@ -601,8 +646,12 @@ def test_asking_for_a_new_decision_with_htmx_puts_the_stale_action_back_up_for_d
     stale = make_stale(propose(agent_actor, amount="60.00"), approver=second_manager)
     client.force_login(manager)
 
+    card = row_html(client.get(INBOX), stale)
+
     response = client.post(
-        reverse("approvals-reopen", args=[stale.pk]), {"note": "Order corrected; please look again."}, headers=HTMX
+        reverse("approvals-reopen", args=[stale.pk]),
+        {"note": "Order corrected; please look again.", **shown_in(card)},
+        headers=HTMX,
     )
 
     assert response.status_code == 200

@@ -10,6 +10,7 @@ from django.test import Client
 
 from actions.models import ActionEvent, ActionStatus, Remedy
 from actions.services import Actor
+from tests.approvals.test_views import shown_now
 from tests.security.conftest import propose
 
 pytestmark = pytest.mark.django_db
@@ -25,7 +26,9 @@ def test_a_managers_note_with_a_bidi_override_is_refused(manager: Any, agent: An
     client = Client()
     client.force_login(manager)
 
-    response = client.post(f"/approvals/{action.pk}/decide", {"decision": "reject", "note": "ok \u202edesrever"})
+    response = client.post(
+        f"/approvals/{action.pk}/decide", {"decision": "reject", "note": "ok \u202edesrever", **shown_now(action)}
+    )
 
     assert response.status_code == 400
     assert "note" in response.content.decode()

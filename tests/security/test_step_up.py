@@ -18,6 +18,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from actions.models import ActionStatus
 from actions.services import Actor
 from approvals.step_up import STEP_UP_SESSION_KEY, step_up_refusal
+from tests.approvals.test_views import shown_now
 from tests.factories import make_order
 from tests.security.conftest import propose
 
@@ -54,8 +55,9 @@ def test_approving_above_the_amount_without_a_code_changes_nothing(manager: Any,
     client = Client()
     client.force_login(manager)
 
-    plain = client.post(f"/approvals/{action.pk}/decide", {"decision": "approve"})
-    htmx = client.post(f"/approvals/{action.pk}/decide", {"decision": "approve"}, headers={"HX-Request": "true"})
+    decision = {"decision": "approve", **shown_now(action)}
+    plain = client.post(f"/approvals/{action.pk}/decide", decision)
+    htmx = client.post(f"/approvals/{action.pk}/decide", decision, headers={"HX-Request": "true"})
 
     assert plain.status_code == 302 and plain["Location"].startswith("/account/verify/")
     assert htmx.status_code == 403 and htmx["HX-Redirect"].startswith("/account/verify/")
@@ -76,7 +78,7 @@ def test_a_confirmed_code_lets_the_manager_approve(manager: Any, agent: Any) -> 
     TOTPDevice.objects.filter(pk=device.pk).update(throttling_failure_count=0, throttling_failure_timestamp=None)
     device.refresh_from_db()
     right = client.post("/account/verify/", {"code": current_code(device), "next": f"/approvals/{action.pk}/"})
-    approved = client.post(f"/approvals/{action.pk}/decide", {"decision": "approve"})
+    approved = client.post(f"/approvals/{action.pk}/decide", {"decision": "approve", **shown_now(action)})
 
     assert right.status_code == 302 and right["Location"] == f"/approvals/{action.pk}/"
     assert approved.status_code == 302
