@@ -38,6 +38,14 @@ def approval_binding(action: Action) -> dict[str, Any]:
     }
 
 
+class NowVersion:
+    """The default of ``approval_record``'s ``bound_version``: the target's version as it is now
+    (None is a version a plan can bind: a step whose target has none)."""
+
+
+NOW_VERSION = NowVersion()
+
+
 def approval_record(
     *,
     action: Action,
@@ -50,6 +58,10 @@ def approval_record(
     actor: Actor,
     group: ApprovalGroup | None = None,
     transitioned: bool = False,
+    bound_version: int | NowVersion | None = NOW_VERSION,
+    expires_at: datetime | None = None,
+    reason: str = "",
+    evidence_extra: dict[str, Any] | None = None,
 ) -> Approval:
     """PROPOSED -> AUTHORIZED with an approval bound to the action and its target as they are now.
 
@@ -57,11 +69,16 @@ def approval_record(
     ``transitioned``: the action was inserted AUTHORIZED in this transaction (a proposal the
     policy approved before its INSERT, ``auto_policy_decide``): the approval and its "approve"
     event are written, the transition is not run again.
+    ``bound_version`` and ``expires_at``: a step of a workflow's plan is approved under the
+    plan's approval, so it binds the target's version and the expiry that approval bound, not
+    the ones of the moment the coordinator creates it.
     """
     if transitioned and action.status != S.AUTHORIZED:
         raise ValueError(f"{action.action_id} is {action.status}, not inserted AUTHORIZED")
-    expires_at = now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
+    expires_at = expires_at or now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
     binding = approval_binding(action)
+    if not isinstance(bound_version, NowVersion):
+        binding["order_version"] = bound_version
     approval = Approval.objects.create(
         action=action,
         approver=approver,
@@ -86,8 +103,9 @@ def approval_record(
         },
         "expires_at": expires_at.isoformat(),
         **({"group_id": group.pk, "group_size": group.size} if group is not None else {}),
+        **(evidence_extra or {}),
     }
-    reason = note or "Approved."
+    reason = reason or note or "Approved."
     if transitioned:
         event_record(
             action=action,

@@ -34,11 +34,9 @@ from django.utils import timezone
 
 from actions.engine.faults import fault_point
 from actions.kinds import kind_for
-from actions.kinds.invoice_adjustment import accounting_from_settings
 from actions.models import (
     Action,
     ActionStatus,
-    Bill,
     Workflow,
     WorkflowEvent,
     WorkflowState,
@@ -46,11 +44,11 @@ from actions.models import (
 )
 from actions.models.actions import ActorKind
 from actions.owners import owner_pick
-from actions.providers.base import ProviderError
-from actions.publish import dispatch_enqueue_on_commit, workflow_advance_enqueue_on_commit
-from actions.trail import Actor, action_transition, event_record
-from actions.workflows.templates import READ, child_action, compensation_key, step_key
-from approvals.models import Approval, Decision, WorkflowApproval
+from actions.publish import workflow_advance_enqueue_on_commit
+from actions.trail import Actor, event_record
+from actions.workflows.templates import READ, child_action, compensation_key, step_key, template_for
+from approvals.models import Decision, WorkflowApproval
+from approvals.policy import approval_record
 
 log = logging.getLogger(__name__)
 S = ActionStatus
@@ -194,30 +192,20 @@ def _child_create(
     )
     if plan_approval is None or expires_at is None:
         return action
-    approval = Approval.objects.create(
+    approval_record(
         action=action,
         approver=plan_approval.approver,
-        decided_by_label=f"{plan_approval.decided_by_label} (plan of {workflow.workflow_id})",
+        label=f"{plan_approval.decided_by_label} (plan of {workflow.workflow_id})",
         policy=plan_approval.policy,
         policy_detail={"workflow": workflow.workflow_id, "workflow_approval": plan_approval.pk},
-        decision=Decision.APPROVE,
         note=f"Approved as step {step.name} of the plan {workflow.plan_hash}.",
-        decided_at=now,
-        order_version=order_version,
-        amount=action.amount,
-        currency=action.currency,
-        payload_hash=action.payload_hash,
-        expires_at=expires_at,
-    )
-    action_transition(
-        action=action,
-        transition="approve",
-        actor=COORDINATOR,
-        reason=f"Authorized by the approval of workflow {workflow.workflow_id}'s plan.",
-        evidence={"approval_id": approval.pk, "workflow_approval_id": plan_approval.pk},
         now=now,
+        actor=COORDINATOR,
+        bound_version=order_version,
+        expires_at=expires_at,
+        reason=f"Authorized by the approval of workflow {workflow.workflow_id}'s plan.",
+        evidence_extra={"workflow_approval_id": plan_approval.pk},
     )
-    dispatch_enqueue_on_commit(action.pk)
     return action
 
 
@@ -621,40 +609,13 @@ def _read_perform(*, step_pk: int) -> None:
     if step.result is not None:
         return
     plan_step = _plan_step(step.workflow, step)
-    result = documents_read(plan_step["payload"])
+    template = template_for(step.workflow.template)
+    read = template.spec(step.name).read if template is not None else None
+    if read is None:
+        raise ValueError(f"{step.workflow.template}.{step.name} is not a read step of a registered template")
+    result = read(plan_step["payload"])
     with transaction.atomic(durable=True):
         WorkflowStep.objects.filter(pk=step_pk, result__isnull=True).update(result=result)
-
-
-def documents_read(payload: dict[str, Any]) -> dict[str, Any]:
-    """The bill as the accounting system holds it, and the purchase order's mismatch as the
-    console's matcher recorded it."""
-    bill = Bill.objects.get(number=payload["bill"])
-    evidence: dict[str, Any] = {
-        "bill": {
-            "number": bill.number,
-            "amount": str(bill.amount),
-            "amount_due": str(bill.amount_due),
-            "currency": bill.currency,
-            "version": bill.version,
-        },
-        "purchase_order": {"number": bill.purchase_order, "mismatch": bill.po_mismatch},
-        "read_at": timezone.now().isoformat(),
-    }
-    if settings.ACCOUNTING_API_BASE and bill.accounting_reference:
-        try:
-            invoice = accounting_from_settings().get_invoice(bill.accounting_reference)
-            evidence["accounting"] = {
-                "invoice_id": invoice.id,
-                "number": invoice.number,
-                "status": invoice.status,
-                "total": str(invoice.total),
-                "amount_due": str(invoice.amount_due),
-                "currency": invoice.currency,
-            }
-        except ProviderError as error:
-            evidence["accounting"] = {"invoice_id": bill.accounting_reference, "error": str(error)}
-    return evidence
 
 
 # --- the sweep -------------------------------------------------------------------------------

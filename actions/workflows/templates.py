@@ -29,9 +29,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from actions.kinds import StepClass, kind_for
 from actions.kinds.email_templates import EmailTemplate
+from actions.kinds.invoice_adjustment import accounting_from_settings
 from actions.kinds.supplier_email import message_id_for
 from actions.models import (
     Action,
@@ -43,6 +45,7 @@ from actions.models import (
     RefundRequest,
     Supplier,
 )
+from actions.providers.base import ProviderError
 from actions.services import (
     REFERENCE_PATTERN,
     FieldProblem,
@@ -112,6 +115,9 @@ class StepSpec:
     # why there is none and what happens instead.
     compensation_kind: str | None
     compensation_note: str
+    # A read step's read: the step's payload in, the evidence to save out. The coordinator runs
+    # it outside any transaction and saves its first result for every later run to reuse.
+    read: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,8 @@ def template_register(template: Template) -> Template:
             raise ValueError(f"{template.name}: irreversible steps go last unless the template says why")
         if spec.compensation_kind is None and not spec.compensation_note:
             raise ValueError(f"{template.name}.{spec.name}: a step without compensation needs the reason")
+        if (spec.kind == READ) != (spec.read is not None):
+            raise ValueError(f"{template.name}.{spec.name}: a read step, and only a read step, names its read")
     _TEMPLATES[template.name] = template
     return template
 
@@ -261,6 +269,39 @@ def _ids(prefix: str, business: str, case_ref: str) -> tuple[str, str]:
 
 # --- po_mismatch_resolution --------------------------------------------------------------------
 
+
+def documents_read(payload: dict[str, Any]) -> dict[str, Any]:
+    """The bill as the accounting system holds it, and the purchase order's mismatch as the
+    console's matcher recorded it."""
+    bill = Bill.objects.get(number=payload["bill"])
+    evidence: dict[str, Any] = {
+        "bill": {
+            "number": bill.number,
+            "amount": str(bill.amount),
+            "amount_due": str(bill.amount_due),
+            "currency": bill.currency,
+            "version": bill.version,
+        },
+        "purchase_order": {"number": bill.purchase_order, "mismatch": bill.po_mismatch},
+        "read_at": timezone.now().isoformat(),
+    }
+    if settings.ACCOUNTING_API_BASE and bill.accounting_reference:
+        try:
+            invoice = accounting_from_settings().get_invoice(bill.accounting_reference)
+            evidence["accounting"] = {
+                "invoice_id": invoice.id,
+                "number": invoice.number,
+                "status": invoice.status,
+                "total": str(invoice.total),
+                "amount_due": str(invoice.amount_due),
+                "currency": invoice.currency,
+            }
+        except ProviderError as error:
+            evidence["accounting"] = {"invoice_id": bill.accounting_reference, "error": str(error)}
+    return evidence
+
+
+
 PO_STEPS = (
     StepSpec(
         "read_documents",
@@ -268,6 +309,7 @@ PO_STEPS = (
         StepClass.READ,
         None,
         "None needed: a read changes nothing. Its result is saved as evidence and reused on recovery.",
+        read=documents_read,
     ),
     StepSpec(
         "post_credit_note",
