@@ -269,51 +269,11 @@ def approval_decide_group(
         )
         if len(actions) != len(pks):
             raise Action.DoesNotExist("One of the proposals does not exist.")
-        first = actions[0]
-        kind = kind_for(first.kind)
-        targets = {(a.kind, a.order_id, a.bill_id, a.currency) for a in actions}
-        if len(targets) != 1 or kind.target_version(first) is None:
-            raise DecisionRefused(
-                "Proposals can be approved together only when they are of one kind, on the same order or bill, "
-                "in one currency.",
-                code="group_mixed_targets",
-                status=400,
-            )
-        busy = [a.action_id for a in actions if a.status != S.PROPOSED]
-        if busy:
-            raise DecisionRefused(
-                f"{', '.join(busy)} no longer waiting for a decision.", code="not_waiting", status=409
-            )
-        if PendingRejection.objects.filter(action__in=actions).exists():
-            raise DecisionRefused(
-                "One of these proposals is about to be rejected; undo that rejection first.",
-                code="rejection_pending",
-                status=409,
-            )
-        version = kind.target_version(first)
-        assert version is not None
+        version = _group_version_if_decidable(actions)
         if shown is not None:
             _refuse_group_if_changed_since_shown(actions, shown, version=version)
-        limit = approval_limit_for(user=user, currency=first.currency)
-        for action in actions:
-            refusal = approval_refusal_reason(action=action, user=user, limit=limit)
-            if refusal is not None:
-                raise DecisionRefused(f"{action.action_id}: {refusal[1]}", code=refusal[0])
-        total = sum((a.amount for a in actions), Decimal("0"))
-        assert limit is not None  # approval_refusal_reason refuses a money kind without a limit
-        if total > limit:
-            raise DecisionRefused(
-                f"Together these come to {total} {first.currency}, above your approval limit of "
-                f"{limit} {first.currency}.",
-                code="over_limit",
-            )
-        balance = kind.target_balance(first)
-        if balance is not None and total > balance[1]:
-            raise DecisionRefused(
-                f"Together these come to {total} {first.currency}, more than {balance[0]} of "
-                f"{balance[1]} {first.currency}.",
-                code="over_refundable_balance",
-            )
+        total = _group_total_within_limit_and_balance(actions, user=user)
+        first = actions[0]
         group = ApprovalGroup.objects.create(
             approver=user,
             decided_at=now,
@@ -339,6 +299,60 @@ def approval_decide_group(
             for action in actions
         ]
     return GroupDecision(group=group, approvals=approvals)
+
+
+def _group_version_if_decidable(actions: list[Action]) -> int:
+    """The shared target's version, once the proposals are of one kind on one target in one
+    currency, all waiting, none about to be rejected; DecisionRefused otherwise."""
+    first = actions[0]
+    kind = kind_for(first.kind)
+    targets = {(a.kind, a.order_id, a.bill_id, a.currency) for a in actions}
+    if len(targets) != 1 or kind.target_version(first) is None:
+        raise DecisionRefused(
+            "Proposals can be approved together only when they are of one kind, on the same order or bill, "
+            "in one currency.",
+            code="group_mixed_targets",
+            status=400,
+        )
+    busy = [a.action_id for a in actions if a.status != S.PROPOSED]
+    if busy:
+        raise DecisionRefused(f"{', '.join(busy)} no longer waiting for a decision.", code="not_waiting", status=409)
+    if PendingRejection.objects.filter(action__in=actions).exists():
+        raise DecisionRefused(
+            "One of these proposals is about to be rejected; undo that rejection first.",
+            code="rejection_pending",
+            status=409,
+        )
+    version = kind.target_version(first)
+    assert version is not None
+    return version
+
+
+def _group_total_within_limit_and_balance(actions: list[Action], *, user: Any) -> Decimal:
+    """Every member passes a lone approval's checks, and their sum fits the manager's limit and
+    the target's balance; returns the sum."""
+    first = actions[0]
+    limit = approval_limit_for(user=user, currency=first.currency)
+    for action in actions:
+        refusal = approval_refusal_reason(action=action, user=user, limit=limit)
+        if refusal is not None:
+            raise DecisionRefused(f"{action.action_id}: {refusal[1]}", code=refusal[0])
+    total = sum((a.amount for a in actions), Decimal("0"))
+    assert limit is not None  # approval_refusal_reason refuses a money kind without a limit
+    if total > limit:
+        raise DecisionRefused(
+            f"Together these come to {total} {first.currency}, above your approval limit of "
+            f"{limit} {first.currency}.",
+            code="over_limit",
+        )
+    balance = kind_for(first.kind).target_balance(first)
+    if balance is not None and total > balance[1]:
+        raise DecisionRefused(
+            f"Together these come to {total} {first.currency}, more than {balance[0]} of "
+            f"{balance[1]} {first.currency}.",
+            code="over_refundable_balance",
+        )
+    return total
 
 
 def _refuse_group_if_changed_since_shown(actions: list[Action], shown: dict[int, Shown], *, version: int) -> None:
