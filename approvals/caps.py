@@ -38,7 +38,7 @@ from actions.trail import Actor, event_record
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision, WorkflowApproval
 
 # The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card
-# shows its reason (approvals/selectors.py).
+# shows its reason (approvals/selectors/rows.py).
 AUTO_APPROVAL_HELD = "auto_approval_held"
 
 

@@ -32,14 +32,9 @@ from actions.models.actions import TERMINAL_STATUSES
 from actions.plain import without_status_codes
 from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem, page_version
 from approvals.models import Decision, RejectionReason
-from approvals.selectors import (
-    action_outcome_get,
-    decided_list_get,
-    inbox_group_get,
-    proposal_detail_get,
-    proposal_inbox_get,
-    proposal_row_get,
-)
+from approvals.selectors.decided import decided_list_get
+from approvals.selectors.inbox import inbox_group_get, proposal_detail_get, proposal_inbox_get, proposal_row_get
+from approvals.selectors.timeline import action_outcome_get
 from approvals.services import (
     CHANGED_SINCE_SHOWN,
     DecisionRefused,

@@ -13,7 +13,7 @@ from actions import permissions as perms
 from actions.review_selectors import RESOLVE_PERMISSION, ledger_audit_last_get, review_summary_get
 from approvals.four_eyes import policy_change_reader_refusal
 from approvals.policy_changes import policy_changes_waiting_count
-from approvals.selectors import approval_summary_get
+from approvals.selectors.decided import approval_summary_get
 
 
 @require_safe

@@ -27,7 +27,7 @@ from actions.workflows.services import (
     workflow_summary,
 )
 from approvals.models import Approval, WorkflowApproval
-from approvals.selectors import proposal_inbox_get
+from approvals.selectors.inbox import proposal_inbox_get
 from approvals.services import approval_decide
 from tests.workflows.conftest import World, po_parameters, refund_parameters
 
