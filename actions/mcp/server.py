@@ -12,8 +12,10 @@ that lost its connection reconnects to any process and sends the same call again
 business ids make that repeat safe, not a session.
 
 Authentication is the agent API's bearer token, checked by the API's own code
-(``actions.api.auth.authenticate_request``) before the SDK sees the request: no token, or a
-bad one, is a 401 problem document like the API's, a deactivated agent a 403.
+(``actions.api.gateway.authenticate_limited``) before the SDK sees the request: no token, or a
+bad one, is a 401 problem document like the API's, a deactivated agent a 403; and every failure
+counts against the client address's limit shared with the API, so that past it the answer is a
+429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ninja import Schema
 from pydantic import ConfigDict
 
 from actions.api.adjustments import AdjustmentRequestOpen, InvoiceAdjustmentProposal
-from actions.api.auth import authenticate_request
+from actions.api.gateway import authenticate_limited
 from actions.api.problems import PROBLEM_CONTENT_TYPE, ApiProblem, problem_body
 from actions.api.schemas import ActionOut, RefundProposal, RefundRequestOpen
 from actions.mcp import tools
@@ -312,21 +314,32 @@ def mcp_server() -> MCPServer:
 # --- the HTTP front door --------------------------------------------------------------------
 
 
+# The headers the API's token check and its per-address limit read.
+_HEADERS = {b"authorization": "HTTP_AUTHORIZATION", b"x-forwarded-for": "HTTP_X_FORWARDED_FOR"}
+
+
 def _django_request(scope: Mapping[str, Any]) -> HttpRequest:
-    """A Django request carrying what the API's token check reads: the Authorization header."""
+    """A Django request carrying what the API's token check reads (the Authorization header)
+    and what its per-address limit reads (the client's address, as Django's WSGI handler
+    would set it, and X-Forwarded-For behind a TLS proxy)."""
     request = HttpRequest()
     request.method = str(scope.get("method", "POST"))
     request.path = request.path_info = str(scope.get("path", "/"))
+    client = scope.get("client")
+    if client:
+        request.META["REMOTE_ADDR"] = str(client[0])
     for name, value in scope.get("headers", []):
-        if name.lower() == b"authorization":
-            request.META["HTTP_AUTHORIZATION"] = value.decode("latin-1")
+        key = _HEADERS.get(name.lower())
+        if key is not None:
+            request.META[key] = value.decode("latin-1")
     return request
 
 
 def _authenticate(request: HttpRequest) -> AgentToken:
     close_old_connections()
     try:
-        return authenticate_request(request)
+        # The API's own door: a failed token counts against the client address's limit.
+        return authenticate_limited(request)
     finally:
         close_old_connections()
 

@@ -232,7 +232,7 @@ def test_a_crash_or_a_lost_database_is_retryable_and_tells_nothing_of_the_intern
     def broken(**kwargs: Any) -> Any:
         raise failure
 
-    monkeypatch.setattr("actions.mcp.tools.action_get_for_agent", broken)
+    monkeypatch.setattr("actions.proposals.reads.action_get_for_agent", broken)
     result = mcp_call(mcp_url, token, "get_action", {"action_id": "refund:order-1:request-1"})
     assert result.is_error
     assert result.structured_content is not None
