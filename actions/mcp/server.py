@@ -100,7 +100,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="Open a refund request on an order for a customer's ticket (external_reference: the support "
         "ticket's id) and get its request number. Calling this again with the same ticket reference returns the same "
         "request (created: false); it never opens a second one. A reference that already belongs to another order is "
-        "bad_input (reference_conflict). Then propose the refund with propose_refund.",
+        "bad_input (reference_conflict); one that another agent opened is needs_person (reference_taken). Then "
+        "propose the refund with propose_refund.",
         input_model=RefundRequestOpen,
         output_model=RefundRequestToolOut,
         annotations=ToolAnnotations(
@@ -116,8 +117,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         'such as "12.50", the currency, a reason code and evidence for the manager who decides. '
         f"{_REPEAT} Different arguments for a refund request that already has a proposal are refused as "
         "needs_person (payload_conflict, with the differing fields): do not change the request number or open "
-        "another request to get it through. The money moves only after approval (a manager, or the policy for "
-        "small amounts); follow the action with get_action.",
+        "another request to get it through. A refund request another agent opened reads as no request at all "
+        "(bad_input, not_found). The money moves only after approval (a manager, or the policy for small amounts); "
+        "follow the action with get_action.",
         input_model=RefundProposal,
         output_model=ActionOut,
         # Destructive: once approved, the refund is money sent to a customer, which cannot be
@@ -133,8 +135,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="Open an adjustment request on a supplier bill that failed its purchase-order match "
         "(external_reference: the matcher's exception id) and get its adjustment number. Calling this again with the "
         "same reference returns the same request (created: false); it never opens a second one. A reference that "
-        "already belongs to another bill is bad_input (reference_conflict). Then propose the credit note with "
-        "propose_invoice_adjustment. Needs the invoice_adjustment scope.",
+        "already belongs to another bill is bad_input (reference_conflict); one that another agent opened is "
+        "needs_person (reference_taken). Then propose the credit note with propose_invoice_adjustment. Needs the "
+        "invoice_adjustment scope.",
         input_model=AdjustmentRequestOpen,
         output_model=AdjustmentRequestToolOut,
         annotations=ToolAnnotations(
@@ -152,7 +155,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "the same action; it never creates a second credit note. After a timeout or a dropped connection, send the "
         "same call again. Different arguments for an adjustment request that already has a proposal are refused as "
         "needs_person (payload_conflict, with the differing fields): do not change the adjustment number or open "
-        "another request to get it through. The credit note is posted only after approval (a manager, or the policy "
+        "another request to get it through. An adjustment request another agent opened reads as no request at all "
+        "(bad_input, not_found). The credit note is posted only after approval (a manager, or the policy "
         "for small amounts within the per-bill cap); follow the action with get_action or explain_action. Needs the "
         "invoice_adjustment scope.",
         input_model=InvoiceAdjustmentProposal,
