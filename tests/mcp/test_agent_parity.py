@@ -1209,38 +1209,62 @@ def test_both_interfaces_answer_alike(parity: Parity, parity_server: str, operat
 def test_the_reported_takeover_over_mcp_is_refused_and_the_opener_still_proposes(
     parity: Parity, parity_server: str
 ) -> None:
-    """The attack as reported: A opens a refund request over REST; B proposes against it over
-    MCP by A's order and external reference. B is refused as if there were no such request and
-    nothing is written; then A's own proposal for it goes through, over MCP."""
+    """The attack as reported: A opens a refund request over REST and has not proposed yet; B
+    proposes against it over MCP by A's order and external reference (and tries by number, and
+    over REST). B is refused every time as if there were no such request, nothing is written,
+    and A's own proposal then goes through."""
     world = parity.mcp_world
     opened = parity.clients["A"].post(
         "/api/v1/refund-requests",
         {"order_number": world.other_order, "external_reference": "ZD-TAKEOVER", "reason_code": "damaged"},
     )
     assert opened.status_code == 201
-    proposal = {
+    by_reference = {
         "order_number": world.other_order,
         "external_reference": "ZD-TAKEOVER",
         "amount": "10.00",
         "currency": "EUR",
         "reason_code": "damaged",
     }
+    by_number = {**{k: v for k, v in by_reference.items() if k != "external_reference"}, "request_number": 1}
 
-    taken = mcp_call(parity_server, parity.tokens["B"], "propose_refund", proposal)
-    by_number = mcp_call(
-        parity_server,
-        parity.tokens["B"],
-        "propose_refund",
-        {**{k: v for k, v in proposal.items() if k != "external_reference"}, "request_number": 1},
-    )
-
-    for refused in (taken, by_number):
-        assert refused.is_error and refused.structured_content is not None
+    for arguments in (by_reference, by_number):
+        refused = mcp_call(parity_server, parity.tokens["B"], "propose_refund", arguments)
+        assert refused.is_error and refused.structured_content is not None, refused.structured_content
         assert (refused.structured_content["error"], refused.structured_content["code"]) == (
             "bad_input",
             "validation_failed",
         )
+        assert refused.structured_content["errors"][0]["code"] == "not_found"
+        response = parity.clients["B"].post("/api/v1/refunds", arguments)
+        assert (response.status_code, response.json()["errors"][0]["code"]) == (422, "not_found"), response.content
+
     assert not Action.objects.filter(order__number=world.other_order).exists()
-    own = mcp_call(parity_server, parity.tokens["A"], "propose_refund", proposal)
+    own = mcp_call(parity_server, parity.tokens["A"], "propose_refund", by_reference)
     assert not own.is_error, own.structured_content
     assert Action.objects.get(order__number=world.other_order).proposed_by_agent.name == "alpha-bot"
+
+
+def test_another_agents_fresh_adjustment_request_cannot_be_taken_over_on_either_interface(
+    parity: Parity, parity_server: str
+) -> None:
+    """The same for a bill: A opens an adjustment request and has not proposed yet; B's proposal
+    against its number is refused on both interfaces as for a request that does not exist."""
+    world = parity.mcp_world
+    opened = parity.clients["A"].post(
+        "/api/v1/adjustment-requests", {"bill_number": world.other_bill, "external_reference": "MATCH-TAKEOVER"}
+    )
+    assert opened.status_code == 201
+    arguments = adjustment_args(world, bill_number=world.other_bill, amount="5.00")
+
+    refused = mcp_call(parity_server, parity.tokens["B"], "propose_invoice_adjustment", arguments)
+    response = parity.clients["B"].post("/api/v1/invoice-adjustments", arguments)
+
+    hidden = [("adjustment_number", "not_found")]
+    assert refused.structured_content is not None
+    assert [(e["field"], e["code"]) for e in refused.structured_content["errors"]] == hidden
+    assert response.status_code == 422, response.content
+    assert [(e["field"], e["code"]) for e in response.json()["errors"]] == hidden
+    assert not Action.objects.filter(bill__number=world.other_bill).exists()
+    own = mcp_call(parity_server, parity.tokens["A"], "propose_invoice_adjustment", arguments)
+    assert not own.is_error, own.structured_content
