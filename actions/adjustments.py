@@ -22,6 +22,7 @@ from actions.models import (
     ActionStatus,
     AdjustmentReason,
     AdjustmentRequest,
+    Agent,
     Bill,
     Discrepancy,
     DiscrepancyKind,
@@ -106,6 +107,10 @@ class AdjustmentRequestConflict(Exception):
         )
 
 
+class AdjustmentRequestTaken(Exception):
+    """The external reference names a request another agent opened. Nothing is revealed about it."""
+
+
 @dataclass(frozen=True)
 class AdjustmentRequestResult:
     request: AdjustmentRequest
@@ -113,12 +118,14 @@ class AdjustmentRequestResult:
 
 
 def adjustment_request_open(
-    *, bill_number: object, external_reference: object, note: object = ""
+    *, bill_number: object, external_reference: object, note: object = "", opened_by_agent: Agent | None = None
 ) -> AdjustmentRequestResult:
     """Open the next adjustment request on a bill, or return the one this reference opened.
 
     Idempotent by external reference (the matcher's exception id); numbered per bill under the
-    bill's row lock, so two requests on one bill are numbered one after the other.
+    bill's row lock, so two requests on one bill are numbered one after the other. A request
+    opened by an agent records it, and another agent cannot read it back by its reference
+    (AdjustmentRequestTaken) nor propose against it.
     """
     problems: list[FieldProblem] = []
     bill_ref = _check_bill_number(bill_number, problems)
@@ -134,22 +141,30 @@ def adjustment_request_open(
             raise ProposalInvalid([FieldProblem("bill_number", "not_found", f"There is no bill {bill_ref}.")])
         existing = AdjustmentRequest.objects.select_related("bill").filter(external_reference=reference).first()
         if existing is not None:
-            return _request_or_conflict(existing, bill.number)
+            return _request_or_conflict(existing, bill.number, opened_by_agent=opened_by_agent)
         number = (AdjustmentRequest.objects.filter(bill=bill).aggregate(top=Max("number"))["top"] or 0) + 1
         try:
             with transaction.atomic():
                 request = AdjustmentRequest.objects.create(
-                    bill=bill, number=number, external_reference=reference, note=note_text
+                    bill=bill,
+                    number=number,
+                    external_reference=reference,
+                    note=note_text,
+                    opened_by_agent=opened_by_agent,
                 )
         except IntegrityError:
             winner = AdjustmentRequest.objects.select_related("bill").filter(external_reference=reference).first()
             if winner is None:
                 raise
-            return _request_or_conflict(winner, bill.number)
+            return _request_or_conflict(winner, bill.number, opened_by_agent=opened_by_agent)
         return AdjustmentRequestResult(request=request, created=True)
 
 
-def _request_or_conflict(request: AdjustmentRequest, bill_number: str) -> AdjustmentRequestResult:
+def _request_or_conflict(
+    request: AdjustmentRequest, bill_number: str, *, opened_by_agent: Agent | None = None
+) -> AdjustmentRequestResult:
+    if opened_by_agent is not None and request.opened_by_agent_id not in (None, opened_by_agent.pk):
+        raise AdjustmentRequestTaken(request.external_reference)
     if request.bill.number == bill_number:
         return AdjustmentRequestResult(request=request, created=False)
     raise AdjustmentRequestConflict(
@@ -199,7 +214,9 @@ def action_propose_invoice_adjustment(
         bill = Bill.objects.filter(number=bill_ref).first()
         if bill is None:
             raise ProposalInvalid([FieldProblem("bill_number", "not_found", f"There is no bill {bill_ref}.")])
-        request = AdjustmentRequest.objects.filter(bill=bill, number=number).first()
+        # Another agent's request reads as no request, with the same answer as a number that
+        # does not exist.
+        request = AdjustmentRequest.objects.visible_to(proposer.agent).filter(bill=bill, number=number).first()
         if request is None:
             raise ProposalInvalid(
                 [FieldProblem("adjustment_number", "not_found", f"Bill {bill_ref} has no adjustment request {number}.")]

@@ -253,15 +253,19 @@ def action_explain_status(action: Action) -> StatusExplanation:
     )
 
 
-def refund_request_by_reference(*, order_number: str, external_reference: str) -> RefundRequest | None:
+def refund_request_by_reference(
+    *, order_number: str, external_reference: str, agent: Agent | None = None
+) -> RefundRequest | None:
     """The refund request on this order opened with this external reference, or None.
 
-    A reference that exists on another order is None too: the caller named the wrong order.
+    A reference that exists on another order is None too: the caller named the wrong order. So
+    is, for an agent, a request another agent opened (``RefundRequest.objects.visible_to``).
     """
     if not (storable_text(order_number) and storable_text(external_reference)):
         return None
     return (
-        RefundRequest.objects.select_related("order")
+        RefundRequest.objects.visible_to(agent)
+        .select_related("order")
         .filter(external_reference=external_reference, order__number=order_number)
         .first()
     )

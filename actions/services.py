@@ -306,8 +306,14 @@ def action_propose_refund(
 
     with transaction.atomic(durable=True):
         # The request and its order in one read; which of the two is missing is asked only
-        # when one is.
-        request = RefundRequest.objects.select_related("order").filter(order__number=order_ref, number=number).first()
+        # when one is. An agent proposing against another agent's request finds no request,
+        # with the same answer as for a number that does not exist.
+        request = (
+            RefundRequest.objects.visible_to(proposer.agent)
+            .select_related("order")
+            .filter(order__number=order_ref, number=number)
+            .first()
+        )
         if request is None and not Order.objects.filter(number=order_ref).exists():
             raise ProposalInvalid([FieldProblem("order_number", "not_found", f"There is no order {order_ref}.")])
         if request is None:

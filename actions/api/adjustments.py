@@ -15,19 +15,14 @@ from django.urls import reverse
 from ninja import Schema, Status
 from pydantic import ConfigDict, Field, Strict
 
-from actions.adjustments import (
-    AdjustmentRequestConflict,
-    action_propose_invoice_adjustment,
-    adjustment_request_open,
-)
-from actions.agents import INVOICE_ADJUSTMENT_SCOPE
 from actions.api.logs import bind, log_event
-from actions.api.problems import ApiProblem
 from actions.api.schemas import ORDER_NUMBER_PATTERN, ActionOut, ExternalReference, Problem
-from actions.api.views import _agent, _invalid, _proposed_elsewhere, _refuse_unknown_query, action_out, api
-from actions.models import AdjustmentReason, AdjustmentRequest, Agent
+from actions.api.views import action_out, agent_of, api, refuse_unknown_query, refused
+from actions.models import AdjustmentReason, AdjustmentRequest
+from actions.proposals.adjustments import agent_adjustment_request_open, agent_invoice_adjustment_propose
+from actions.proposals.outcomes import AgentRefusal
 from actions.requests import MAX_NOTE_LENGTH
-from actions.services import MAX_EVIDENCE_LENGTH, Actor, ProposalConflict, ProposalInvalid
+from actions.services import MAX_EVIDENCE_LENGTH
 
 BillNumber = Annotated[
     str,
@@ -106,20 +101,6 @@ class InvoiceAdjustmentProposal(Schema):
     evidence: str = Field("", max_length=MAX_EVIDENCE_LENGTH, description="Free text for the manager who decides.")
 
 
-# Payload keys (the material payload) as the API's field names.
-_PAYLOAD_FIELDS = {"bill": "bill_number", "adjustment": "adjustment_number"}
-
-
-def _require_adjustment_scope(agent: Agent) -> None:
-    if not (agent.is_active and INVOICE_ADJUSTMENT_SCOPE in (agent.scopes or [])):
-        raise ApiProblem(
-            "forbidden",
-            code="scope_missing",
-            detail=f"The agent {agent.name!r} may not propose invoice adjustments: its scopes are "
-            f"{', '.join(agent.scopes or []) or 'empty'}. Ask its owner for the scope {INVOICE_ADJUSTMENT_SCOPE!r}.",
-        )
-
-
 def adjustment_request_out(request: AdjustmentRequest) -> AdjustmentRequestOut:
     return AdjustmentRequestOut(
         bill_number=request.bill.number,
@@ -141,19 +122,16 @@ def open_adjustment_request(request: HttpRequest, payload: AdjustmentRequestOpen
     """Open the next adjustment request on a bill. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another bill."""
-    _refuse_unknown_query(request)
-    _require_adjustment_scope(_agent(request))
+    refuse_unknown_query(request)
     try:
-        result = adjustment_request_open(
-            bill_number=payload.bill_number, external_reference=payload.external_reference, note=payload.note
+        result = agent_adjustment_request_open(
+            agent=agent_of(request),
+            bill_number=payload.bill_number,
+            external_reference=payload.external_reference,
+            note=payload.note,
         )
-    except ProposalInvalid as invalid:
-        log_event("adjustment_request.invalid", errors=[p.as_dict() for p in invalid.problems])
-        raise _invalid(invalid) from None
-    except AdjustmentRequestConflict as conflict:
-        raise ApiProblem(
-            "conflict", code="reference_conflict", detail=str(conflict), differing=conflict.differing
-        ) from None
+    except AgentRefusal as refusal:
+        raise refused("adjustment_request", refusal) from None
     log_event(
         "adjustment_request.opened" if result.created else "adjustment_request.replayed",
         bill_number=result.request.bill.number,
@@ -173,37 +151,20 @@ def propose_invoice_adjustment(request: HttpRequest, payload: InvoiceAdjustmentP
     """Propose an invoice adjustment. 201 with the new action; 200 with the existing one when the
     same proposal was made before; 409 when the adjustment request already has a different
     proposal (the differing fields are listed); 422 naming each invalid field."""
-    _refuse_unknown_query(request)
-    agent = _agent(request)
-    _require_adjustment_scope(agent)
+    refuse_unknown_query(request)
     try:
-        result = action_propose_invoice_adjustment(
+        result = agent_invoice_adjustment_propose(
+            agent=agent_of(request),
             bill_number=payload.bill_number,
             adjustment_number=payload.adjustment_number,
             amount=payload.amount,
             currency=payload.currency,
             reason_code=payload.reason_code.value,
             evidence=payload.evidence,
-            proposer=Actor.for_agent(agent),
         )
-    except ProposalInvalid as invalid:
-        log_event("invoice_adjustment.invalid", errors=[p.as_dict() for p in invalid.problems])
-        raise _invalid(invalid) from None
-    except ProposalConflict as conflict:
-        bind(action_id=conflict.action.action_id)
-        if conflict.action.proposed_by_agent_id != agent.pk:
-            raise _proposed_elsewhere() from None
-        raise ApiProblem(
-            "conflict",
-            code="payload_conflict",
-            detail=str(conflict).replace("refund request", "adjustment request"),
-            action_id=conflict.action.action_id,
-            differing={_PAYLOAD_FIELDS.get(name, name): values for name, values in conflict.differing.items()},
-            links={"existing": reverse("api-v1:action", kwargs={"action_id": conflict.action.action_id})},
-        ) from None
+    except AgentRefusal as refusal:
+        raise refused("invoice_adjustment", refusal) from None
     action = result.action
     bind(action_id=action.action_id)
-    if action.proposed_by_agent_id != agent.pk:
-        raise _proposed_elsewhere()
     log_event("invoice_adjustment.proposed" if result.created else "invoice_adjustment.replayed", status=action.status)
     return Status(201 if result.created else 200, action_out(action))

@@ -34,6 +34,7 @@ from actions.api.auth import authenticate_request, presented_token
 from actions.api.logs import bind, log_context, log_event
 from actions.api.problems import ApiProblem, is_problem, kind_for_status, problem_response
 from actions.api.ratelimit import anonymous_rate_limit_per_minute, ratelimit_hit
+from actions.models import AgentToken
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
@@ -85,14 +86,9 @@ def _admit(
         )
     if not authenticated:
         if limited:
-            _limit_client_address(request)
+            client_address_limit(request)
         return
-    try:
-        token = authenticate_request(request)
-    except ApiProblem:
-        # Guessing tokens is limited per address: the 429 replaces the 401 once over the limit.
-        _limit_client_address(request)
-        raise
+    token = authenticate_limited(request)
     # Read by AgentBearer, so that ninja does not authenticate a second time.
     request.agent_token = token  # type: ignore[attr-defined]
     bind(agent=token.agent.name, token=token.prefix)
@@ -109,6 +105,20 @@ def _admit(
         _check_body(request)
 
 
+def authenticate_limited(request: HttpRequest) -> AgentToken:
+    """The request's active token, or an ApiProblem (401 or 403); every failure counts against
+    the client address's limit, and once over it the answer is 429 instead, whatever the token.
+
+    The one door for agents' tokens: the MCP server authenticates through it too, so that
+    guessing tokens there costs the same budget per address as here.
+    """
+    try:
+        return authenticate_request(request)
+    except ApiProblem:
+        client_address_limit(request)
+        raise
+
+
 def client_address(request: HttpRequest) -> str:
     """The client's address. Behind a TLS proxy (BEHIND_TLS_PROXY) the proxy's view of it,
     the last X-Forwarded-For entry it appended; otherwise the socket's peer."""
@@ -119,7 +129,8 @@ def client_address(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR") or "unknown")[:64]
 
 
-def _limit_client_address(request: HttpRequest) -> None:
+def client_address_limit(request: HttpRequest) -> None:
+    """Count one request without a valid token for the client's address; 429 once over the limit."""
     decision = ratelimit_hit(key=f"ip:{client_address(request)}", limit=anonymous_rate_limit_per_minute())
     if not decision.allowed:
         raise ApiProblem(

@@ -16,6 +16,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
 
+from actions.proposals.outcomes import AgentRefusal, Outcome
+
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
 
@@ -169,3 +171,32 @@ def kind_for_status(status: int) -> str:
 
 def is_problem(response: HttpResponse) -> bool:
     return response.get("Content-Type", "").startswith(PROBLEM_CONTENT_TYPE)
+
+
+# An agent-facing operation's refusal, as this API answers it (actions.proposals.outcomes).
+_KIND_BY_OUTCOME = {
+    Outcome.NOT_FOUND: "not-found",
+    Outcome.FORBIDDEN: "forbidden",
+    Outcome.INVALID: "invalid-request",
+    Outcome.CONFLICT: "conflict",
+}
+
+
+def refusal_problem(refusal: AgentRefusal) -> ApiProblem:
+    """The problem document of a refusal: its code and words, each field problem, what the agent
+    may know of its own record, and a link to that record."""
+    extra: dict[str, Any] = dict(refusal.facts)
+    if "action_id" in refusal.facts:
+        extra["links"] = {"existing": reverse("api-v1:action", kwargs={"action_id": refusal.facts["action_id"]})}
+    elif "workflow_id" in refusal.facts:
+        extra["links"] = {"existing": reverse("api-v1:workflow", kwargs={"workflow_id": refusal.facts["workflow_id"]})}
+    if refusal.outcome is Outcome.NOT_FOUND:
+        # No echo of the path: the body is byte for byte the same for every unknown id.
+        extra["instance"] = None
+    return ApiProblem(
+        _KIND_BY_OUTCOME[refusal.outcome],
+        code=refusal.code,
+        detail=refusal.detail,
+        errors=[problem.as_dict() for problem in refusal.errors],
+        **extra,
+    )

@@ -20,11 +20,17 @@ from ninja import NinjaAPI, Query, Status
 from ninja.errors import HttpError, ValidationError
 from ninja.parser import Parser
 
-from actions.agents import ORDERS_SCOPE
 from actions.api.auth import AgentBearer
 from actions.api.docs import SelfContainedDocs
 from actions.api.logs import bind, log_event
-from actions.api.problems import KINDS, PROBLEM_CONTENT_TYPE, ApiProblem, kind_for_status, problem_response
+from actions.api.problems import (
+    KINDS,
+    PROBLEM_CONTENT_TYPE,
+    ApiProblem,
+    kind_for_status,
+    problem_response,
+    refusal_problem,
+)
 from actions.api.schemas import (
     ActionOut,
     ActionPageOut,
@@ -39,19 +45,13 @@ from actions.api.schemas import (
     StatusExplanationOut,
     SupplierEmailProposal,
 )
-from actions.models import Action, ActionKind, Agent, Order, RefundRequest, RequestSource
-from actions.orders import OrderBusy, OrderConflict, order_data_check, order_upsert
-from actions.requests import RefundRequestConflict, RefundRequestTaken, refund_request_open
-from actions.selectors import (
-    MAX_PAGE_SIZE,
-    InvalidCursor,
-    action_explain_status,
-    action_get_for_agent,
-    action_list_for_agent,
-    refund_request_by_reference,
-)
-from actions.services import Actor, FieldProblem, ProposalConflict, ProposalInvalid, action_propose_refund
-from actions.supplier_emails import supplier_email_propose
+from actions.models import Action, Agent, Order, RefundRequest
+from actions.proposals.orders import agent_order_upsert
+from actions.proposals.outcomes import AgentRefusal
+from actions.proposals.reads import agent_action_list, agent_action_read
+from actions.proposals.refunds import agent_refund_propose, agent_refund_request_open
+from actions.proposals.supplier_emails import agent_supplier_email_propose
+from actions.selectors import MAX_PAGE_SIZE, action_explain_status
 
 DESCRIPTION = """\
 The agent API of the effect console. An agent proposes refunds and reads what became of them;
@@ -308,32 +308,12 @@ def _on_crash(request: HttpRequest, exc: Exception) -> HttpResponse:
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _agent(request: HttpRequest) -> Agent:
+def agent_of(request: HttpRequest) -> Agent:
     agent: Agent = request.auth.agent  # type: ignore[attr-defined]
     return agent
 
 
-def _require_scope(agent: Agent, kind: str) -> None:
-    if not agent.may_propose(kind):
-        raise ApiProblem(
-            "forbidden",
-            code="scope_missing",
-            detail=f"The agent {agent.name!r} may not propose {kind} actions: its scopes are "
-            f"{', '.join(agent.scopes or []) or 'empty'}. Ask its owner.",
-        )
-
-
-def _require_orders_scope(agent: Agent) -> None:
-    if not (agent.is_active and ORDERS_SCOPE in (agent.scopes or [])):
-        raise ApiProblem(
-            "forbidden",
-            code="scope_missing",
-            detail=f"The agent {agent.name!r} may not send orders: its scopes are "
-            f"{', '.join(agent.scopes or []) or 'empty'}. Ask its owner for the scope {ORDERS_SCOPE!r}.",
-        )
-
-
-def _refuse_unknown_query(request: HttpRequest, *allowed: str) -> None:
+def refuse_unknown_query(request: HttpRequest, *allowed: str) -> None:
     # A misspelt filter (?stauts=FAILED) would otherwise list everything and look like an
     # answer; an unknown parameter is an error, like an unknown body field.
     unknown = sorted(set(request.GET) - set(allowed))
@@ -350,40 +330,23 @@ def _refuse_unknown_query(request: HttpRequest, *allowed: str) -> None:
         )
 
 
-# Messages that would tell an agent more than its own request needs: the order's captured,
-# refunded and reserved amounts include other parties' refunds.
-_DISCREET_MESSAGES = {
-    "over_refundable_balance": "The amount is more than the order's refundable balance: the order cannot pay it. "
-    "Nothing was written. Ask a person if the customer is owed more.",
-}
+# The log line of a refusal: "<subject>.<event>".
+_REFUSAL_EVENTS = {"validation_failed": "invalid", "payload_conflict": "conflict"}
 
 
-def _invalid(problems: ProposalInvalid) -> ApiProblem:
-    errors = [problem.as_dict() for problem in problems.problems]
-    for error in errors:
-        error["message"] = _DISCREET_MESSAGES.get(error["code"], error["message"])
-    return ApiProblem(
-        "invalid-request",
-        code="validation_failed",
-        detail="Some fields are invalid: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors),
-        errors=errors,
-    )
-
-
-def _proposed_elsewhere() -> ApiProblem:
-    # The refund request already has a proposal by someone else. Its id and contents stay
-    # hidden (agents see only their own actions); what matters to this agent is that the
-    # request is taken and that a second proposal must not be invented.
-    return ApiProblem(
-        "conflict",
-        code="proposed_elsewhere",
-        detail="This refund request already has a proposal by another proposer. Nothing was written. Do not open "
-        "a new refund request to get around it: ask a person.",
-    )
-
-
-# Payload keys (the material payload) as the API's field names.
-_PAYLOAD_FIELDS = {"order": "order_number", "request": "request_number"}
+def refused(subject: str, refusal: AgentRefusal) -> ApiProblem:
+    """Log an operation's refusal (with the agent's own action id, when it met one) and answer
+    with its problem document."""
+    action_id = refusal.facts.get("action_id")
+    if isinstance(action_id, str):
+        bind(action_id=action_id)
+    fields: dict[str, Any] = {}
+    if refusal.errors:
+        fields["errors"] = [problem.as_dict() for problem in refusal.errors]
+    if "differing" in refusal.facts:
+        fields["differing"] = sorted(refusal.facts["differing"])
+    log_event(f"{subject}.{_REFUSAL_EVENTS.get(refusal.code, refusal.code)}", **fields)
+    return refusal_problem(refusal)
 
 
 def action_out(action: Action) -> ActionOut:
@@ -457,61 +420,22 @@ def propose_refund(request: HttpRequest, payload: RefundProposal) -> Status[Acti
     """Propose a refund. 201 with the new action; 200 with the existing one when the same
     proposal was made before (a retry is always safe); 409 when the refund request already has
     a different proposal (the differing fields are listed); 422 naming each invalid field."""
-    _refuse_unknown_query(request)
-    agent = _agent(request)
-    _require_scope(agent, ActionKind.REFUND)
-    request_number: int | None = payload.request_number
-    if request_number is None:
-        assert payload.external_reference is not None  # the schema requires one of the two
-        refund_request = refund_request_by_reference(
-            order_number=payload.order_number, external_reference=payload.external_reference
-        )
-        if refund_request is None or refund_request.opened_by_agent_id not in (None, agent.pk):
-            # Another agent's request reads as no request at all.
-            raise _invalid(
-                ProposalInvalid(
-                    [
-                        FieldProblem(
-                            "external_reference",
-                            "not_found",
-                            f"Order {payload.order_number} has no refund request with this external reference. "
-                            "Open it first (POST /api/v1/refund-requests).",
-                        )
-                    ]
-                )
-            )
-        request_number = refund_request.number
+    refuse_unknown_query(request)
     try:
-        result = action_propose_refund(
+        result = agent_refund_propose(
+            agent=agent_of(request),
             order_number=payload.order_number,
-            request_number=request_number,
+            request_number=payload.request_number,
+            external_reference=payload.external_reference,
             amount=payload.amount,
             currency=payload.currency,
             reason_code=payload.reason_code.value,
             evidence=payload.evidence,
-            proposer=Actor.for_agent(agent),
         )
-    except ProposalInvalid as invalid:
-        log_event("refund.invalid", errors=[p.as_dict() for p in invalid.problems])
-        raise _invalid(invalid) from None
-    except ProposalConflict as conflict:
-        bind(action_id=conflict.action.action_id)
-        log_event("refund.conflict", differing=sorted(conflict.differing))
-        if conflict.action.proposed_by_agent_id != agent.pk:
-            raise _proposed_elsewhere() from None
-        raise ApiProblem(
-            "conflict",
-            code="payload_conflict",
-            detail=str(conflict),
-            action_id=conflict.action.action_id,
-            differing={_PAYLOAD_FIELDS.get(name, name): values for name, values in conflict.differing.items()},
-            links={"existing": reverse("api-v1:action", kwargs={"action_id": conflict.action.action_id})},
-        ) from None
+    except AgentRefusal as refusal:
+        raise refused("refund", refusal) from None
     action = result.action
     bind(action_id=action.action_id)
-    if action.proposed_by_agent_id != agent.pk:
-        log_event("refund.proposed_elsewhere")
-        raise _proposed_elsewhere()
     log_event("refund.proposed" if result.created else "refund.replayed", status=action.status)
     return Status(201 if result.created else 200, action_out(action))
 
@@ -529,39 +453,21 @@ def propose_supplier_email(request: HttpRequest, payload: SupplierEmailProposal)
     409 when the action exists with another message; 422 naming each invalid field (a line
     break in the subject or the address, a missing parameter, an address that is not one of the
     supplier's known contacts)."""
-    _refuse_unknown_query(request)
-    agent = _agent(request)
-    _require_scope(agent, ActionKind.SUPPLIER_EMAIL)
+    refuse_unknown_query(request)
     try:
-        result = supplier_email_propose(
+        result = agent_supplier_email_propose(
+            agent=agent_of(request),
             supplier=payload.supplier,
             reference=payload.reference,
             template=payload.template,
             parameters=payload.parameters,
             to=payload.to,
             evidence=payload.evidence,
-            proposer=Actor.for_agent(agent),
         )
-    except ProposalInvalid as invalid:
-        log_event("supplier_email.invalid", errors=[p.as_dict() for p in invalid.problems])
-        raise _invalid(invalid) from None
-    except ProposalConflict as conflict:
-        bind(action_id=conflict.action.action_id)
-        if conflict.action.proposed_by_agent_id != agent.pk:
-            raise _proposed_elsewhere() from None
-        raise ApiProblem(
-            "conflict",
-            code="payload_conflict",
-            detail=f"{conflict.action.action_id} already exists with a different message. A different message "
-            "is a different business action: use another reference.",
-            action_id=conflict.action.action_id,
-            differing=conflict.differing,
-            links={"existing": reverse("api-v1:action", kwargs={"action_id": conflict.action.action_id})},
-        ) from None
+    except AgentRefusal as refusal:
+        raise refused("supplier_email", refusal) from None
     action = result.action
     bind(action_id=action.action_id)
-    if action.proposed_by_agent_id != agent.pk:
-        raise _proposed_elsewhere()
     log_event("supplier_email.proposed" if result.created else "supplier_email.replayed", status=action.status)
     return Status(201 if result.created else 200, action_out(action))
 
@@ -577,34 +483,17 @@ def open_refund_request(request: HttpRequest, payload: RefundRequestOpen) -> Sta
     """Open the next refund request on an order. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another order."""
-    _refuse_unknown_query(request)
-    agent = _agent(request)
-    _require_scope(agent, ActionKind.REFUND)
+    refuse_unknown_query(request)
     try:
-        result = refund_request_open(
+        result = agent_refund_request_open(
+            agent=agent_of(request),
             order_number=payload.order_number,
             external_reference=payload.external_reference,
-            note=payload.note,
-            source=RequestSource.AGENT,
             reason_code=payload.reason_code.value,
-            opened_by_agent=agent,
+            note=payload.note,
         )
-    except ProposalInvalid as invalid:
-        log_event("refund_request.invalid", errors=[p.as_dict() for p in invalid.problems])
-        raise _invalid(invalid) from None
-    except RefundRequestTaken:
-        log_event("refund_request.taken", external_reference=payload.external_reference)
-        raise ApiProblem(
-            "conflict",
-            code="reference_taken",
-            detail="This external reference already names a refund request opened by another proposer. Nothing was "
-            "written. Do not invent a new reference: ask a person.",
-        ) from None
-    except RefundRequestConflict as conflict:
-        log_event("refund_request.conflict", external_reference=payload.external_reference)
-        raise ApiProblem(
-            "conflict", code="reference_conflict", detail=str(conflict), differing=conflict.differing
-        ) from None
+    except AgentRefusal as refusal:
+        raise refused("refund_request", refusal) from None
     log_event(
         "refund_request.opened" if result.created else "refund_request.replayed",
         order_number=result.request.order.number,
@@ -625,19 +514,11 @@ def get_action(request: HttpRequest, action_id: str) -> ActionOut:
     timestamps and, once known, the payment provider's reference. Only the agent's own actions
     are visible: any other id is 404, with the same body as an id that does not exist."""
     bind(action_id=action_id)
-    _refuse_unknown_query(request)
-    # An id longer than any stored one cannot exist: the same 404, not a validation error, so
-    # that no id of any shape answers differently.
-    action = action_get_for_agent(agent=_agent(request), action_id=action_id) if len(action_id) <= 255 else None
-    if action is None:
-        raise ApiProblem(
-            "not-found",
-            code="action_not_found",
-            detail="This agent has no action with this id.",
-            # No echo of the path: the body is byte for byte the same for every unknown id.
-            instance=None,
-        )
-    return action_out(action)
+    refuse_unknown_query(request)
+    try:
+        return action_out(agent_action_read(agent=agent_of(request), action_id=action_id))
+    except AgentRefusal as refusal:
+        raise refusal_problem(refusal) from None
 
 
 @api.get(
@@ -656,16 +537,11 @@ def list_actions(
     limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE, description="Page size."),
 ) -> ActionPageOut:
     """The agent's own actions, newest first, paginated by an opaque cursor."""
-    _refuse_unknown_query(request, "status", "cursor", "limit")
+    refuse_unknown_query(request, "status", "cursor", "limit")
     try:
-        page = action_list_for_agent(agent=_agent(request), statuses=status, cursor=cursor, limit=limit)
-    except InvalidCursor as invalid:
-        raise ApiProblem(
-            "invalid-request",
-            code="validation_failed",
-            detail=str(invalid),
-            errors=[{"field": "cursor", "code": "invalid_cursor", "message": str(invalid)}],
-        ) from None
+        page = agent_action_list(agent=agent_of(request), statuses=status, cursor=cursor, limit=limit)
+    except AgentRefusal as refusal:
+        raise refusal_problem(refusal) from None
     links = {"self": request.get_full_path()}
     if page.next_cursor is not None:
         query = [("status", name) for name in status] + [("cursor", page.next_cursor), ("limit", str(limit))]
@@ -686,12 +562,11 @@ def upsert_order(request: HttpRequest, payload: OrderUpsert) -> Status[OrderOut]
     fields). A changed order makes approvals given for the old one go stale: they are asked
     for again. 409 names the field when the change cannot apply (a different currency or
     charge, or a captured amount below what is refunded and reserved)."""
-    _refuse_unknown_query(request)
-    agent = _agent(request)
-    _require_orders_scope(agent)
+    refuse_unknown_query(request)
     try:
-        data = order_data_check(
-            number=payload.order_number,
+        result = agent_order_upsert(
+            agent=agent_of(request),
+            order_number=payload.order_number,
             customer_name=payload.customer_name,
             customer_email=payload.customer_email,
             currency=payload.currency,
@@ -699,20 +574,8 @@ def upsert_order(request: HttpRequest, payload: OrderUpsert) -> Status[OrderOut]
             charge_reference=payload.charge_reference,
             paid_at=payload.paid_at,
         )
-        result = order_upsert(data=data, source=f"agent:{agent.name}")
-    except ProposalInvalid as invalid:
-        log_event("order.invalid", errors=[p.as_dict() for p in invalid.problems])
-        raise _invalid(invalid) from None
-    except OrderConflict as conflict:
-        log_event("order.conflict", order_number=conflict.order.number, field=conflict.field, code=conflict.code)
-        raise ApiProblem(
-            "conflict",
-            code=conflict.code,
-            detail=conflict.message,
-            errors=[{"field": conflict.field, "code": conflict.code, "message": conflict.message}],
-        ) from None
-    except OrderBusy as busy:
-        raise ApiProblem("conflict", code="order_busy", detail=str(busy)) from None
+    except AgentRefusal as refusal:
+        raise refused("order", refusal) from None
     event = "order.created" if result.created else "order.changed" if result.changed else "order.replayed"
     log_event(event, order_number=result.order.number, version=result.order.version, changed=list(result.changed))
     return Status(201 if result.created else 200, order_out(result.order, result.changed))

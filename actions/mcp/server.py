@@ -12,8 +12,10 @@ that lost its connection reconnects to any process and sends the same call again
 business ids make that repeat safe, not a session.
 
 Authentication is the agent API's bearer token, checked by the API's own code
-(``actions.api.auth.authenticate_request``) before the SDK sees the request: no token, or a
-bad one, is a 401 problem document like the API's, a deactivated agent a 403.
+(``actions.api.gateway.authenticate_limited``) before the SDK sees the request: no token, or a
+bad one, is a 401 problem document like the API's, a deactivated agent a 403; and every failure
+counts against the client address's limit shared with the API, so that past it the answer is a
+429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ninja import Schema
 from pydantic import ConfigDict
 
 from actions.api.adjustments import AdjustmentRequestOpen, InvoiceAdjustmentProposal
-from actions.api.auth import authenticate_request
+from actions.api.gateway import authenticate_limited
 from actions.api.problems import PROBLEM_CONTENT_TYPE, ApiProblem, problem_body
 from actions.api.schemas import ActionOut, RefundProposal, RefundRequestOpen
 from actions.mcp import tools
@@ -98,7 +100,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="Open a refund request on an order for a customer's ticket (external_reference: the support "
         "ticket's id) and get its request number. Calling this again with the same ticket reference returns the same "
         "request (created: false); it never opens a second one. A reference that already belongs to another order is "
-        "bad_input (reference_conflict). Then propose the refund with propose_refund.",
+        "bad_input (reference_conflict); one that another agent opened is needs_person (reference_taken). Then "
+        "propose the refund with propose_refund.",
         input_model=RefundRequestOpen,
         output_model=RefundRequestToolOut,
         annotations=ToolAnnotations(
@@ -114,8 +117,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         'such as "12.50", the currency, a reason code and evidence for the manager who decides. '
         f"{_REPEAT} Different arguments for a refund request that already has a proposal are refused as "
         "needs_person (payload_conflict, with the differing fields): do not change the request number or open "
-        "another request to get it through. The money moves only after approval (a manager, or the policy for "
-        "small amounts); follow the action with get_action.",
+        "another request to get it through. A refund request another agent opened reads as no request at all "
+        "(bad_input, not_found). The money moves only after approval (a manager, or the policy for small amounts); "
+        "follow the action with get_action.",
         input_model=RefundProposal,
         output_model=ActionOut,
         # Destructive: once approved, the refund is money sent to a customer, which cannot be
@@ -131,8 +135,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="Open an adjustment request on a supplier bill that failed its purchase-order match "
         "(external_reference: the matcher's exception id) and get its adjustment number. Calling this again with the "
         "same reference returns the same request (created: false); it never opens a second one. A reference that "
-        "already belongs to another bill is bad_input (reference_conflict). Then propose the credit note with "
-        "propose_invoice_adjustment. Needs the invoice_adjustment scope.",
+        "already belongs to another bill is bad_input (reference_conflict); one that another agent opened is "
+        "needs_person (reference_taken). Then propose the credit note with propose_invoice_adjustment. Needs the "
+        "invoice_adjustment scope.",
         input_model=AdjustmentRequestOpen,
         output_model=AdjustmentRequestToolOut,
         annotations=ToolAnnotations(
@@ -150,7 +155,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "the same action; it never creates a second credit note. After a timeout or a dropped connection, send the "
         "same call again. Different arguments for an adjustment request that already has a proposal are refused as "
         "needs_person (payload_conflict, with the differing fields): do not change the adjustment number or open "
-        "another request to get it through. The credit note is posted only after approval (a manager, or the policy "
+        "another request to get it through. An adjustment request another agent opened reads as no request at all "
+        "(bad_input, not_found). The credit note is posted only after approval (a manager, or the policy "
         "for small amounts within the per-bill cap); follow the action with get_action or explain_action. Needs the "
         "invoice_adjustment scope.",
         input_model=InvoiceAdjustmentProposal,
@@ -312,21 +318,32 @@ def mcp_server() -> MCPServer:
 # --- the HTTP front door --------------------------------------------------------------------
 
 
+# The headers the API's token check and its per-address limit read.
+_HEADERS = {b"authorization": "HTTP_AUTHORIZATION", b"x-forwarded-for": "HTTP_X_FORWARDED_FOR"}
+
+
 def _django_request(scope: Mapping[str, Any]) -> HttpRequest:
-    """A Django request carrying what the API's token check reads: the Authorization header."""
+    """A Django request carrying what the API's token check reads (the Authorization header)
+    and what its per-address limit reads (the client's address, as Django's WSGI handler
+    would set it, and X-Forwarded-For behind a TLS proxy)."""
     request = HttpRequest()
     request.method = str(scope.get("method", "POST"))
     request.path = request.path_info = str(scope.get("path", "/"))
+    client = scope.get("client")
+    if client:
+        request.META["REMOTE_ADDR"] = str(client[0])
     for name, value in scope.get("headers", []):
-        if name.lower() == b"authorization":
-            request.META["HTTP_AUTHORIZATION"] = value.decode("latin-1")
+        key = _HEADERS.get(name.lower())
+        if key is not None:
+            request.META[key] = value.decode("latin-1")
     return request
 
 
 def _authenticate(request: HttpRequest) -> AgentToken:
     close_old_connections()
     try:
-        return authenticate_request(request)
+        # The API's own door: a failed token counts against the client address's limit.
+        return authenticate_limited(request)
     finally:
         close_old_connections()
 

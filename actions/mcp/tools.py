@@ -1,10 +1,11 @@
 """The MCP tools' behaviour: synchronous functions over the services, one per tool.
 
 Each function takes the authenticated token and the tool's raw arguments, validates them
-with the agent API's own request schemas (``actions.api.schemas``), calls one service or
-selector, and answers with the API's own response shape (``actions.api.views.action_out``).
-So a tool and its HTTP operation accept the same fields, refuse the same input with the
-same field codes, and answer with the same document.
+with the agent API's own request schemas (``actions.api.schemas``), calls the same
+agent-facing service as the HTTP operation (``actions.proposals``), and answers with the API's
+own response shape (``actions.api.views.action_out``). So a tool and its HTTP operation accept
+the same fields, apply the same rules (scopes, other agents' records, "proposed elsewhere"),
+refuse with the same codes, and answer with the same document.
 
 Failures are ``ToolFailure`` with one of three kinds, which tell the calling model what to
 do, in the words MCP clients can act on:
@@ -23,20 +24,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict
-from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
-from django.conf import settings
-from django.utils import timezone
 from ninja import Schema
 from pydantic import ConfigDict, Field, ValidationError
 
-from actions.adjustments import (
-    AdjustmentRequestConflict,
-    action_propose_invoice_adjustment,
-    adjustment_request_open,
-)
-from actions.agents import INVOICE_ADJUSTMENT_SCOPE
 from actions.api.adjustments import (
     AdjustmentRequestOpen,
     AdjustmentRequestOut,
@@ -53,25 +45,16 @@ from actions.api.schemas import (
     StatusExplanationOut,
 )
 from actions.api.views import action_out, field_errors_from_ninja, refund_request_out
-from actions.models import ActionKind, ActionStatus, Agent, AgentToken, RequestSource
-from actions.requests import RefundRequestConflict, refund_request_open
-from actions.selectors import (
-    MAX_PAGE_SIZE,
-    InvalidCursor,
-    action_explain_status,
-    action_get_for_agent,
-    action_list_for_agent,
-    refund_request_by_reference,
-)
-from actions.services import Actor, ProposalConflict, ProposalInvalid, action_propose_refund
+from actions.models import AgentToken
+from actions.proposals.adjustments import agent_adjustment_request_open, agent_invoice_adjustment_propose
+from actions.proposals.outcomes import AgentRefusal, Outcome
+from actions.proposals.reads import agent_action_explain, agent_action_list, agent_action_read
+from actions.proposals.refunds import agent_refund_propose, agent_refund_request_open
+from actions.selectors import MAX_PAGE_SIZE
 
 logger = logging.getLogger("actions.mcp")
 
 ErrorKind = Literal["retryable", "needs_person", "bad_input"]
-
-# The API's longest stored action id; a longer one cannot exist and answers "not found",
-# like any other unknown id (actions.api.views.get_action does the same).
-MAX_ACTION_ID_LENGTH = 255
 
 
 class ToolFailure(Exception):
@@ -168,16 +151,6 @@ def _validated(model: type[S], arguments: Mapping[str, Any]) -> S:
         ) from None
 
 
-def _invalid(invalid: ProposalInvalid) -> ToolFailure:
-    errors = [problem.as_dict() for problem in invalid.problems]
-    return ToolFailure(
-        "bad_input",
-        code="validation_failed",
-        detail="Some arguments are invalid: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors),
-        errors=errors,
-    )
-
-
 def _count_call(token: AgentToken) -> None:
     # The same counter as the HTTP API's (actions.api.gateway): one budget per token, whichever
     # way the agent comes in.
@@ -192,36 +165,34 @@ def _count_call(token: AgentToken) -> None:
         )
 
 
-def _require_scope(agent: Agent, kind: str) -> None:
-    # The scopes are named after the kinds, except the adjustments' (``invoice_adjustment``).
-    scope = INVOICE_ADJUSTMENT_SCOPE if kind == ActionKind.INVOICE_ADJUSTMENT else kind
-    if not agent.may_propose(scope):
-        raise ToolFailure(
-            "needs_person",
-            code="scope_missing",
-            detail=f"The agent {agent.name!r} may not propose {kind} actions: its scopes are "
-            f"{', '.join(agent.scopes or []) or 'empty'}. Ask its owner.",
-        )
+# A refusal's outcome as a tool error kind (actions.proposals.outcomes); one code differs from
+# its outcome's kind: a reference that names a request on another order or bill is the agent's
+# own input to correct, not a person's decision.
+_KIND_BY_OUTCOME: dict[Outcome, ErrorKind] = {
+    Outcome.NOT_FOUND: "bad_input",
+    Outcome.FORBIDDEN: "needs_person",
+    Outcome.INVALID: "bad_input",
+    Outcome.CONFLICT: "needs_person",
+}
+_KIND_BY_CODE: dict[str, ErrorKind] = {"reference_conflict": "bad_input"}
+
+# What a model tends to try next, and must not.
+_ADVICE = {
+    "payload_conflict": " Do not change the request's number or open another request to get this through: read "
+    "the existing action and ask a person.",
+}
 
 
-def _proposed_elsewhere(noun: str = "refund request") -> ToolFailure:
-    # As in the API: the other proposal's id and contents stay hidden from this agent.
+def refusal_failure(refusal: AgentRefusal) -> ToolFailure:
+    """The tool error of an agent-facing operation's refusal: its kind, code, words, each field
+    problem and what the agent may know of its own record."""
     return ToolFailure(
-        "needs_person",
-        code="proposed_elsewhere",
-        detail=f"This {noun} already has a proposal by another proposer. Nothing was written. Do not open a "
-        f"new {noun} to get around it: ask a person.",
+        _KIND_BY_CODE.get(refusal.code, _KIND_BY_OUTCOME[refusal.outcome]),
+        code=refusal.code,
+        detail=refusal.detail + _ADVICE.get(refusal.code, ""),
+        errors=[problem.as_dict() for problem in refusal.errors],
+        **refusal.facts,
     )
-
-
-def _not_found() -> ToolFailure:
-    # One answer for "someone else's" and "does not exist", byte for byte: the id is not echoed.
-    return ToolFailure("bad_input", code="action_not_found", detail="This agent has no action with this id.")
-
-
-# Payload keys (the material payload) as the API's field names; the API's 409 does the same.
-_PAYLOAD_FIELDS = {"order": "order_number", "request": "request_number"}
-_ADJUSTMENT_PAYLOAD_FIELDS = {"bill": "bill_number", "adjustment": "adjustment_number"}
 
 
 def _json(model: Schema) -> dict[str, Any]:
@@ -234,21 +205,16 @@ def _json(model: Schema) -> dict[str, Any]:
 def open_refund_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
     _count_call(token)
     payload = _validated(RefundRequestOpen, arguments)
-    _require_scope(token.agent, ActionKind.REFUND)
     try:
-        result = refund_request_open(
+        result = agent_refund_request_open(
+            agent=token.agent,
             order_number=payload.order_number,
             external_reference=payload.external_reference,
+            reason_code=payload.reason_code.value,
             note=payload.note,
-            source=RequestSource.AGENT,
         )
-    except ProposalInvalid as invalid:
-        raise _invalid(invalid) from None
-    except RefundRequestConflict as conflict:
-        # The agent named the wrong order for this ticket: its input, not a person's decision.
-        raise ToolFailure(
-            "bad_input", code="reference_conflict", detail=str(conflict), differing=conflict.differing
-        ) from None
+    except AgentRefusal as refusal:
+        raise refusal_failure(refusal) from None
     logger.info(
         "mcp.refund_request.%s agent=%s order=%s request=%s",
         "opened" if result.created else "replayed",
@@ -263,60 +229,25 @@ def open_refund_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> d
 def propose_refund(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
     _count_call(token)
     payload = _validated(RefundProposal, arguments)
-    agent = token.agent
-    _require_scope(agent, ActionKind.REFUND)
-    request_number = payload.request_number
-    if request_number is None:
-        assert payload.external_reference is not None  # the schema requires one of the two
-        refund_request = refund_request_by_reference(
-            order_number=payload.order_number, external_reference=payload.external_reference
-        )
-        if refund_request is None:
-            raise ToolFailure(
-                "bad_input",
-                code="validation_failed",
-                detail=f"Order {payload.order_number} has no refund request with this external reference. Open it "
-                "first (the open_refund_request tool).",
-                errors=[
-                    {
-                        "field": "external_reference",
-                        "code": "not_found",
-                        "message": f"Order {payload.order_number} has no refund request with this external reference.",
-                    }
-                ],
-            )
-        request_number = refund_request.number
     try:
-        result = action_propose_refund(
+        result = agent_refund_propose(
+            agent=token.agent,
             order_number=payload.order_number,
-            request_number=request_number,
+            request_number=payload.request_number,
+            external_reference=payload.external_reference,
             amount=payload.amount,
             currency=payload.currency,
             reason_code=payload.reason_code.value,
             evidence=payload.evidence,
-            proposer=Actor.for_agent(agent),
         )
-    except ProposalInvalid as invalid:
-        raise _invalid(invalid) from None
-    except ProposalConflict as conflict:
-        if conflict.action.proposed_by_agent_id != agent.pk:
-            raise _proposed_elsewhere() from None
-        logger.info("mcp.refund.conflict agent=%s action=%s", agent.name, conflict.action.action_id)
-        raise ToolFailure(
-            "needs_person",
-            code="payload_conflict",
-            detail=f"{conflict} Do not change the request number or open another refund request to get this "
-            "through: read the existing action and ask a person.",
-            action_id=conflict.action.action_id,
-            differing={_PAYLOAD_FIELDS.get(name, name): values for name, values in conflict.differing.items()},
-        ) from None
+    except AgentRefusal as refusal:
+        logger.info("mcp.refund.refused agent=%s code=%s", token.agent.name, refusal.code)
+        raise refusal_failure(refusal) from None
     action = result.action
-    if action.proposed_by_agent_id != agent.pk:
-        raise _proposed_elsewhere()
     logger.info(
         "mcp.refund.%s agent=%s action=%s status=%s",
         "proposed" if result.created else "replayed",
-        agent.name,
+        token.agent.name,
         action.action_id,
         action.status,
     )
@@ -326,18 +257,15 @@ def propose_refund(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[s
 def open_adjustment_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
     _count_call(token)
     payload = _validated(AdjustmentRequestOpen, arguments)
-    _require_scope(token.agent, ActionKind.INVOICE_ADJUSTMENT)
     try:
-        result = adjustment_request_open(
-            bill_number=payload.bill_number, external_reference=payload.external_reference, note=payload.note
+        result = agent_adjustment_request_open(
+            agent=token.agent,
+            bill_number=payload.bill_number,
+            external_reference=payload.external_reference,
+            note=payload.note,
         )
-    except ProposalInvalid as invalid:
-        raise _invalid(invalid) from None
-    except AdjustmentRequestConflict as conflict:
-        # The agent named the wrong bill for this mismatch: its input, not a person's decision.
-        raise ToolFailure(
-            "bad_input", code="reference_conflict", detail=str(conflict), differing=conflict.differing
-        ) from None
+    except AgentRefusal as refusal:
+        raise refusal_failure(refusal) from None
     logger.info(
         "mcp.adjustment_request.%s agent=%s bill=%s adjustment=%s",
         "opened" if result.created else "replayed",
@@ -352,42 +280,24 @@ def open_adjustment_request(*, token: AgentToken, arguments: Mapping[str, Any]) 
 def propose_invoice_adjustment(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
     _count_call(token)
     payload = _validated(InvoiceAdjustmentProposal, arguments)
-    agent = token.agent
-    _require_scope(agent, ActionKind.INVOICE_ADJUSTMENT)
     try:
-        result = action_propose_invoice_adjustment(
+        result = agent_invoice_adjustment_propose(
+            agent=token.agent,
             bill_number=payload.bill_number,
             adjustment_number=payload.adjustment_number,
             amount=payload.amount,
             currency=payload.currency,
             reason_code=payload.reason_code.value,
             evidence=payload.evidence,
-            proposer=Actor.for_agent(agent),
         )
-    except ProposalInvalid as invalid:
-        raise _invalid(invalid) from None
-    except ProposalConflict as conflict:
-        if conflict.action.proposed_by_agent_id != agent.pk:
-            raise _proposed_elsewhere("adjustment request") from None
-        logger.info("mcp.invoice_adjustment.conflict agent=%s action=%s", agent.name, conflict.action.action_id)
-        raise ToolFailure(
-            "needs_person",
-            code="payload_conflict",
-            detail=f"{str(conflict).replace('refund request', 'adjustment request')} Do not change the adjustment "
-            "number or open another adjustment request to get this through: read the existing action and ask a "
-            "person.",
-            action_id=conflict.action.action_id,
-            differing={
-                _ADJUSTMENT_PAYLOAD_FIELDS.get(name, name): values for name, values in conflict.differing.items()
-            },
-        ) from None
+    except AgentRefusal as refusal:
+        logger.info("mcp.invoice_adjustment.refused agent=%s code=%s", token.agent.name, refusal.code)
+        raise refusal_failure(refusal) from None
     action = result.action
-    if action.proposed_by_agent_id != agent.pk:
-        raise _proposed_elsewhere("adjustment request")
     logger.info(
         "mcp.invoice_adjustment.%s agent=%s action=%s status=%s",
         "proposed" if result.created else "replayed",
-        agent.name,
+        token.agent.name,
         action.action_id,
         action.status,
     )
@@ -397,65 +307,34 @@ def propose_invoice_adjustment(*, token: AgentToken, arguments: Mapping[str, Any
 def get_action(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
     _count_call(token)
     ref = _validated(ActionRef, arguments)
-    if len(ref.action_id) > MAX_ACTION_ID_LENGTH:
-        raise _not_found()
-    action = action_get_for_agent(agent=token.agent, action_id=ref.action_id)
-    if action is None:
-        raise _not_found()
-    return _json(action_out(action))
+    try:
+        return _json(action_out(agent_action_read(agent=token.agent, action_id=ref.action_id)))
+    except AgentRefusal as refusal:
+        raise refusal_failure(refusal) from None
 
 
 def list_actions(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
     _count_call(token)
     query = _validated(ActionListQuery, arguments)
     try:
-        page = action_list_for_agent(
-            agent=token.agent, statuses=list(query.status), cursor=query.cursor, limit=query.limit
-        )
-    except InvalidCursor as invalid:
-        raise ToolFailure(
-            "bad_input",
-            code="validation_failed",
-            detail=str(invalid),
-            errors=[{"field": "cursor", "code": "invalid_cursor", "message": str(invalid)}],
-        ) from None
+        page = agent_action_list(agent=token.agent, statuses=list(query.status), cursor=query.cursor, limit=query.limit)
+    except AgentRefusal as refusal:
+        raise refusal_failure(refusal) from None
     return _json(ActionListOut(items=[action_out(action) for action in page.items], next_cursor=page.next_cursor))
 
 
 def explain_action(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
     _count_call(token)
     ref = _validated(ActionRef, arguments)
-    action = (
-        action_get_for_agent(agent=token.agent, action_id=ref.action_id)
-        if len(ref.action_id) <= MAX_ACTION_ID_LENGTH
-        else None
-    )
-    if action is None:
-        raise _not_found()
-    explanation = action_explain_status(action)
-    read_again: int | None = None
-    if explanation.final:
-        agent_should = "Report the outcome to the customer. Nothing about this action will change any more."
-    elif explanation.needs_person:
-        agent_should = (
-            f"Tell the customer that {explanation.held_by} is handling it. Do not propose again and do not try "
-            "another way to pay; read this action later."
-        )
-    else:
-        # The next reconciliation is when an UNKNOWN action can change; anything else the
-        # workers move within a sweep interval.
-        read_again = int(settings.SWEEP_INTERVAL_SECONDS)
-        if action.status == ActionStatus.UNKNOWN and action.next_reconcile_at is not None:
-            read_again = max(1, int((action.next_reconcile_at - timezone.now()) / timedelta(seconds=1)))
-        agent_should = (
-            "Wait, then read this action again (get_action). Never send a new proposal and never tell the customer "
-            "it failed while it is not final."
-        )
+    try:
+        explained = agent_action_explain(agent=token.agent, action_id=ref.action_id)
+    except AgentRefusal as refusal:
+        raise refusal_failure(refusal) from None
     out = ActionExplanationOut(
-        action_id=action.action_id,
-        status=action.status,  # type: ignore[arg-type]
-        explanation=StatusExplanationOut(**asdict(explanation)),
-        agent_should=agent_should,
-        read_again_after_seconds=read_again,
+        action_id=explained.action.action_id,
+        status=explained.action.status,  # type: ignore[arg-type]
+        explanation=StatusExplanationOut(**asdict(explained.explanation)),
+        agent_should=explained.agent_should,
+        read_again_after_seconds=explained.read_again_after_seconds,
     )
     return _json(out)

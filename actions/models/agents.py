@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+from typing import TypeVar
+
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
+
+_Request = TypeVar("_Request", bound=models.Model)
 
 
 class Agent(models.Model):
@@ -25,6 +30,19 @@ class Agent(models.Model):
 
     def may_propose(self, kind: str) -> bool:
         return self.is_active and kind in self.scopes
+
+
+class AgentOpenedQuerySet(models.QuerySet[_Request]):
+    """Requests (refund or adjustment) that record which agent opened them, if one did."""
+
+    def visible_to(self, agent: Agent | None) -> AgentOpenedQuerySet[_Request]:
+        """The requests ``agent`` may read and propose against: the ones it opened and the ones
+        no agent opened (from a ticket, the matcher or a person). Another agent's request is not
+        among them, so that it reads as no request at all. With no agent (a person or the
+        system acting), every request."""
+        if agent is None:
+            return self
+        return self.filter(Q(opened_by_agent__isnull=True) | Q(opened_by_agent=agent))
 
 
 class AgentToken(models.Model):

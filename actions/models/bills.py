@@ -14,6 +14,8 @@ from decimal import Decimal
 from django.db import models
 from django.db.models import F, Q
 
+from actions.models.agents import AgentOpenedQuerySet
+
 
 class AdjustmentReason(models.TextChoices):
     """Why a supplier bill is adjusted: why it failed its purchase-order match, or a correction."""
@@ -81,8 +83,15 @@ class AdjustmentRequest(models.Model):
     external_reference = models.CharField(
         max_length=100, null=True, blank=True, unique=True, help_text="E.g. the matcher's exception id."
     )
+    # The agent that opened it over the API, if one did: another agent may not read it back or
+    # propose against it (as for refund requests).
+    opened_by_agent = models.ForeignKey(
+        "actions.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="adjustment_requests"
+    )
     note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = AgentOpenedQuerySet.as_manager()
 
     class Meta:
         ordering = ["bill", "number"]

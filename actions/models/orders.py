@@ -6,6 +6,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Upper
 
+from actions.models.agents import AgentOpenedQuerySet
+
 
 class Order(models.Model):
     """A paid order whose captured amount refunds are drawn from.
@@ -146,6 +148,8 @@ class RefundRequest(models.Model):
     )
     note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = AgentOpenedQuerySet.as_manager()
 
     class Meta:
         ordering = ["order", "number"]

@@ -89,7 +89,7 @@ def test_a_crash_in_an_operation_is_a_500_problem_and_a_logged_traceback(
     def explode(**kwargs: Any) -> Any:
         raise RuntimeError("database on fire")
 
-    monkeypatch.setattr("actions.api.views.action_propose_refund", explode)
+    monkeypatch.setattr("actions.proposals.refunds.action_propose_refund", explode)
     with caplog.at_level(logging.INFO, logger="actions.api"):
         response = api.post(REFUNDS, proposal)
 

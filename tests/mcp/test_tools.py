@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import httpx2
 import pytest
 from django.db import OperationalError
+from django.test import Client
 
 from actions.agents import agent_token_issue
 from actions.models import Action, RefundRequest
@@ -195,6 +198,34 @@ def test_a_request_without_a_valid_token_is_refused_before_the_sdk_sees_it(
     assert response.json()["code"] in {"token_missing", "token_invalid"}
 
 
+def test_bad_tokens_from_one_address_are_refused_as_rate_limited_after_the_apis_limit(
+    mcp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guessing tokens over MCP costs the same per-address budget as over REST (60 a minute by
+    default, API_ANONYMOUS_RATE_LIMIT_PER_MINUTE): the 61st bad token is a 429, and the REST API
+    then refuses the same address too, because both count with the same limiter."""
+    # The middle of one counting window, so that the 61 requests cannot straddle two windows.
+    window_middle = (int(time.time()) // 60) * 60 + 30.0
+    monkeypatch.setattr("actions.api.ratelimit.time", SimpleNamespace(time=lambda: window_middle))
+    headers = {"Accept": "application/json, text/event-stream"}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+
+    answers = [
+        httpx2.post(mcp_url, json=body, headers={**headers, "Authorization": f"Bearer ect_guess{n}"})
+        for n in range(61)
+    ]
+
+    assert [answer.status_code for answer in answers[:60]] == [401] * 60
+    limited = answers[60]
+    assert limited.status_code == 429
+    assert limited.headers["content-type"] == "application/problem+json"
+    assert limited.json()["code"] == "rate_limited"
+    assert 1 <= int(limited.headers["retry-after"]) <= 60
+    # One budget per address, whichever interface the guesses came through.
+    rest = Client(REMOTE_ADDR="127.0.0.1").get("/api/v1/actions", headers={"Authorization": "Bearer ect_guess-rest"})
+    assert rest.status_code == 429
+
+
 def test_a_deactivated_agent_is_forbidden(mcp_url: str, agent: Any, token: str) -> None:
     agent.is_active = False
     agent.save(update_fields=["is_active"])
@@ -232,7 +263,7 @@ def test_a_crash_or_a_lost_database_is_retryable_and_tells_nothing_of_the_intern
     def broken(**kwargs: Any) -> Any:
         raise failure
 
-    monkeypatch.setattr("actions.mcp.tools.action_get_for_agent", broken)
+    monkeypatch.setattr("actions.proposals.reads.action_get_for_agent", broken)
     result = mcp_call(mcp_url, token, "get_action", {"action_id": "refund:order-1:request-1"})
     assert result.is_error
     assert result.structured_content is not None

@@ -1,0 +1,53 @@
+"""Orders for an agent: a shop's commerce system sends its orders (scope ``orders``).
+
+Orders are not any one agent's: every agent with the scope sends and updates the same orders,
+so there is no ownership to hide here, only the scope.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from actions.agents import ORDERS_SCOPE
+from actions.models import Agent
+from actions.orders import OrderBusy, OrderConflict, OrderResult, order_data_check, order_upsert
+from actions.proposals.outcomes import Conflict, invalid
+from actions.proposals.rules import scope_require
+from actions.services import FieldProblem, ProposalInvalid
+
+
+def agent_order_upsert(
+    *,
+    agent: Agent,
+    order_number: str,
+    customer_name: str,
+    customer_email: str,
+    currency: str,
+    captured_amount: str,
+    charge_reference: str,
+    paid_at: datetime,
+) -> OrderResult:
+    """Create or update an order by its number; a change that cannot apply is a conflict naming
+    its field."""
+    scope_require(agent, ORDERS_SCOPE, doing="send orders")
+    try:
+        data = order_data_check(
+            number=order_number,
+            customer_name=customer_name,
+            customer_email=customer_email,
+            currency=currency,
+            captured_amount=captured_amount,
+            charge_reference=charge_reference,
+            paid_at=paid_at,
+        )
+        return order_upsert(data=data, source=f"agent:{agent.name}")
+    except ProposalInvalid as problems:
+        raise invalid(problems.problems) from None
+    except OrderConflict as conflict:
+        raise Conflict(
+            code=conflict.code,
+            detail=conflict.message,
+            errors=[FieldProblem(conflict.field, conflict.code, conflict.message)],
+        ) from None
+    except OrderBusy as busy:
+        raise Conflict(code="order_busy", detail=str(busy)) from None

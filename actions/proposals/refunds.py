@@ -1,0 +1,100 @@
+"""Refunds for an agent: open a refund request on an order, propose the refund for it."""
+
+from __future__ import annotations
+
+from actions.models import ActionKind, Agent, RequestSource
+from actions.proposals.outcomes import Conflict, invalid
+from actions.proposals.rules import proposal_for_agent, reference_taken, scope_require
+from actions.requests import RefundRequestConflict, RefundRequestResult, RefundRequestTaken, refund_request_open
+from actions.selectors import refund_request_by_reference
+from actions.services import Actor, FieldProblem, ProposalInvalid, ProposalResult, action_propose_refund
+
+_DOING = "propose refund actions"
+
+# Payload keys (the material payload) as the fields an agent sends.
+PAYLOAD_FIELDS = {"order": "order_number", "request": "request_number"}
+
+
+def agent_refund_request_open(
+    *, agent: Agent, order_number: str, external_reference: str, reason_code: str, note: str = ""
+) -> RefundRequestResult:
+    """Open the next refund request on an order for ``agent``, or return the one its reference
+    opened. A reference that another agent opened is ``reference_taken``: nothing about that
+    request is told. A reference on another order is ``reference_conflict``."""
+    scope_require(agent, ActionKind.REFUND, doing=_DOING)
+    try:
+        return refund_request_open(
+            order_number=order_number,
+            external_reference=external_reference,
+            note=note,
+            source=RequestSource.AGENT,
+            reason_code=reason_code,
+            opened_by_agent=agent,
+        )
+    except ProposalInvalid as problems:
+        raise invalid(problems.problems) from None
+    except RefundRequestTaken:
+        raise reference_taken("refund request") from None
+    except RefundRequestConflict as conflict:
+        raise Conflict(
+            code="reference_conflict", detail=str(conflict), facts={"differing": conflict.differing}
+        ) from None
+
+
+def agent_refund_propose(
+    *,
+    agent: Agent,
+    order_number: str,
+    request_number: int | None,
+    external_reference: str | None,
+    amount: str,
+    currency: str,
+    reason_code: str,
+    evidence: str = "",
+) -> ProposalResult:
+    """Propose a refund for one of the order's refund requests, named by its number or by the
+    external reference it was opened with.
+
+    Another agent's request, by either name, reads as no request: the same ``not_found``
+    answer as a request that does not exist (``RefundRequest.objects.visible_to``).
+    """
+    scope_require(agent, ActionKind.REFUND, doing=_DOING)
+    if (request_number is None) == (external_reference is None):
+        raise invalid(
+            [
+                FieldProblem(
+                    "request_number", "invalid", "Give either request_number or external_reference (exactly one)."
+                )
+            ]
+        )
+    if request_number is None:
+        assert external_reference is not None
+        request = refund_request_by_reference(
+            order_number=order_number, external_reference=external_reference, agent=agent
+        )
+        if request is None:
+            raise invalid(
+                [
+                    FieldProblem(
+                        "external_reference",
+                        "not_found",
+                        f"Order {order_number} has no refund request with this external reference. Open it first.",
+                    )
+                ]
+            )
+        request_number = request.number
+    number = request_number
+    return proposal_for_agent(
+        agent,
+        lambda: action_propose_refund(
+            order_number=order_number,
+            request_number=number,
+            amount=amount,
+            currency=currency,
+            reason_code=reason_code,
+            evidence=evidence,
+            proposer=Actor.for_agent(agent),
+        ),
+        noun="refund request",
+        payload_fields=PAYLOAD_FIELDS,
+    )
