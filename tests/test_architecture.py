@@ -27,12 +27,12 @@ LONG_FUNCTION_LINES = 80
 LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
-    "modules over 600 lines": 8,
+    "modules over 600 lines": 6,
     "functions over 80 lines": 10,
     "modules loose at the top of actions/": 40,
     "app modules in no import-linter layer": 10,
-    "private names imported across modules": 20,
-    "kind branches outside actions/kinds": 10,
+    "private names imported across modules": 13,
+    "kind branches outside actions/kinds": 9,
     "reaches into Django's internals": 14,
     "harness modules inside the app": 0,
 }
