@@ -396,6 +396,7 @@ def test_the_refusal_is_the_same_with_htmx_and_names_the_owner_group(
         "given to; you are neither." in response.content.decode()
     )
     assert snapshot(action) == before
+    assert not receivers, "no receiver was even made"
 
 
 # --- follow-ups ------------------------------------------------------------------------------------
@@ -453,7 +454,10 @@ def test_a_discrepancy_is_worked_by_its_actions_owner_group(
     assert (discrepancy.status, discrepancy.owner_id, discrepancy.note) == (DiscrepancyStatus.OPEN, None, "")
 
 
-@pytest.mark.parametrize(("persona", "expected"), [("finance clerk", 302), ("accounts payable clerk", 403)])
+@pytest.mark.parametrize(
+    ("persona", "expected"),
+    [("finance clerk", 302), ("accounts payable clerk", 403), ("admin", 403), ("superuser", 403)],
+)
 def test_a_remedy_of_a_refund_is_worked_by_finance(
     client: Client, receivers: dict[str, OnlyAFailedRecord], agent_actor: Actor, persona: str, expected: int
 ) -> None:
