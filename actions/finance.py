@@ -19,12 +19,15 @@ from django.utils import timezone
 from actions import permissions as perms
 from actions.engine.resolutions import (
     ReviewRefused,
+    resolver_refusal,
     review_action,
     review_owner_rule,
     review_require,
+    review_resolver_rule,
     review_stamp,
     review_text,
 )
+from actions.kinds import owner_group_of
 from actions.models import (
     Action,
     ActionStatus,
@@ -34,9 +37,9 @@ from actions.models import (
     Remedy,
     RemedyKind,
 )
+from actions.review_rules import follow_up_kind
 from actions.separation import follow_up_admin_refusal
 from actions.trail import Actor, event_record
-from console.roles import FINANCE
 
 S = ActionStatus
 
@@ -58,19 +61,21 @@ def _remedy_kind(raw: object, *, allow_undecided: bool = False) -> str:
     return value
 
 
-def _new_owner(owner_pk: object, *, permission: str) -> Any:
-    """The finance member an item is (re)assigned to, checked: the same people the Reassign list
-    offers (active members of the finance group, ``finance_members``), and allowed to work it.
-    Holding the permission alone is not enough: a superuser holds every permission, and a
-    forged form must not hand an item to someone the list would never show."""
+def _new_owner(owner_pk: object, *, kind: str | None, permission: str) -> Any:
+    """The person an item of ``kind`` is (re)assigned to, checked by the same rule as the people
+    the Reassign list offers (``resolver_candidates``): active, and allowed to resolve the kind
+    without being given it. Holding the permission alone is not enough: a superuser holds every
+    permission, and a forged form must not hand an item to someone the list would never show
+    (who, once its owner, could resolve it)."""
+    group = owner_group_of(kind) if kind is not None else "the people who work it"
     try:
         pk = int(str(owner_pk))
     except (TypeError, ValueError):
-        raise ReviewRefused("owner: choose a member of finance.", code="invalid", status=400, field="owner") from None
-    owner = get_user_model().objects.filter(pk=pk, is_active=True, groups__name=FINANCE).distinct().first()
-    if owner is None or not owner.has_perm(permission):
+        raise ReviewRefused(f"owner: choose a member of {group}.", code="invalid", status=400, field="owner") from None
+    owner = get_user_model().objects.filter(pk=pk, is_active=True).first()
+    if owner is None or resolver_refusal(user=owner, kind=kind, owner=None, permission=permission) is not None:
         raise ReviewRefused(
-            "owner: that person is not an active member of finance.", code="invalid", status=400, field="owner"
+            f"owner: that person is not an active member of {group}.", code="invalid", status=400, field="owner"
         )
     return owner
 
@@ -83,7 +88,6 @@ def action_assign(*, action_pk: int, user: Any, owner_pk: object = None, note: s
     so the audit event runs from the status to itself (the trail stays a valid chain)."""
     review_require(user, RESOLVE_PERMISSION, "Only finance may take or reassign actions in the review queue.")
     note = review_text(note, name="note", required=False, label="")
-    owner = user if owner_pk in (None, "") else _new_owner(owner_pk, permission=RESOLVE_PERMISSION)
     now = timezone.now()
     with transaction.atomic(durable=True):
         action = review_action(action_pk, lock=True)
@@ -92,7 +96,12 @@ def action_assign(*, action_pk: int, user: Any, owner_pk: object = None, note: s
                 f"{action.action_id} is {action.get_status_display().lower()}: there is nothing left to own.",
                 code="not_open",
             )
+        # Whoever may work the item may take it or pass it on, and only to someone who may too.
+        review_resolver_rule(user, kind=action.kind, owner=action.owner)
         review_owner_rule(user, action.owner)
+        owner = (
+            user if owner_pk in (None, "") else _new_owner(owner_pk, kind=action.kind, permission=RESOLVE_PERMISSION)
+        )
         previous = action.owner
         if previous is not None and previous.pk == owner.pk:
             raise ReviewRefused(f"{action.action_id} already belongs to {owner.get_username()}.", code="unchanged")
@@ -119,7 +128,6 @@ def _follow_up_assign(
     name = model._meta.verbose_name
     review_require(user, permission, f"Only finance may take or reassign a {name}.")
     note = review_text(note, name="note", required=False, label="")
-    owner = user if owner_pk in (None, "") else _new_owner(owner_pk, permission=permission)
     now = timezone.now()
     with transaction.atomic(durable=True):
         item = model.objects.select_for_update(of=("self",)).select_related("owner", "action").filter(pk=pk).first()
@@ -127,7 +135,10 @@ def _follow_up_assign(
             raise ReviewRefused(f"There is no such {name}.", code="not_found", status=404)
         if item.status not in (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS):
             raise ReviewRefused(f"This {name} is closed: there is nothing left to own.", code="not_open")
+        kind = follow_up_kind(item)
+        review_resolver_rule(user, kind=kind, owner=item.owner, permission=permission)
         review_owner_rule(user, item.owner)
+        owner = user if owner_pk in (None, "") else _new_owner(owner_pk, kind=kind, permission=permission)
         previous = item.owner
         if previous is not None and previous.pk == owner.pk:
             raise ReviewRefused(f"This {name} already belongs to {owner.get_username()}.", code="unchanged")
@@ -222,6 +233,7 @@ def _advance(
         item = model.objects.select_for_update(of=("self",)).select_related("owner", "action").filter(pk=pk).first()
         if item is None:
             raise ReviewRefused(f"There is no such {name}.", code="not_found", status=404)
+        review_resolver_rule(user, kind=follow_up_kind(item), owner=item.owner, permission=permission)
         review_owner_rule(user, item.owner)
         if target not in {status.value for status in flow.get(item.status, set())}:
             raise ReviewRefused(

@@ -13,10 +13,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Count
 
-from actions.kinds import all_kinds
+from actions.kinds import all_kinds, owner_groups
 from actions.kinds.base import EffectKind, ReceiverContract, StepClass
 from actions.models import Discrepancy, DiscrepancyStatus, LedgerAuditRun
-from actions.owners import owner_group_name
 from actions.providers.base import validate_idempotency_key
 
 OPEN_DISCREPANCY = (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS)
@@ -197,10 +196,11 @@ def kind_cards() -> list[KindCard]:
         .annotate(count=Count("pk"))
         .order_by()
     )
+    groups = owner_groups()
     cards = []
     for kind in all_kinds():
         contract = kind.contract()
-        group = owner_group_name(kind.name, kind.owner_group)
+        group = groups[kind.name]
         cards.append(
             KindCard(
                 name=kind.name,

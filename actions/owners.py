@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -12,10 +13,16 @@ from actions.models import ActionStatus, OwnerGroup
 DEFAULT_OWNER_GROUP = "finance"
 
 
+def owner_group_names(defaults: Mapping[str, str]) -> dict[str, str]:
+    """For each kind in ``defaults``, the group named for it in the admin (OwnerGroup), else the
+    kind's own default. One query, however many kinds."""
+    mapped = dict(OwnerGroup.objects.filter(kind__in=list(defaults)).values_list("kind", "group__name"))
+    return {kind: mapped.get(kind, default) for kind, default in defaults.items()}
+
+
 def owner_group_name(kind: str, default: str = DEFAULT_OWNER_GROUP) -> str:
     """The group named for ``kind`` in the admin (OwnerGroup), else the kind's own default."""
-    mapping = OwnerGroup.objects.filter(kind=kind).select_related("group").first()
-    return mapping.group.name if mapping is not None else default
+    return owner_group_names({kind: default})[kind]
 
 
 def owner_pick(*, kind: str, default_group: str = DEFAULT_OWNER_GROUP) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 
-from actions.models import Attempt
+from actions.models import Attempt, Discrepancy, Remedy
 
 # How long a not-found lookup stays good enough evidence for a retry with the same key.
 DEFAULT_RETRY_LOOKUP_MAX_AGE_SECONDS = 300
@@ -34,6 +34,12 @@ def owner_rule_refusal(*, user: Any, owner: Any) -> str | None:
         f"This item belongs to {owner.get_username()}. Only its owner may act on it while the console "
         "runs with REVIEW_OWNERS_ONLY; an administrator can reassign it."
     )
+
+
+def follow_up_kind(item: Remedy | Discrepancy) -> str | None:
+    """The kind of the action a remedy or a discrepancy belongs to: its owner group works the
+    follow-up too. None for a discrepancy the audit found with no action."""
+    return item.action.kind if item.action is not None else None
 
 
 def lookup_fresh_until(attempt: Attempt) -> datetime | None:

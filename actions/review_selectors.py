@@ -29,8 +29,9 @@ from django.utils import timezone
 
 from actions import permissions as perms
 from actions.engine.invariants import max_unknown_seconds
+from actions.engine.resolutions import resolver_refusal
 from actions.housekeeping import body_pruned
-from actions.kinds import kind_for
+from actions.kinds import kind_for, owner_groups
 from actions.kinds.base import EffectKind
 from actions.models import (
     Action,
@@ -47,6 +48,7 @@ from actions.models import (
 )
 from actions.providers.money import from_minor_units
 from actions.review_rules import (
+    follow_up_kind,
     lookup_fresh_until,
     owner_rule_refusal,
     owners_only,
@@ -54,7 +56,6 @@ from actions.review_rules import (
     retry_lookup_max_age,
 )
 from approvals.models import Approval
-from console.roles import FINANCE
 
 S = ActionStatus
 
@@ -109,9 +110,51 @@ def may_view_review(user: Any) -> bool:
     return bool(user.has_perm(RESOLVE_PERMISSION) or user.has_perm(CORRECT_PERMISSION))
 
 
-def finance_members() -> list[Any]:
-    """Active members of the finance group: the people an item can be (re)assigned to."""
-    return list(get_user_model().objects.filter(is_active=True, groups__name=FINANCE).order_by("username").distinct())
+# --- who may work on an item, and whom it can be passed on to -------------------------------------
+
+# The permission each kind of review item is worked with.
+ITEM_PERMISSION = {
+    ItemKind.ACTION: perms.RESOLVE,
+    ItemKind.REMEDY: perms.CHANGE_REMEDY,
+    ItemKind.DISCREPANCY: perms.CHANGE_DISCREPANCY,
+}
+
+
+@dataclass(frozen=True)
+class ReviewPeople:
+    """What ``resolver_refusal`` is asked with on a page, read once: the owner group of every
+    kind, and every active person whose role works review items, with their groups. The rule
+    itself decides; these reads only keep a page's queries the same whatever its items are."""
+
+    groups: dict[str, str]
+    people: list[Any]
+
+    def person(self, user: Any) -> Any:
+        """``user`` as read with the others (groups and all), or ``user`` when not among them."""
+        return next((person for person in self.people if person.pk == getattr(user, "pk", None)), user)
+
+    def refusal(self, user: Any, *, kind: str | None, owner: Any, permission: str) -> str | None:
+        return resolver_refusal(
+            user=self.person(user), kind=kind, owner=owner, permission=permission, groups=self.groups
+        )
+
+    def choices(self, *, kind: str | None, permission: str) -> list[Any]:
+        """Whom an item of ``kind`` can be (re)assigned to: those who may work on it without
+        being given it, the same rule the assignment service checks a new owner with."""
+        return [
+            person
+            for person in self.people
+            if resolver_refusal(user=person, kind=kind, owner=None, permission=permission, groups=self.groups) is None
+        ]
+
+
+def review_people_get() -> ReviewPeople:
+    """Everyone a page may offer for an item or ask the rule about, in a constant number of
+    queries: active people holding a review permission through a group or by themselves."""
+    codenames = [permission.split(".", 1)[1] for permission in ITEM_PERMISSION.values()]
+    holds = Q(groups__permissions__codename__in=codenames) | Q(user_permissions__codename__in=codenames)
+    people = get_user_model().objects.filter(holds, is_active=True).distinct().order_by("username")
+    return ReviewPeople(groups=owner_groups(), people=list(people.prefetch_related("groups")))
 
 
 # --- what the receiver last said -----------------------------------------------------------------
@@ -225,10 +268,18 @@ class QueueRow:
     next_reconcile_note: str
     rank: int
     refusal: str | None
+    # Why this person may not work on the item at all (``resolver_refusal``), and whom its
+    # Reassign list offers; set for the rows of the page shown.
+    work_refusal: str | None = None
+    members: tuple[Any, ...] = ()
 
     @property
     def pk(self) -> int:
         return int(self.item.pk)
+
+    @property
+    def may_work(self) -> bool:
+        return self.work_refusal is None
 
     @property
     def dom_id(self) -> str:
@@ -276,7 +327,6 @@ class Queue:
     rows: list[QueueRow]
     total: int
     filters: QueueFilters
-    members: list[Any]
     owners_only: bool
     refresh_seconds: int = 5
     # The cursor this page starts after ("" for the first page), and the next page's, if any.
@@ -558,6 +608,37 @@ def _follow_up_source(
     )
 
 
+def _row_kind(row: QueueRow) -> str | None:
+    """The effect kind whose owner group works the row's item."""
+    return row.item.kind if row.kind == ItemKind.ACTION else follow_up_kind(row.item)
+
+
+def _with_who_may_work(rows: list[QueueRow], *, user: Any) -> list[QueueRow]:
+    """Each row with whether ``user`` may work on it and whom its Reassign list offers, asking
+    the rule once per kind of item, effect kind and "it is mine", not once per row."""
+    if not rows:
+        return rows
+    who = review_people_get()
+
+    @functools.cache
+    def refusal(item_kind: str, kind: str | None, mine: bool) -> str | None:
+        owner = user if mine else None
+        return who.refusal(user, kind=kind, owner=owner, permission=ITEM_PERMISSION[item_kind])
+
+    @functools.cache
+    def members(item_kind: str, kind: str | None) -> tuple[Any, ...]:
+        return tuple(who.choices(kind=kind, permission=ITEM_PERMISSION[item_kind]))
+
+    shown = []
+    for row in rows:
+        kind = _row_kind(row)
+        mine = row.owner is not None and row.owner.pk == getattr(user, "pk", None)
+        # The choices are worked out for every row, shown or not, so that the page reads the
+        # same people whatever its items are.
+        shown.append(replace(row, work_refusal=refusal(row.kind, kind, mine), members=members(row.kind, kind)))
+    return shown
+
+
 def review_queue_get(
     *,
     user: Any,
@@ -632,11 +713,11 @@ def review_queue_get(
             else row
             for row in page_rows
         ]
+    page_rows = _with_who_may_work(page_rows, user=user)
     return Queue(
         rows=page_rows,
         total=total,
         filters=filters,
-        members=finance_members(),
         owners_only=owners_only(),
         after=after,
         next_after=cursor_encode(row_sort_key(page_rows[-1])) if has_more and page_rows else "",
@@ -707,6 +788,12 @@ class ActionDetail:
     retry_allowed: bool
     retry_refusal: str
     limits: dict[str, str]
+    # Why this person may not work on the action at all (``resolver_refusal``), or None.
+    work_refusal: str | None = None
+
+    @property
+    def may_work(self) -> bool:
+        return self.work_refusal is None
 
     @property
     def is_needs_review(self) -> bool:
@@ -829,6 +916,7 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
     latest_lookup = lookup_view(latest, now=now)
     allowed, why = retry_evidence(latest_lookup)
     due = action_due(action, now=now) if action.status in QUEUE_ACTION_STATUSES else None
+    who = review_people_get()
     return ActionDetail(
         action=action,
         row_due=due,
@@ -837,8 +925,9 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
         latest_lookup=latest_lookup,
         remedies=remedies,
         discrepancies=discrepancies,
-        members=finance_members(),
+        members=who.choices(kind=action.kind, permission=RESOLVE_PERMISSION),
         refusal=owner_rule_refusal(user=user, owner=action.owner),
+        work_refusal=who.refusal(user, kind=action.kind, owner=action.owner, permission=RESOLVE_PERMISSION),
         retry_allowed=allowed,
         retry_refusal=why,
         limits={
@@ -864,6 +953,12 @@ class FollowUpDetail:
     members: list[Any]
     refusal: str | None
     next_states: list[tuple[str, str]]
+    # Why this person may not work on the follow-up at all (``resolver_refusal``), or None.
+    work_refusal: str | None = None
+
+    @property
+    def may_work(self) -> bool:
+        return self.work_refusal is None
 
     @property
     def is_open(self) -> bool:
@@ -904,14 +999,17 @@ def follow_up_detail_get(*, kind: str, pk: int, user: Any, now: datetime | None 
         item = Discrepancy.objects.select_related("action", "action__order", "owner").get(pk=pk)
         opened, next_states = item.detected_at, DISCREPANCY_NEXT.get(item.status, [])  # type: ignore[call-overload]
     due = follow_up_due(opened)
+    permission = ITEM_PERMISSION[kind]
+    who = review_people_get()
     return FollowUpDetail(
         kind=kind,
         item=item,
         due=due,
         overdue=due < now and item.status in (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS),
-        members=finance_members(),
+        members=who.choices(kind=follow_up_kind(item), permission=permission),
         refusal=owner_rule_refusal(user=user, owner=item.owner),
         next_states=list(next_states),
+        work_refusal=who.refusal(user, kind=follow_up_kind(item), owner=item.owner, permission=permission),
     )
 
 

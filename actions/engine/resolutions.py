@@ -12,7 +12,7 @@ proves an effect). The lookup is kept even when the resolution is refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -27,12 +27,13 @@ from actions import permissions as perms
 from actions.engine.dispatch import outcome_book, receiver_for, submission_send_and_record
 from actions.engine.leases import Lease, lease_take
 from actions.engine.reconcile import receiver_lookup
-from actions.kinds import kind_for
+from actions.kinds import kind_for, owner_group_of
 from actions.kinds.base import Effect, Lookup, LookupVerdict, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind
 from actions.providers.money import currency_exponent
 from actions.refusals import Refused
 from actions.review_rules import owner_rule_refusal, retry_evidence_from_attempt
+from actions.separation import is_console_admin
 from actions.trail import RESEND_TRANSITION, Actor, action_transition
 
 S = ActionStatus
@@ -139,6 +140,52 @@ def review_require(user: Any, permission: str, message: str) -> None:
         raise ReviewRefused(message, code="not_allowed", status=403)
 
 
+def resolver_refusal(
+    *,
+    user: Any,
+    kind: str | None,
+    owner: Any,
+    permission: str = perms.RESOLVE,
+    groups: Mapping[str, str] | None = None,
+) -> str | None:
+    """Why ``user`` may not work on a review item of ``kind`` owned by ``owner`` (resolve it,
+    look it up, take it over, pass it on), or None. The one rule: the pages ask it which buttons
+    to show and whom to offer for reassignment, the services ask it before they change anything.
+
+    An admin never does, whatever permission or superuser flag he holds (separation of duties).
+    Anyone else needs the role's ``permission``, and either to be a member of the kind's owner
+    group (``owner_group_of``, the group the five-checks page names) or to be the item's named
+    owner: someone an admin gave it to explicitly. An item with no kind (a discrepancy the audit
+    found with no action) needs the permission alone. ``groups`` is ``owner_groups()``, read once
+    by a page that asks about many items.
+    """
+    if not getattr(user, "is_authenticated", False):
+        return "Sign in to work on review items."
+    if is_console_admin(user):
+        return (
+            "Admins do not resolve review items: the owner group of its kind does (separation of duties). "
+            "An admin may reassign it in the admin site."
+        )
+    if not user.has_perm(permission):
+        return "Your role does not work on review items."
+    if kind is None or (owner is not None and owner.pk == user.pk):
+        return None
+    group = groups[kind] if groups is not None else owner_group_of(kind)
+    # ``all()``, not a filter: it reads the groups a list of people was fetched with.
+    if any(membership.name == group for membership in user.groups.all()):
+        return None
+    return (
+        f"Only {group} may resolve {kind_for(kind).label.lower()}s (the owner group on the five-checks page), "
+        "or the person an item was given to; you are neither."
+    )
+
+
+def review_resolver_rule(user: Any, *, kind: str | None, owner: Any, permission: str = perms.RESOLVE) -> None:
+    refusal = resolver_refusal(user=user, kind=kind, owner=owner, permission=permission)
+    if refusal is not None:
+        raise ReviewRefused(refusal, code="not_allowed", status=403)
+
+
 def review_owner_rule(user: Any, owner: Any) -> None:
     refusal = owner_rule_refusal(user=user, owner=owner)
     if refusal is not None:
@@ -198,6 +245,7 @@ def action_lookup(*, action_pk: int, user: Any, receiver: Receiver | None = None
     """
     review_require(user, perms.RESOLVE, "Only finance may look actions up at the receiver.")
     action = review_action(action_pk)
+    review_resolver_rule(user, kind=action.kind, owner=action.owner)
     review_owner_rule(user, action.owner)
     if action.attempt_count == 0:
         raise ReviewRefused(
@@ -330,6 +378,7 @@ def _check_resolvable(action: Action, user: Any, transition: str) -> None:
         )
     if not has_transition_perm(getattr(action, transition), user):
         raise ReviewRefused("Only finance may resolve an action that needs review.", code="not_allowed", status=403)
+    review_resolver_rule(user, kind=action.kind, owner=action.owner)
     review_owner_rule(user, action.owner)
 
 
@@ -401,9 +450,11 @@ def action_resolve_succeeded(
     person's written evidence (the recipient's reply, the receiver's log line), kept on the event.
     """
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    kind = kind_for(review_action(action_pk).kind)
+    action = review_action(action_pk)
+    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    kind = kind_for(action.kind)
     noun = kind.explanations.noun
-    default = kind.default_reference(review_action(action_pk))
+    default = kind.default_reference(action)
     reference = _reference(provider_reference if str(provider_reference or "").strip() else default, noun)
     reason_text = _reason(reason)
     evidence_text = review_text(
@@ -467,8 +518,9 @@ def action_resolve_failed(
     affected still expects, owned by the person who resolved it).
     """
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    reason_text = _reason(reason)
     action = review_action(action_pk)
+    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    reason_text = _reason(reason)
     choice = _failure_choice(remedy_kind, action)
     _check_resolvable(action, user, "resolve_failed")
     amount = _expected_amount(expected_amount, action)
@@ -535,8 +587,9 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
     The send happens after the commit, outside any transaction, by the lease holder (invariant 3).
     """
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    reason_text = _reason(reason)
     action = review_action(action_pk)
+    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    reason_text = _reason(reason)
     _check_resolvable(action, user, "resolve_retry")
     latest = (
         Attempt.objects.filter(action_id=action.pk, kind=AttemptKind.LOOKUP, finished_at__isnull=False)
@@ -606,8 +659,9 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
     or a lookup: there, "retry with the same key" asks it first.
     """
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    reason_text = _reason(reason)
     action = review_action(action_pk)
+    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    reason_text = _reason(reason)
     _check_resolvable(action, user, RESEND_TRANSITION)
     receiver = receiver or receiver_for(action)
     if receiver.contract.can_be_asked:
@@ -676,6 +730,7 @@ def action_escalate_to_user(*, action_pk: int, user: Any, reason: object = "") -
                 "can be taken over before the escalation policy hands it on.",
                 code="not_unknown",
             )
+        review_resolver_rule(user, kind=action.kind, owner=action.owner)
         review_owner_rule(user, action.owner)
         due_at = now + timedelta(hours=settings.REVIEW_DUE_HOURS)
         action_transition(

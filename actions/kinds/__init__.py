@@ -11,7 +11,7 @@ from actions.kinds.compensation import CompensationKind
 from actions.kinds.customer_email import CustomerEmailKind
 from actions.kinds.invoice_adjustment import CreditNoteVoidKind, InvoiceAdjustmentKind
 from actions.kinds.refund import RefundKind
-from actions.kinds.registry import all_kinds, kind_for, register, unregister
+from actions.kinds.registry import all_kinds, kind_for, owner_group_of, owner_groups, register, unregister
 from actions.kinds.supplier_email import SupplierEmailKind
 
 register(RefundKind())
@@ -21,4 +21,14 @@ register(InvoiceAdjustmentKind())
 register(CreditNoteVoidKind())
 register(CustomerEmailKind())
 
-__all__ = ["EffectKind", "ReceiverContract", "StepClass", "all_kinds", "kind_for", "register", "unregister"]
+__all__ = [
+    "EffectKind",
+    "ReceiverContract",
+    "StepClass",
+    "all_kinds",
+    "kind_for",
+    "owner_group_of",
+    "owner_groups",
+    "register",
+    "unregister",
+]

@@ -8,6 +8,7 @@ branches on a name. A new kind is one module under ``actions.kinds`` that calls 
 from __future__ import annotations
 
 from actions.kinds.base import EffectKind
+from actions.owners import owner_group_name, owner_group_names
 
 
 class UnknownKind(LookupError):
@@ -32,6 +33,19 @@ def kind_for(name: str) -> EffectKind:
         return _KINDS[name]
     except KeyError:
         raise UnknownKind(f"no effect kind is registered as {name!r}") from None
+
+
+def owner_group_of(name: str) -> str:
+    """The group that owns review items of the kind ``name``: the admin's mapping (OwnerGroup)
+    where there is one, else the group the kind declares. The five-checks page names it,
+    escalations go to its members, and only they (or a person given an item) resolve."""
+    return owner_group_name(name, kind_for(name).owner_group)
+
+
+def owner_groups() -> dict[str, str]:
+    """``owner_group_of`` for every registered kind, read in one query: for a page that asks
+    about many items."""
+    return owner_group_names({kind.name: kind.owner_group for kind in _KINDS.values()})
 
 
 def all_kinds() -> list[EffectKind]:
