@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.invoice_adjustment import credit_note_void_action_id, invoice_adjustment_action_id
 from actions.models import (
     Action,
@@ -316,7 +317,7 @@ def action_propose_credit_note_void(
     money = _parse_amount(amount, adjustment.currency, problems)
     if not credit_note_id or not REFERENCE_PATTERN.match(credit_note_id[:32]) or len(credit_note_id) > 64:
         problems.append(FieldProblem("credit_note", "invalid_reference", "Give the credit note's id."))
-    if adjustment.kind != ActionKind.INVOICE_ADJUSTMENT:
+    if kind_for(adjustment.kind).duplicate_correction != DuplicateCorrection.VOID:
         problems.append(FieldProblem("action", "wrong_kind", "Only an invoice adjustment's credit notes are voided."))
     if credit_note_id and credit_note_id == adjustment.provider_reference:
         problems.append(

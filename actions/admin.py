@@ -57,6 +57,7 @@ from actions.corrections import (
     followup_owner_assign,
     owner_candidates,
 )
+from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.base import Outcome
 from actions.models import (
     Action,
@@ -635,8 +636,8 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
 
     @staticmethod
     def _may_void_credit_note(request: HttpRequest, obj: Action) -> bool:
-        succeeded_adjustment = obj.kind == ActionKind.INVOICE_ADJUSTMENT and obj.status == ActionStatus.SUCCEEDED
-        return succeeded_adjustment and may_correct(request)
+        voided_by_correction = kind_for(obj.kind).duplicate_correction == DuplicateCorrection.VOID
+        return voided_by_correction and obj.status == ActionStatus.SUCCEEDED and may_correct(request)
 
     def void_credit_note_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """A SUCCEEDED invoice adjustment's correction: propose voiding the second credit note the
@@ -667,7 +668,8 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
                     messages.SUCCESS,
                 )
                 return redirect("admin:actions_action_change", object_id=obj.pk)
-        findings = adjustment_duplicates(obj) if obj.kind == ActionKind.INVOICE_ADJUSTMENT else []
+        voids_duplicates = kind_for(obj.kind).duplicate_correction == DuplicateCorrection.VOID
+        findings = adjustment_duplicates(obj) if voids_duplicates else []
         duplicates = sorted(
             {
                 str(reference)
@@ -843,11 +845,7 @@ class DiscrepancyAdmin(FollowUpAdmin):
                 except CorrectionRefused as refusal:
                     self.message_user(request, f"Discrepancy #{discrepancy.pk}: {refusal.message}", messages.ERROR)
                 else:
-                    followup = (
-                        "The engine then voids the duplicate credit note."
-                        if action.kind == ActionKind.CREDIT_NOTE_VOID
-                        else "Recovering the money is a manual step for finance."
-                    )
+                    followup = kind_for(action.kind).correction_followup
                     self.message_user(
                         request,
                         format_html(

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from actions import permissions as perms
 from actions.adjustments import discrepancy_void_duplicate
+from actions.kinds import DuplicateCorrection, kind_for
 from actions.models import (
     Action,
     ActionKind,
@@ -220,7 +221,7 @@ def discrepancy_compensate(*, discrepancy_pk: int, user: Any, note: str, now: da
     # An invoice adjustment's duplicate is a second credit note: it is voided at the accounting
     # system, not recovered from a customer. Never start a refund compensation for one.
     kind = Discrepancy.objects.filter(pk=discrepancy_pk).values_list("action__kind", flat=True).first()
-    if kind == ActionKind.INVOICE_ADJUSTMENT:
+    if kind is not None and kind_for(kind).duplicate_correction == DuplicateCorrection.VOID:
         return _void_duplicate_credit_note(discrepancy_pk=discrepancy_pk, user=user, note=note, now=now)
     with transaction.atomic(durable=True):
         # Locked, so two admins starting the same compensation at once get one action.
@@ -356,7 +357,7 @@ def adjustment_void_duplicate(*, action_pk: int, user: Any, note: str, now: date
     note = _require_reason(note)
     now = now or timezone.now()
     action = Action.objects.get(pk=action_pk)
-    if action.kind != ActionKind.INVOICE_ADJUSTMENT:
+    if kind_for(action.kind).duplicate_correction != DuplicateCorrection.VOID:
         raise CorrectionRefused(
             f"{action.action_id} is not an invoice adjustment: only a credit note is voided.", code="wrong_kind"
         )

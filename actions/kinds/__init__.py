@@ -6,7 +6,7 @@ Importing this package registers the shipped kinds. The engine finds a kind only
 
 from __future__ import annotations
 
-from actions.kinds.base import EffectKind, ReceiverContract, StepClass
+from actions.kinds.base import DuplicateCorrection, EffectKind, ReceiverContract, StepClass
 from actions.kinds.compensation import CompensationKind
 from actions.kinds.customer_email import CustomerEmailKind
 from actions.kinds.invoice_adjustment import CreditNoteVoidKind, InvoiceAdjustmentKind
@@ -22,6 +22,7 @@ register(CreditNoteVoidKind())
 register(CustomerEmailKind())
 
 __all__ = [
+    "DuplicateCorrection",
     "EffectKind",
     "ReceiverContract",
     "StepClass",

@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from actions.models import Action
 
 
+class DuplicateCorrection(enum.StrEnum):
+    """How a kind's duplicate effect is corrected, once the ledger audit found one (the fifth of
+    the five checks): the admin's correction pages and services follow this, never the name."""
+
+    # A compensating action is proposed; recovering the money is then a manual step for finance.
+    RECOVER = "recover"
+    # The duplicate artifact (a credit note) is voided at the receiver by an action of its own.
+    VOID = "void"
+    # No correction the console can start: a person explains it.
+    EXPLAIN = "explain"
+
+
 class StepClass(enum.StrEnum):
     """How dangerous repeating a step is (DESIGN.md section 10); it sets the recovery policy."""
 
@@ -268,6 +280,11 @@ class EffectKind:
     # Recording a success by hand needs written evidence (the receiver cannot be asked, so the
     # person's evidence is the only record of the effect).
     confirmation_needs_evidence: ClassVar[bool] = False
+    # How a duplicate of this kind's effect is corrected.
+    duplicate_correction: ClassVar[DuplicateCorrection] = DuplicateCorrection.EXPLAIN
+    # For a kind that corrects another (a compensation, a void): what happens once a manager
+    # approves it, in an admin's words.
+    correction_followup: ClassVar[str] = ""
 
     # --- the receiver -----------------------------------------------------------------
 
@@ -358,6 +375,10 @@ class EffectKind:
 
     def target_label(self, action: Action) -> str:
         return str(action.payload.get("target", "")) or "-"
+
+    def bind_target(self, action: Action, payload: dict[str, Any]) -> None:
+        """Set an unsaved action's target from a workflow step's payload (an order and its refund
+        request, a bill): the coordinator builds its children through this. Nothing by default."""
 
     def message_preview(self, action: Action) -> dict[str, str] | None:
         """For a kind that sends a message: exactly what will be sent, for the manager's page."""

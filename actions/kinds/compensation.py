@@ -66,6 +66,7 @@ class FinanceDesk:
 class CompensationKind(EffectKind):
     name = ActionKind.COMPENSATION.value
     label = "Compensation"
+    correction_followup = "Recovering the money is a manual step for finance."
     explanations = Explanations(
         noun="recovery",
         succeeded="Finance recorded the recovery.",

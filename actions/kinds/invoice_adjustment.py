@@ -25,6 +25,7 @@ from django.db.models import F, Q, Sum
 from actions.kinds.base import (
     Answer,
     BindingFailure,
+    DuplicateCorrection,
     Effect,
     EffectKind,
     Explanations,
@@ -36,7 +37,7 @@ from actions.kinds.base import (
     StepClass,
     lookup_from_effects,
 )
-from actions.models import Action, ActionEvent, ActionKind, ActionStatus, Bill
+from actions.models import Action, ActionEvent, ActionKind, ActionStatus, AdjustmentReason, Bill
 from actions.models.actions import RESERVING_STATUSES
 from actions.providers.accounting.client import (
     AccountingClient,
@@ -206,6 +207,7 @@ def invoice_adjustment_action_id(*, bill_number: str, adjustment_number: int) ->
 class InvoiceAdjustmentKind(EffectKind):
     name = ActionKind.INVOICE_ADJUSTMENT.value
     label = "Invoice adjustment"
+    duplicate_correction = DuplicateCorrection.VOID
     owner_group = ACCOUNTS_PAYABLE
     explanations = Explanations(
         noun="credit note",
@@ -239,6 +241,9 @@ class InvoiceAdjustmentKind(EffectKind):
 
     def target_label(self, action: Action) -> str:
         return f"bill {action.payload.get('bill', '-')}"
+
+    def bind_target(self, action: Action, payload: dict[str, Any]) -> None:
+        action.bill = Bill.objects.get(number=payload["bill"])
 
     # --- auto-approval: its own thresholds, and a cap per bill ------------------------------
 
@@ -467,6 +472,7 @@ class VoidReceiver:
 class CreditNoteVoidKind(EffectKind):
     name = ActionKind.CREDIT_NOTE_VOID.value
     label = "Credit note void"
+    correction_followup = "The engine then voids the duplicate credit note."
     owner_group = ACCOUNTS_PAYABLE
     explanations = Explanations(
         noun="void",
@@ -495,3 +501,7 @@ class CreditNoteVoidKind(EffectKind):
 
     def target_label(self, action: Action) -> str:
         return f"credit note {action.payload.get('credit_note', '-')} (bill {action.payload.get('bill', '-')})"
+
+    def bind_target(self, action: Action, payload: dict[str, Any]) -> None:
+        # A void walks back a credit note posted by mistake or as a compensation: always this reason.
+        action.reason_code = AdjustmentReason.DUPLICATE_CREDIT_NOTE

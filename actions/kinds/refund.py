@@ -21,6 +21,7 @@ from actions.compiled_statements import CompiledUpdate
 from actions.kinds.base import (
     Answer,
     BindingFailure,
+    DuplicateCorrection,
     Effect,
     EffectKind,
     Explanations,
@@ -41,6 +42,7 @@ from actions.models import (
     OrderEvent,
     OrderEventKind,
     OutsideRefund,
+    RefundRequest,
     Remedy,
     RemedyKind,
 )
@@ -250,6 +252,7 @@ _ORDER_RELEASE = CompiledUpdate(
 class RefundKind(EffectKind):
     name = ActionKind.REFUND.value
     label = "Refund"
+    duplicate_correction = DuplicateCorrection.RECOVER
     explanations = Explanations(
         noun="refund",
         succeeded="The payment provider confirmed the refund.",
@@ -293,6 +296,13 @@ class RefundKind(EffectKind):
 
     def target_label(self, action: Action) -> str:
         return f"order {action.payload.get('order', '-')}"
+
+    def bind_target(self, action: Action, payload: dict[str, Any]) -> None:
+        request = RefundRequest.objects.select_related("order").get(
+            order__number=payload["order"], number=payload["request"]
+        )
+        action.order = request.order
+        action.refund_request = request
 
     # --- binding and reservation on the order ------------------------------------------
 

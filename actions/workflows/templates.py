@@ -710,16 +710,7 @@ def child_action(
         reason_code=str(payload.get("reason_code", "")),
         evidence=evidence,
     )
-    if kind == ActionKind.REFUND:
-        request = RefundRequest.objects.select_related("order").get(
-            order__number=payload["order"], number=payload["request"]
-        )
-        action.order = request.order
-        action.refund_request = request
-    elif kind in (ActionKind.INVOICE_ADJUSTMENT,):
-        action.bill = Bill.objects.get(number=payload["bill"])
-    elif kind == ActionKind.CREDIT_NOTE_VOID:
-        action.reason_code = AdjustmentReason.DUPLICATE_CREDIT_NOTE
+    kind_for(kind).bind_target(action, payload)
     return action
 
 
