@@ -16,6 +16,16 @@ from django.db.models import Max
 from django.utils import timezone
 
 from actions.kinds import DuplicateCorrection, kind_for
+from actions.kinds.fields import (
+    REFERENCE_PATTERN,
+    FieldProblem,
+    ProposalInvalid,
+    check_currency,
+    check_evidence,
+    check_external_reference,
+    check_note,
+    parse_amount,
+)
 from actions.kinds.invoice_adjustment import credit_note_void_action_id, invoice_adjustment_action_id
 from actions.models import (
     Action,
@@ -30,17 +40,10 @@ from actions.models import (
     DiscrepancyStatus,
 )
 from actions.providers.base import validate_idempotency_key
-from actions.requests import _check_external_reference, _check_note
 from actions.services import (
-    REFERENCE_PATTERN,
-    FieldProblem,
-    ProposalInvalid,
     ProposalResult,
-    _check_currency,
-    _check_evidence,
-    _existing_or_conflict,
-    _parse_amount,
     answers_a_lost_proposal_race,
+    existing_or_conflict,
     payload_hash,
     proposal_record,
 )
@@ -130,8 +133,8 @@ def adjustment_request_open(
     """
     problems: list[FieldProblem] = []
     bill_ref = _check_bill_number(bill_number, problems)
-    reference = _check_external_reference(external_reference, problems)
-    note_text = _check_note(note, problems)
+    reference = check_external_reference(external_reference, problems)
+    note_text = check_note(note, problems)
     if problems:
         raise ProposalInvalid(problems)
     assert bill_ref is not None and reference is not None
@@ -202,10 +205,10 @@ def action_propose_invoice_adjustment(
     problems: list[FieldProblem] = []
     bill_ref = _check_bill_number(bill_number, problems)
     number = _check_adjustment_number(adjustment_number, problems)
-    currency_code = _check_currency(currency, problems)
-    money = _parse_amount(amount, currency_code, problems)
+    currency_code = check_currency(currency, problems)
+    money = parse_amount(amount, currency_code, problems)
     reason = _check_adjustment_reason(reason_code, problems)
-    evidence_text = _check_evidence(evidence, problems)
+    evidence_text = check_evidence(evidence, problems)
     if problems:
         raise ProposalInvalid(problems)
     assert bill_ref is not None and number is not None and currency_code is not None
@@ -251,7 +254,7 @@ def action_propose_invoice_adjustment(
         # An identical retry returns what exists before any check its own reservation could fail.
         existing = Action.objects.filter(action_id=action_id).first()
         if existing is not None:
-            return _existing_or_conflict(existing, payload, digest)
+            return existing_or_conflict(existing, payload, digest)
 
         if bill.voided:
             raise ProposalInvalid([FieldProblem("bill_number", "bill_voided", f"Bill {bill_ref} is voided.")])
@@ -314,7 +317,7 @@ def action_propose_credit_note_void(
     """
     now = now or timezone.now()
     problems: list[FieldProblem] = []
-    money = _parse_amount(amount, adjustment.currency, problems)
+    money = parse_amount(amount, adjustment.currency, problems)
     if not credit_note_id or not REFERENCE_PATTERN.match(credit_note_id[:32]) or len(credit_note_id) > 64:
         problems.append(FieldProblem("credit_note", "invalid_reference", "Give the credit note's id."))
     if kind_for(adjustment.kind).duplicate_correction != DuplicateCorrection.VOID:
@@ -344,7 +347,7 @@ def action_propose_credit_note_void(
         digest = payload_hash(payload)
         existing = Action.objects.filter(action_id=action_id).first()
         if existing is not None:
-            return _existing_or_conflict(existing, payload, digest)
+            return existing_or_conflict(existing, payload, digest)
         action = Action(
             action_id=action_id,
             kind=ActionKind.CREDIT_NOTE_VOID,

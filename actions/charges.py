@@ -28,10 +28,10 @@ from typing import Any
 import stripe
 from django.conf import settings
 
+from actions.kinds.fields import ProposalInvalid
 from actions.models import Order
 from actions.orders import OrderBusy, OrderConflict, order_data_check, order_upsert
 from actions.providers.money import from_minor_units
-from actions.services import ProposalInvalid
 
 logger = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from django.utils import timezone
 from actions import permissions as perms
 from actions.adjustments import discrepancy_void_duplicate
 from actions.kinds import DuplicateCorrection, kind_for
+from actions.kinds.fields import ProposalInvalid
 from actions.models import (
     Action,
     ActionKind,
@@ -41,7 +42,11 @@ from actions.models import (
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.providers.base import validate_idempotency_key
 from actions.refusals import Refused
-from actions.services import ProposalConflict, ProposalInvalid, payload_hash, proposal_record
+from actions.services import (
+    ProposalConflict,
+    payload_hash,
+    proposal_record,
+)
 from actions.trail import Actor, event_record
 
 S = ActionStatus

@@ -25,9 +25,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from actions.kinds.fields import REFERENCE_PATTERN, FieldProblem, ProposalInvalid
 from actions.models import Order
 from actions.providers.money import currency_exponent
-from actions.services import REFERENCE_PATTERN, FieldProblem, ProposalInvalid
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ reference (the support ticket's id): a retry returns the request that exists.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,13 +16,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from actions.kinds.fields import (
+    REFERENCE_PATTERN,
+    FieldProblem,
+    ProposalInvalid,
+    check_external_reference,
+    check_note,
+)
 from actions.models import Agent, Order, ReasonCode, RefundRequest, RequestSource
-from actions.services import REFERENCE_PATTERN, FieldProblem, ProposalInvalid
-from actions.text import unsafe_characters, unsafe_characters_message
-
-# Ticket ids from help desks look like "ZD-48213", "#4821" or "support/2024/77".
-EXTERNAL_REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9#][A-Za-z0-9_.:#/@+\-]{0,99}$")
-MAX_NOTE_LENGTH = 2000
 
 
 class RefundRequestConflict(Exception):
@@ -58,33 +58,6 @@ def _check_order_number(raw: object, problems: list[FieldProblem]) -> str | None
             )
         )
         return None
-    return value
-
-
-def _check_external_reference(raw: object, problems: list[FieldProblem]) -> str | None:
-    value = str(raw if raw is not None else "").strip()
-    if not value:
-        problems.append(FieldProblem("external_reference", "required", "This field is required."))
-        return None
-    if not EXTERNAL_REFERENCE_PATTERN.match(value):
-        problems.append(
-            FieldProblem(
-                "external_reference",
-                "invalid_reference",
-                "Use 1 to 100 characters: letters, digits and _ . : # / @ + -, starting with a letter, digit or #.",
-            )
-        )
-        return None
-    return value
-
-
-def _check_note(raw: object, problems: list[FieldProblem]) -> str:
-    value = str(raw or "")
-    if len(value) > MAX_NOTE_LENGTH:
-        problems.append(FieldProblem("note", "too_long", f"Keep the note under {MAX_NOTE_LENGTH} characters."))
-    codes = unsafe_characters(value)
-    if codes:
-        problems.append(FieldProblem("note", "invalid_characters", unsafe_characters_message(codes)))
     return value
 
 
@@ -140,8 +113,8 @@ def refund_request_open(
     now = now or timezone.now()
     problems: list[FieldProblem] = []
     order_ref = _check_order_number(order_number, problems)
-    reference = _check_external_reference(external_reference, problems)
-    note_text = _check_note(note, problems)
+    reference = check_external_reference(external_reference, problems)
+    note_text = check_note(note, problems)
     reason = _check_reason_code(reason_code, problems, required=opened_by_agent is not None)
     if source not in RequestSource.values:
         problems.append(FieldProblem("source", "invalid_choice", f"Use one of: {', '.join(RequestSource.values)}."))

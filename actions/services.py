@@ -7,11 +7,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, ParamSpec
 
 from django.conf import settings
@@ -20,6 +18,16 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import has_transition_perm
 
+from actions.kinds.fields import (
+    FieldProblem,
+    ProposalInvalid,
+    check_currency,
+    check_evidence,
+    check_reason_code,
+    check_reference,
+    check_request_number,
+    parse_amount,
+)
 from actions.kinds.refund import refund_action_id
 from actions.models import (
     Action,
@@ -27,12 +35,10 @@ from actions.models import (
     ActionStatus,
     ActorKind,
     Order,
-    ReasonCode,
     RefundRequest,
 )
 from actions.outbox import agent_webhooks_read_once
 from actions.providers.base import validate_idempotency_key
-from actions.providers.money import currency_exponent
 from actions.refusals import Refused
 from actions.trail import Actor, action_transition, event_record, rows_written_together
 from approvals.policy import auto_policy_apply, auto_policy_decide
@@ -42,33 +48,7 @@ if TYPE_CHECKING:
 
 S = ActionStatus
 
-# Order numbers and references end up in action ids and idempotency keys, so they are held to
-# the key's safe character set from the start.
-REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$")
-AMOUNT_PATTERN = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?$")
-MAX_EVIDENCE_LENGTH = 4000
-MAX_AMOUNT_DIGITS = 12  # whole-unit digits: far above any real refund, well inside the column
-
-
 # --- proposals ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FieldProblem:
-    field: str
-    code: str
-    message: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"field": self.field, "code": self.code, "message": self.message}
-
-
-class ProposalInvalid(Exception):
-    """Bad input: nothing was written. Each problem names its field."""
-
-    def __init__(self, problems: list[FieldProblem]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(f"{p.field}: {p.message}" for p in problems))
 
 
 class ProposalConflict(Exception):
@@ -99,113 +79,6 @@ def payload_hash(payload: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(payload_canonical_json(payload).encode()).hexdigest()
 
 
-def _parse_amount(raw: object, currency: str | None, problems: list[FieldProblem]) -> Decimal | None:
-    if isinstance(raw, float | bool):
-        problems.append(FieldProblem("amount", "invalid_type", 'Give the amount as a decimal string, e.g. "12.50".'))
-        return None
-    text = str(raw).strip()
-    # Plain decimal notation only: Decimal() would also take "4_0", "4e1" or "NaN", which no
-    # person means as an amount of money.
-    if not isinstance(raw, Decimal) and not AMOUNT_PATTERN.match(text):
-        problems.append(FieldProblem("amount", "invalid", f'{text[:40]!r} is not a decimal amount like "12.50".'))
-        return None
-    try:
-        amount = Decimal(text)
-    except (InvalidOperation, ValueError):
-        problems.append(FieldProblem("amount", "invalid", f"{str(raw)[:40]!r} is not a decimal amount."))
-        return None
-    if not amount.is_finite():
-        problems.append(FieldProblem("amount", "invalid", "The amount must be a finite number."))
-        return None
-    if amount <= 0:
-        problems.append(FieldProblem("amount", "not_positive", "The amount must be greater than zero."))
-        return None
-    if amount.adjusted() >= MAX_AMOUNT_DIGITS:
-        problems.append(FieldProblem("amount", "too_large", "The amount is implausibly large."))
-        return None
-    if currency is not None:
-        exponent = currency_exponent(currency)
-        if -amount.normalize().as_tuple().exponent > exponent:  # type: ignore[operator]
-            problems.append(
-                FieldProblem(
-                    "amount", "too_many_decimals", f"{currency} amounts have at most {exponent} decimal places."
-                )
-            )
-            return None
-        return amount.quantize(Decimal(1).scaleb(-exponent))
-    return amount
-
-
-def _check_currency(raw: object, problems: list[FieldProblem]) -> str | None:
-    currency = str(raw or "").strip().upper()
-    if currency not in settings.CONSOLE_CURRENCIES:
-        problems.append(
-            FieldProblem(
-                "currency",
-                "unknown_currency",
-                f"{str(raw)[:10]!r} is not a currency the console accepts ({', '.join(settings.CONSOLE_CURRENCIES)}).",
-            )
-        )
-        return None
-    return currency
-
-
-def _check_reference(name: str, raw: object, problems: list[FieldProblem]) -> str | None:
-    value = str(raw if raw is not None else "").strip()
-    if not value:
-        problems.append(FieldProblem(name, "required", "This field is required."))
-        return None
-    if not REFERENCE_PATTERN.match(value):
-        problems.append(
-            FieldProblem(
-                name,
-                "invalid_reference",
-                "Use 1 to 32 characters: letters, digits, '.', '_' or '-', starting with a letter or digit.",
-            )
-        )
-        return None
-    return value
-
-
-def _check_request_number(raw: object, problems: list[FieldProblem]) -> int | None:
-    if isinstance(raw, bool):
-        raw = None
-    try:
-        number = int(str(raw))
-    except (TypeError, ValueError):
-        problems.append(FieldProblem("request_number", "invalid", "The refund request number must be a whole number."))
-        return None
-    if not 1 <= number <= 1_000_000:
-        problems.append(FieldProblem("request_number", "out_of_range", "The refund request number must be at least 1."))
-        return None
-    return number
-
-
-def _check_reason_code(raw: object, problems: list[FieldProblem]) -> str | None:
-    value = str(raw or "")
-    if value not in ReasonCode.values:
-        problems.append(
-            FieldProblem(
-                "reason_code",
-                "unknown_reason_code",
-                f"Unknown reason code. Use one of: {', '.join(ReasonCode.values)}.",
-            )
-        )
-        return None
-    return value
-
-
-def _check_evidence(raw: object, problems: list[FieldProblem]) -> str:
-    value = str(raw or "")
-    if len(value) > MAX_EVIDENCE_LENGTH:
-        problems.append(
-            FieldProblem("evidence", "too_long", f"Keep the evidence under {MAX_EVIDENCE_LENGTH} characters.")
-        )
-    if "\x00" in value:
-        problems.append(FieldProblem("evidence", "invalid_characters", "The evidence contains a NUL character."))
-    return value
-
-
 def _differing_fields(existing: dict[str, Any], proposed: dict[str, Any]) -> dict[str, dict[str, Any]]:
     keys = set(existing) | set(proposed)
     return {
@@ -215,7 +88,7 @@ def _differing_fields(existing: dict[str, Any], proposed: dict[str, Any]) -> dic
     }
 
 
-def _existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) -> ProposalResult:
+def existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) -> ProposalResult:
     if action.payload_hash == digest:
         return ProposalResult(action=action, created=False)
     raise ProposalConflict(action, _differing_fields(action.payload, payload))
@@ -225,7 +98,7 @@ def _race_winner(action_id: str, payload: dict[str, Any], digest: str) -> Propos
     """After a proposal's INSERT met the UNIQUE action id: the row that holds it (same payload)
     or ProposalConflict; None when no row holds it, i.e. the IntegrityError was not that race."""
     winner = Action.objects.filter(action_id=action_id).first()
-    return None if winner is None else _existing_or_conflict(winner, payload, digest)
+    return None if winner is None else existing_or_conflict(winner, payload, digest)
 
 
 class ProposalRaceLost(Exception):
@@ -293,12 +166,12 @@ def action_propose_refund(
     """
     now = now or timezone.now()
     problems: list[FieldProblem] = []
-    order_ref = _check_reference("order_number", order_number, problems)
-    number = _check_request_number(request_number, problems)
-    currency_code = _check_currency(currency, problems)
-    money = _parse_amount(amount, currency_code, problems)
-    reason = _check_reason_code(reason_code, problems)
-    evidence_text = _check_evidence(evidence, problems)
+    order_ref = check_reference("order_number", order_number, problems)
+    number = check_request_number(request_number, problems)
+    currency_code = check_currency(currency, problems)
+    money = parse_amount(amount, currency_code, problems)
+    reason = check_reason_code(reason_code, problems)
+    evidence_text = check_evidence(evidence, problems)
     if problems:
         raise ProposalInvalid(problems)
     assert order_ref is not None and number is not None and currency_code is not None
@@ -361,7 +234,7 @@ def action_propose_refund(
             # id in proposal_record instead, without a read first).
             existing = Action.objects.filter(action_id=action_id).first()
             if existing is not None:
-                return _existing_or_conflict(existing, payload, digest)
+                return existing_or_conflict(existing, payload, digest)
             raise ProposalInvalid(
                 [
                     FieldProblem(

@@ -20,18 +20,20 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.kinds.email_templates import MAX_PARAMETER_LENGTH, all_templates, template_for
+from actions.kinds.fields import (
+    REFERENCE_PATTERN,
+    FieldProblem,
+    ProposalInvalid,
+    check_evidence,
+    check_reference,
+)
 from actions.kinds.supplier_email import message_id_for, supplier_email_action_id
 from actions.models import Action, ActionKind, Supplier
 from actions.providers.base import validate_idempotency_key
 from actions.services import (
-    REFERENCE_PATTERN,
-    FieldProblem,
-    ProposalInvalid,
     ProposalResult,
-    _check_evidence,
-    _check_reference,
-    _existing_or_conflict,
     answers_a_lost_proposal_race,
+    existing_or_conflict,
     payload_hash,
     proposal_record,
 )
@@ -134,12 +136,12 @@ def supplier_email_propose(
     """
     now = now or timezone.now()
     problems: list[FieldProblem] = []
-    supplier_code = _check_reference("supplier", supplier, problems)
-    business_reference = _check_reference("reference", reference, problems)
+    supplier_code = check_reference("supplier", supplier, problems)
+    business_reference = check_reference("reference", reference, problems)
     found = _check_template(template, problems)
     values = _check_parameters(parameters, found, problems)
     address = _check_address(to, problems)
-    evidence_text = _check_evidence(evidence, problems)
+    evidence_text = check_evidence(evidence, problems)
     if problems:
         raise ProposalInvalid(problems)
     assert supplier_code is not None and business_reference is not None and address is not None
@@ -180,7 +182,7 @@ def supplier_email_propose(
         digest = payload_hash(payload)
         existing = Action.objects.filter(action_id=action_id).first()
         if existing is not None:
-            return _existing_or_conflict(existing, payload, digest)
+            return existing_or_conflict(existing, payload, digest)
         actor_user = proposer.accountable_user
         action = Action(
             action_id=action_id,

@@ -18,11 +18,10 @@ from pydantic import ConfigDict, Field, Strict
 from actions.api.logs import bind, log_event
 from actions.api.schemas import ORDER_NUMBER_PATTERN, ActionOut, ExternalReference, Problem
 from actions.api.views import action_out, agent_of, api, refuse_unknown_query, refused
+from actions.kinds.fields import MAX_EVIDENCE_LENGTH, MAX_NOTE_LENGTH
 from actions.models import AdjustmentReason, AdjustmentRequest
 from actions.proposals.adjustments import agent_adjustment_request_open, agent_invoice_adjustment_propose
 from actions.proposals.outcomes import AgentRefusal
-from actions.requests import MAX_NOTE_LENGTH
-from actions.services import MAX_EVIDENCE_LENGTH
 
 BillNumber = Annotated[
     str,

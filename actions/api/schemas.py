@@ -14,9 +14,8 @@ from ninja import Schema
 from pydantic import AwareDatetime, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from actions.kinds.fields import MAX_EVIDENCE_LENGTH, MAX_NOTE_LENGTH
 from actions.models import ReasonCode
-from actions.requests import MAX_NOTE_LENGTH
-from actions.services import MAX_EVIDENCE_LENGTH
 from actions.text import unsafe_characters, unsafe_characters_message
 
 ORDER_NUMBER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"

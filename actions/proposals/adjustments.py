@@ -10,10 +10,15 @@ from actions.adjustments import (
     adjustment_request_open,
 )
 from actions.agents import INVOICE_ADJUSTMENT_SCOPE
+from actions.kinds.fields import ProposalInvalid
 from actions.models import Agent
 from actions.proposals.outcomes import Conflict, invalid
 from actions.proposals.rules import proposal_for_agent, reference_taken, scope_require
-from actions.services import Actor, ProposalConflict, ProposalInvalid, ProposalResult
+from actions.services import (
+    Actor,
+    ProposalConflict,
+    ProposalResult,
+)
 
 _DOING = "propose invoice adjustments"
 

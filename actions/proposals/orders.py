@@ -9,11 +9,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from actions.agents import ORDERS_SCOPE
+from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import Agent
 from actions.orders import OrderBusy, OrderConflict, OrderResult, order_data_check, order_upsert
 from actions.proposals.outcomes import Conflict, invalid
 from actions.proposals.rules import scope_require
-from actions.services import FieldProblem, ProposalInvalid
 
 
 def agent_order_upsert(

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from actions.services import FieldProblem
+from actions.kinds.fields import FieldProblem
 
 
 class Outcome(StrEnum):

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from actions.kinds.fields import FieldProblem
 from actions.models import Action, ActionStatus, Agent
 from actions.proposals.outcomes import NotFound, invalid
 from actions.selectors import (
@@ -19,7 +20,6 @@ from actions.selectors import (
     action_get_for_agent,
     action_list_for_agent,
 )
-from actions.services import FieldProblem
 
 # The longest stored action id; a longer one cannot exist and answers "not found", like any
 # other unknown id, rather than a validation error: no id of any shape answers differently.

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from actions.agents import INVOICE_ADJUSTMENT_SCOPE
+from actions.kinds.fields import ProposalInvalid
 from actions.models import ActionKind, Agent
 from actions.proposals.outcomes import Conflict, Forbidden, invalid
-from actions.services import ProposalConflict, ProposalInvalid, ProposalResult
+from actions.services import (
+    ProposalConflict,
+    ProposalResult,
+)
 
 # The scope an agent needs to propose an action of each kind. The scopes are named after the
 # kinds, except the adjustments'; a customer notice rides on the refund it announces.

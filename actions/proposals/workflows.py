@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from actions.kinds.fields import REFERENCE_PATTERN, FieldProblem, ProposalInvalid
 from actions.models import Agent, RefundRequest, Workflow
 from actions.proposals.outcomes import Conflict, Forbidden, NotFound, invalid
 from actions.proposals.rules import SCOPE_FOR_KIND, scopes_of
 from actions.selectors import storable_text
-from actions.services import REFERENCE_PATTERN, Actor, FieldProblem, ProposalInvalid
+from actions.services import (
+    Actor,
+)
 from actions.workflows.services import WorkflowConflict, WorkflowProposalResult, workflow_propose
 from actions.workflows.templates import READ, Template, template_for
 

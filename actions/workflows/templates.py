@@ -33,6 +33,15 @@ from django.utils import timezone
 
 from actions.kinds import StepClass, kind_for
 from actions.kinds.email_templates import EmailTemplate
+from actions.kinds.fields import (
+    REFERENCE_PATTERN,
+    FieldProblem,
+    ProposalInvalid,
+    check_currency,
+    check_evidence,
+    check_reference,
+    parse_amount,
+)
 from actions.kinds.invoice_adjustment import accounting_from_settings
 from actions.kinds.supplier_email import message_id_for
 from actions.models import (
@@ -47,13 +56,6 @@ from actions.models import (
 )
 from actions.providers.base import ProviderError
 from actions.services import (
-    REFERENCE_PATTERN,
-    FieldProblem,
-    ProposalInvalid,
-    _check_currency,
-    _check_evidence,
-    _check_reference,
-    _parse_amount,
     payload_hash,
 )
 
@@ -333,20 +335,20 @@ def _po_validate(raw_input: dict[str, Any]) -> Proposal:
     raw = _check_dict(raw_input)
     problems: list[FieldProblem] = []
     _unknown(raw, template, problems)
-    bill_ref = _check_reference("parameters.bill_number", raw.get("bill_number"), problems)
-    case_ref = _check_reference("parameters.case", raw.get("case"), problems)
-    currency = _check_currency(raw.get("currency"), problems)
-    amount = _parse_amount(raw.get("amount"), currency, problems)
+    bill_ref = check_reference("parameters.bill_number", raw.get("bill_number"), problems)
+    case_ref = check_reference("parameters.case", raw.get("case"), problems)
+    currency = check_currency(raw.get("currency"), problems)
+    amount = parse_amount(raw.get("amount"), currency, problems)
     reason = str(raw.get("reason_code") or "")
     allowed = [r for r in AdjustmentReason.values if r != AdjustmentReason.DUPLICATE_CREDIT_NOTE]
     if reason not in allowed:
         problems.append(
             FieldProblem("parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(allowed)}.")
         )
-    supplier_code = _check_reference("parameters.supplier", raw.get("supplier"), problems)
+    supplier_code = check_reference("parameters.supplier", raw.get("supplier"), problems)
     to = _text("parameters.to", raw.get("to"), problems, limit=254)
     explanation = _text("parameters.explanation", raw.get("explanation"), problems)
-    evidence = _check_evidence(raw.get("evidence", ""), problems)
+    evidence = check_evidence(raw.get("evidence", ""), problems)
     if problems:
         raise ProposalInvalid(_prefixed(problems))
     assert bill_ref and case_ref and currency and amount is not None and supplier_code and to and explanation
@@ -529,14 +531,14 @@ def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
     raw = _check_dict(raw_input)
     problems: list[FieldProblem] = []
     _unknown(raw, template, problems)
-    order_ref = _check_reference("parameters.order_number", raw.get("order_number"), problems)
-    case_ref = _check_reference("parameters.case", raw.get("case"), problems)
+    order_ref = check_reference("parameters.order_number", raw.get("order_number"), problems)
+    case_ref = check_reference("parameters.case", raw.get("case"), problems)
     number_raw = raw.get("request_number")
     number = number_raw if isinstance(number_raw, int) and not isinstance(number_raw, bool) else None
     if number is None or not 1 <= number <= 1_000_000:
         problems.append(FieldProblem("parameters.request_number", "invalid", "A whole number, at least 1."))
-    currency = _check_currency(raw.get("currency"), problems)
-    amount = _parse_amount(raw.get("amount"), currency, problems)
+    currency = check_currency(raw.get("currency"), problems)
+    amount = parse_amount(raw.get("amount"), currency, problems)
     reason = str(raw.get("reason_code") or "")
     from actions.models import ReasonCode
 
@@ -546,7 +548,7 @@ def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
                 "parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(ReasonCode.values)}."
             )
         )
-    evidence = _check_evidence(raw.get("evidence", ""), problems)
+    evidence = check_evidence(raw.get("evidence", ""), problems)
     if problems:
         raise ProposalInvalid(_prefixed(problems))
     assert order_ref and case_ref and number is not None and currency and amount is not None

@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 
+from actions.kinds.fields import MAX_EVIDENCE_LENGTH, ProposalInvalid
 from actions.models import Order
-from actions.services import MAX_EVIDENCE_LENGTH, ProposalInvalid, ProposalResult
+from actions.services import (
+    ProposalResult,
+)
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db

@@ -20,6 +20,7 @@ from actions.adjustments import (
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
+from actions.kinds.fields import ProposalInvalid
 from actions.kinds.invoice_adjustment import (
     answer_from_create_error,
     invoice_adjustment_action_id,
@@ -27,7 +28,9 @@ from actions.kinds.invoice_adjustment import (
 )
 from actions.models import Action, ActionStatus, Bill
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError
-from actions.services import ProposalConflict, ProposalInvalid
+from actions.services import (
+    ProposalConflict,
+)
 from actions.trail import Actor
 from approvals.services import approval_decide
 from tests.factories import make_adjustment_request, make_bill

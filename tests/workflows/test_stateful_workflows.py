@@ -36,6 +36,7 @@ from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.resolutions import ReviewRefused, action_resolve_failed, action_resolve_succeeded
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
+from actions.kinds.fields import ProposalInvalid
 from actions.models import (
     LIVE_WORKFLOW_STATES,
     Action,
@@ -45,7 +46,6 @@ from actions.models import (
     Workflow,
     WorkflowStep,
 )
-from actions.services import ProposalInvalid
 from actions.trail import Actor
 from actions.workflows.coordinator import sweep_workflows, workflow_advance
 from actions.workflows.services import PlanDecisionRefused, WorkflowConflict, plan_decide, workflow_propose
