@@ -16,18 +16,14 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
 
-from actions.compiled_statements import CompiledSelect
-from actions.models import ActionEvent, AgentWebhook, AgentWebhookDelivery, DeliveryStatus
+from actions import sql
+from actions.models import ActionEvent, AgentWebhookDelivery, DeliveryStatus
 
 logger = logging.getLogger(__name__)
 
@@ -70,76 +66,29 @@ def _event_payload(event: ActionEvent, event_id: str) -> dict[str, Any]:
     }
 
 
-# Inside one claim transaction of many actions (actions.engine.claim.submission_begin_batch),
-# each agent's webhook is read once rather than once per event.
-_hooks_read: ContextVar[dict[int, AgentWebhook | None] | None] = ContextVar("agent_webhooks_read", default=None)
-
-
-@contextmanager
-def agent_webhooks_read_once() -> Iterator[None]:
-    """Within this block (one transaction), read each agent's active webhook at most once."""
-    token = _hooks_read.set({})
-    try:
-        yield
-    finally:
-        _hooks_read.reset(token)
-
-
-def agent_webhook_known(agent_id: int, hook: AgentWebhook | None) -> None:
-    """Within ``agent_webhooks_read_once``, remember the agent's webhook as a read of the
-    caller's already found it (the auto-approval caps lock the agent's row and read its webhook
-    in the same statement), so the outbox does not read it again. Outside the block, nothing."""
-    memo = _hooks_read.get()
-    if memo is not None:
-        memo[agent_id] = hook if hook is not None and hook.is_active else None
-
-
-def agent_active_webhook_pk() -> Subquery:
-    """The primary key of the active webhook of the agent who proposed the action (NULL for
-    none), as a column of a read of actions: a batch that reads its actions anyway learns its
-    agents' webhooks in the same statement (``agent_webhooks_known``) rather than in one more.
-    (An agent has at most one webhook: ``AgentWebhook.agent`` is one-to-one.)"""
-    hook = AgentWebhook.objects.filter(agent_id=OuterRef("proposed_by_agent_id"), is_active=True)
-    return Subquery(hook.values("pk")[:1])
-
-
-def agent_webhooks_known(hook_pks: dict[int, int | None]) -> None:
-    """Within ``agent_webhooks_read_once``, remember each agent's active webhook by the primary
-    key ``agent_active_webhook_pk`` read for it (None: the agent has no active webhook).
-    Outside the block, nothing."""
-    for agent_id, hook_pk in hook_pks.items():
-        # The outbox asks only whether there is an active hook and writes the agent's id: the
-        # row's other columns are never read in the transaction, so none is loaded.
-        hook = None if hook_pk is None else AgentWebhook(pk=hook_pk, agent_id=agent_id, is_active=True)
-        agent_webhook_known(agent_id, hook)
-
-
-# A record or claim of one action reads its agent's webhook on its own: compiled once.
-_ACTIVE_HOOK = CompiledSelect(
-    AgentWebhook,
-    lambda agent: AgentWebhook.objects.filter(agent_id=agent, is_active=True).order_by("pk")[:1],
-    agent=AgentWebhook._meta.get_field("agent").target_field,
-)
-
-
-def _active_hook(agent_id: int) -> AgentWebhook | None:
-    memo = _hooks_read.get()
-    if memo is not None and agent_id in memo:
-        return memo[agent_id]
-    found = _ACTIVE_HOOK.rows(agent=agent_id)
-    hook = found[0] if found else None
-    if memo is not None:
-        memo[agent_id] = hook
+def _active_hook(agent_id: int, webhooks: dict[int, int | None] | None) -> int | None:
+    """The key of the agent's active webhook: from ``webhooks`` (what the caller read with its
+    actions), else read now and added to it."""
+    if webhooks is not None and agent_id in webhooks:
+        return webhooks[agent_id]
+    hook = sql.active_webhook(agent_id=agent_id)
+    if webhooks is not None:
+        webhooks[agent_id] = hook
     return hook
 
 
-def webhook_outbox_write(event: ActionEvent) -> AgentWebhookDelivery | None:
+def webhook_outbox_write(
+    event: ActionEvent, *, webhooks: dict[int, int | None] | None = None
+) -> AgentWebhookDelivery | None:
     """Write the outbox row for one audit event, if it is a state change of an agent's action
-    whose agent has an active webhook. Must run in the transaction that wrote the event."""
+    whose agent has an active webhook. Must run in the transaction that wrote the event.
+
+    ``webhooks``: each agent's active webhook's key (None: none) by the agent's key, as the
+    caller already knows them (``actions.trail.Writes``): an agent found there is not read again."""
     action = event.action
     if event.from_state == event.to_state or action.proposed_by_agent_id is None:
         return None
-    hook = _active_hook(action.proposed_by_agent_id)
+    hook = _active_hook(action.proposed_by_agent_id, webhooks)
     if hook is None:
         return None
     event_id = f"evt_{event.pk}"

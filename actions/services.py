@@ -37,10 +37,9 @@ from actions.models import (
     Order,
     RefundRequest,
 )
-from actions.outbox import agent_webhooks_read_once
 from actions.providers.base import validate_idempotency_key
 from actions.refusals import Refused
-from actions.trail import Actor, action_transition, event_record, rows_written_together
+from actions.trail import Actor, Writes, action_transition, event_record
 from approvals.policy import auto_policy_apply, auto_policy_decide
 
 if TYPE_CHECKING:
@@ -316,50 +315,56 @@ def proposal_record(
 
     # The proposal's event and the policy's approval event are two state changes of one agent's
     # action in one transaction: its webhook is read once for both, and the events (with a
-    # cap's hold, if one holds it) are inserted together, in order, when the block ends.
-    with agent_webhooks_read_once(), rows_written_together():
-        # The auto-approval policy decides before the INSERT (it locks the target and the agent
-        # and reads the caps, writing nothing), so that an approved proposal is inserted
-        # AUTHORIZED: no UPDATE after it (issue 18). A lost race on the action id below then
-        # finds the winner after the same locks.
-        decision = auto_policy_decide(action=action, now=now) if auto_policy and action.status == S.PROPOSED else None
-        if decision is not None and decision.held is None:
-            action.approve()
-        if not savepoint:
-            try:
+    # cap's hold, if one holds it) are inserted together, in order, at the end.
+    writes = Writes()
+    # The auto-approval policy decides before the INSERT (it locks the target and the agent
+    # and reads the caps, writing nothing), so that an approved proposal is inserted
+    # AUTHORIZED: no UPDATE after it (issue 18). A lost race on the action id below then
+    # finds the winner after the same locks.
+    decision = (
+        auto_policy_decide(action=action, now=now, writes=writes)
+        if auto_policy and action.status == S.PROPOSED
+        else None
+    )
+    if decision is not None and decision.held is None:
+        action.approve()
+    if not savepoint:
+        try:
+            action.save()
+        except IntegrityError as lost:
+            raise ProposalRaceLost(action) from lost
+    else:
+        try:
+            # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
+            # transaction usable for reading the winner's row.
+            with transaction.atomic():
                 action.save()
-            except IntegrityError as lost:
-                raise ProposalRaceLost(action) from lost
-        else:
-            try:
-                # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
-                # transaction usable for reading the winner's row.
-                with transaction.atomic():
-                    action.save()
-            except IntegrityError:
-                result = _race_winner(action.action_id, action.payload, action.payload_hash)
-                if result is None:
-                    raise  # not a race on the action id
-                return result
-        if abs(action.created_at - now) > timedelta(seconds=1):
-            # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded
-            # with its own time (an import, the demo's history) would show "a minute ago" on its
-            # card and "2 days ago" in its trail. The card and the trail read the same time.
-            Action.objects.filter(pk=action.pk).update(created_at=now)
-            action.created_at = now
+        except IntegrityError:
+            result = _race_winner(action.action_id, action.payload, action.payload_hash)
+            if result is None:
+                raise  # not a race on the action id
+            return result
+    if abs(action.created_at - now) > timedelta(seconds=1):
+        # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded
+        # with its own time (an import, the demo's history) would show "a minute ago" on its
+        # card and "2 days ago" in its trail. The card and the trail read the same time.
+        Action.objects.filter(pk=action.pk).update(created_at=now)
+        action.created_at = now
 
-        event_record(
-            action=action,
-            transition="propose" if not policy_reasons else "reject_proposal",
-            from_state="",
-            to_state=S.PROPOSED if not policy_reasons else S.REJECTED,
-            actor=proposer,
-            reason="; ".join(r["message"] for r in policy_reasons) or reason or "Validation passed.",
-            evidence=event_evidence,
-            now=now,
-        )
-        if decision is not None:
-            auto_policy_apply(action=action, decision=decision, now=now, transitioned=True)
+    event_record(
+        action=action,
+        transition="propose" if not policy_reasons else "reject_proposal",
+        from_state="",
+        to_state=S.PROPOSED if not policy_reasons else S.REJECTED,
+        actor=proposer,
+        reason="; ".join(r["message"] for r in policy_reasons) or reason or "Validation passed.",
+        evidence=event_evidence,
+        now=now,
+        writes=writes,
+    )
+    if decision is not None:
+        auto_policy_apply(action=action, decision=decision, now=now, transitioned=True, writes=writes)
+    writes.write()
     return ProposalResult(action=action, created=True)
 
 

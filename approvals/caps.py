@@ -33,8 +33,7 @@ from django.conf import settings
 from django.db.models import Exists, F, Func, QuerySet, Subquery
 
 from actions.models import Action, ActionEvent, Agent, Bill, Order, WorkflowState, WorkflowStep
-from actions.outbox import agent_webhook_known
-from actions.trail import Actor, event_record
+from actions.trail import Actor, Writes, event_record
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision, WorkflowApproval
 
 # The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card
@@ -289,31 +288,36 @@ def _agent_cap_refusal(
     return None
 
 
-def auto_approval_cap_lock(*, action: Action) -> None:
+def auto_approval_cap_lock(*, action: Action, writes: Writes | None = None) -> None:
     """Lock the target (order or bill) and the proposing agent (in that order), so that two
     auto-approvals on the same target or by the same agent are decided one after the other and
     cannot both fit under a cap that only one of them fits. Call inside the policy's
-    transaction, before ``auto_approval_cap_refusal``."""
+    transaction, before ``auto_approval_cap_refusal``. ``writes``: the proposal's, which keeps
+    the agent's webhook, read with its row, for its events' outbox rows."""
     if action.order_id is not None:
         list(Order.objects.select_for_update().filter(pk=action.order_id).values_list("pk", flat=True))
     if action.bill_id is not None:
         list(Bill.objects.select_for_update().filter(pk=action.bill_id).values_list("pk", flat=True))
     if action.proposed_by_agent_id is not None:
         # The agent's webhook comes with its row (a LEFT JOIN; only the agent is locked): the
-        # proposal's events would read it next, for their outbox rows (issue 18: one read fewer).
+        # proposal's events would read it next, for their outbox rows (one read fewer).
         agent = (
             Agent.objects.select_for_update(of=("self",))
             .select_related("webhook")
             .only("pk", "webhook__id", "webhook__agent_id", "webhook__is_active")
             .get(pk=action.proposed_by_agent_id)
         )
-        agent_webhook_known(agent.pk, getattr(agent, "webhook", None))
+        if writes is not None:
+            hook = getattr(agent, "webhook", None)
+            writes.webhooks[agent.pk] = hook.pk if hook is not None and hook.is_active else None
 
 
-def auto_approval_held_record(*, action: Action, reason: str, now: datetime | None = None) -> ActionEvent:
+def auto_approval_held_record(
+    *, action: Action, reason: str, now: datetime | None = None, writes: Writes | None = None
+) -> ActionEvent:
     """Write, in the policy's transaction, that a cap left ``action`` to a manager. The status
     does not change (PROPOSED to PROPOSED, so no agent webhook); the inbox card shows ``reason``.
-    Inside a proposal it is inserted with the proposal's event, after it (``rows_written_together``)."""
+    Inside a proposal it is inserted with the proposal's event, after it (``writes``)."""
     return event_record(
         action=action,
         transition=AUTO_APPROVAL_HELD,
@@ -322,4 +326,5 @@ def auto_approval_held_record(*, action: Action, reason: str, now: datetime | No
         reason=reason,
         evidence={"policy": "auto_approval_caps"},
         now=now,
+        writes=writes,
     )

@@ -14,14 +14,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, router
-from django.db.models import QuerySet
 
-from actions.compiled_statements import AnyOf, CompiledSelect, KeyList, Slot
+from actions import sql
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
 from actions.publish import dispatch_enqueue_on_commit
-from actions.trail import Actor, action_transition, event_record
+from actions.trail import Actor, Writes, action_transition, event_record
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal, auto_approval_held_record
 from approvals.models import Approval, ApprovalGroup, ApprovalPolicy, Decision
 
@@ -62,17 +60,21 @@ def approval_record(
     expires_at: datetime | None = None,
     reason: str = "",
     evidence_extra: dict[str, Any] | None = None,
+    writes: Writes | None = None,
 ) -> Approval:
     """PROPOSED -> AUTHORIZED with an approval bound to the action and its target as they are now.
 
     Runs inside the caller's transaction; the dispatch is published once it commits.
     ``transitioned``: the action was inserted AUTHORIZED in this transaction (a proposal the
     policy approved before its INSERT, ``auto_policy_decide``): the approval and its "approve"
-    event are written, the transition is not run again.
+    event are written, the transition is not run again. ``writes``: the proposal's, which
+    inserts that event with its own (only with ``transitioned``: the action's row is written).
     ``bound_version`` and ``expires_at``: a step of a workflow's plan is approved under the
     plan's approval, so it binds the target's version and the expiry that approval bound, not
     the ones of the moment the coordinator creates it.
     """
+    if writes is not None and not transitioned:
+        raise ValueError("only the event of a transition already written goes with the proposal's rows")
     if transitioned and action.status != S.AUTHORIZED:
         raise ValueError(f"{action.action_id} is {action.status}, not inserted AUTHORIZED")
     expires_at = expires_at or now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
@@ -115,6 +117,7 @@ def approval_record(
             reason=reason,
             evidence=evidence,
             now=now,
+            writes=writes,
         )
     else:
         action_transition(action=action, transition="approve", actor=actor, reason=reason, evidence=evidence, now=now)
@@ -130,11 +133,14 @@ class AutoPolicyDecision:
     held: str | None  # why a cap leaves the action to a manager (the card shows it); None: approve
 
 
-def auto_policy_decide(*, action: Action, now: datetime) -> AutoPolicyDecision | None:
+def auto_policy_decide(
+    *, action: Action, now: datetime, writes: Writes | None = None
+) -> AutoPolicyDecision | None:
     """Whether the auto-approval policy approves ``action``; None where it does not apply (a
     person decides). Writes nothing, and needs no row of the action: a proposal asks before its
     INSERT, so that an approved one is inserted AUTHORIZED. Locks the target and the agent
-    (``auto_approval_cap_lock``) until the caller's transaction ends."""
+    (``auto_approval_cap_lock``) until the caller's transaction ends; with ``writes``, the
+    agent's webhook read with its row is kept there for the events' outbox rows."""
     kind = kind_for(action.kind)
     if not kind.moves_money:
         return None  # the threshold is about money; a kind without it is always a person's call
@@ -146,17 +152,22 @@ def auto_policy_decide(*, action: Action, now: datetime) -> AutoPolicyDecision |
         return None  # a manager must look
     # Caps on autonomy: past any cap (per target, per agent) a manager decides, and the card
     # says why. The lock serialises concurrent auto-approvals on one target or by one agent.
-    auto_approval_cap_lock(action=action)
+    auto_approval_cap_lock(action=action, writes=writes)
     return AutoPolicyDecision(threshold=threshold, held=auto_approval_cap_refusal(action=action, now=now))
 
 
 def auto_policy_apply(
-    *, action: Action, decision: AutoPolicyDecision, now: datetime, transitioned: bool = False
+    *,
+    action: Action,
+    decision: AutoPolicyDecision,
+    now: datetime,
+    transitioned: bool = False,
+    writes: Writes | None = None,
 ) -> Approval | None:
     """Write what ``auto_policy_decide`` decided: the approval, or the cap's hold. Inside the
-    transaction that decided it. ``transitioned``: see ``approval_record``."""
+    transaction that decided it. ``transitioned`` and ``writes``: see ``approval_record``."""
     if decision.held is not None:
-        auto_approval_held_record(action=action, reason=decision.held, now=now)
+        auto_approval_held_record(action=action, reason=decision.held, now=now, writes=writes)
         return None
     label = f"policy:auto-approval (<= {decision.threshold} {action.currency})"
     return approval_record(
@@ -169,6 +180,7 @@ def auto_policy_apply(
         now=now,
         actor=Actor.system("auto-approval"),
         transitioned=transitioned,
+        writes=writes,
     )
 
 
@@ -187,20 +199,6 @@ def latest_approval(action: Action) -> Approval | None:
     return Approval.objects.filter(action=action, decision=Decision.APPROVE).order_by("-pk").first()
 
 
-def _approve_rows(actions: Any) -> QuerySet[Approval]:
-    """The APPROVE rows of these actions in insertion order: ``actions`` is a list of keys
-    (the ORM's IN), or a ``KeyList`` slot (one array parameter, the compiled read's)."""
-    rows = Approval.objects.filter(decision=Decision.APPROVE).order_by("pk")
-    return rows.filter(AnyOf("action_id", actions)) if isinstance(actions, Slot) else rows.filter(action_id__in=actions)
-
-
-# The batched claim's read of its approvals, compiled once on PostgreSQL (its IN list would make
-# a new statement text for every batch size): about a tenth of the claim's CPU, built each time.
-_APPROVE_ROWS = CompiledSelect(
-    Approval, _approve_rows, actions=KeyList(Approval._meta.get_field("action").target_field)
-)
-
-
 def approvals_in_force(*, action_pks: list[int]) -> dict[int, Approval]:
     """The approval in force (the newest APPROVE row) of each of these actions, in one read.
 
@@ -208,13 +206,7 @@ def approvals_in_force(*, action_pks: list[int]) -> dict[int, Approval]:
     unless it was decided again, so reading every APPROVE row of the batch costs next to nothing.
     """
     in_force: dict[int, Approval] = {}
-    if not action_pks:
-        return in_force
-    if connections[router.db_for_read(Approval)].vendor == "postgresql":
-        approvals = _APPROVE_ROWS.rows(actions=action_pks)
-    else:
-        approvals = list(_approve_rows(action_pks))
-    for approval in approvals:
+    for approval in sql.approve_rows(action_pks=action_pks):
         in_force[approval.action_id] = approval  # pk order is insertion order: the last one wins
     return in_force
 

@@ -13,21 +13,18 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from django.db import models, transaction
-from django.db.models import QuerySet
+from django.db import transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from actions.compiled_statements import CompiledSelect
+from actions import sql
 from actions.engine.faults import fault_point
 from actions.engine.leases import lease_take
 from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionStatus, Attempt
-from actions.outbox import agent_active_webhook_pk, agent_webhooks_known, agent_webhooks_read_once
-from actions.trail import Actor, action_transition, rows_written_together
+from actions.trail import Actor, Writes, action_transition
 from approvals.models import Approval
 from approvals.policy import (
     approval_redecide_by_policy,
@@ -83,8 +80,8 @@ def submission_begin(
 
     1. The kind's ``reserve`` makes its conditional UPDATE on its target (reserve only at the
        approved version and while the balance covers it, bumping the version).
-    2. The action's conditional UPDATE (ConcurrentTransitionMixin: WHERE status='AUTHORIZED')
-       moves it to SUBMITTING with a fresh lease.
+    2. The action's conditional UPDATE (``actions.sql.ACTIONS_CLAIM``: WHERE status =
+       'AUTHORIZED') moves it to SUBMITTING with a fresh lease.
     The attempt row (the request the worker is about to send) is written in the same commit.
     Either UPDATE changing no row rolls everything back.
 
@@ -105,7 +102,10 @@ def submission_begin(
                 action = Action.objects.select_for_update(skip_locked=skip_locked).filter(pk=action_pk).first()
             if action is None or action.status != S.AUTHORIZED:
                 return Claim(outcome=ClaimOutcome.TAKEN, action=action)
-            return _claim_locked(action=action, approval=approval, actor=actor, now=now)
+            writes = Writes()
+            claim = _claim_locked(action=action, approval=approval, actor=actor, now=now, writes=writes)
+            _claims_write([claim], writes)
+            return claim
     except ConcurrentTransition:
         return Claim(outcome=ClaimOutcome.TAKEN)
     except _BindingFailed as stale:
@@ -142,18 +142,12 @@ def submission_begin_batch(
     stale: list[tuple[int, list[dict[str, str]]]] = []
     candidate_pks: list[int] = []
     try:
-        # The events and attempts of the whole batch are inserted together, before the commit,
-        # and the claimed actions (locked below, each found AUTHORIZED) updated in one statement.
-        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together(actions_locked=True):
-            if action_pks is not None:
-                actions = list(_claimable(limit=limit, action_pks=list(action_pks)))
-            elif authorized_before is not None:
-                actions = _CLAIMABLE_AUTHORIZED_BEFORE.rows(limit=limit, before=authorized_before)
-            else:
-                actions = _CLAIMABLE.rows(limit=limit)
+        with transaction.atomic(durable=True):
+            # Locked and each found AUTHORIZED, with its agent's webhook (for the events' outbox).
+            actions = sql.claimable_actions(limit=limit, authorized_before=authorized_before, action_pks=action_pks)
             candidate_pks = [action.pk for action in actions]
-            agent_webhooks_known(
-                {
+            writes = Writes(
+                webhooks={
                     action.proposed_by_agent_id: getattr(action, "agent_webhook_pk")  # noqa: B009 -- an annotation, unknown to mypy
                     for action in actions
                     if action.proposed_by_agent_id is not None
@@ -168,10 +162,14 @@ def submission_begin_batch(
             for action in actions:
                 try:
                     claims.append(
-                        _claim_locked(action=action, approval=approvals.get(action.pk), actor=actor, now=now)
+                        _claim_locked(
+                            action=action, approval=approvals.get(action.pk), actor=actor, now=now, writes=writes
+                        )
                     )
                 except _BindingFailed as failed:
                     stale.append((action.pk, failed.failures))
+            # The batch's transitions in one UPDATE, its events and its attempts in one INSERT each.
+            _claims_write(claims, writes)
     except Exception:
         if not candidate_pks:
             raise  # the batch's read itself failed (a dropped connection): nothing to fall back on
@@ -189,33 +187,6 @@ def submission_begin_batch(
             # AUTHORIZED (its invalidation rolled back) and the next claim invalidates it.
             log.exception("action %s: invalidation after a batch claim failed; it stays AUTHORIZED", action_pk)
     return claims
-
-
-def _claimable(
-    *, limit: int, before: Any = None, action_pks: list[int] | None = None
-) -> QuerySet[Action]:
-    """The oldest AUTHORIZED actions no other transaction holds, locked (SKIP LOCKED), with
-    each one's agent's active webhook (a scalar subquery, nothing more locked): the claims'
-    events need it for their outbox rows, one read fewer a batch."""
-    candidates = (
-        Action.objects.select_for_update(skip_locked=True)
-        .filter(status=S.AUTHORIZED)
-        .annotate(agent_webhook_pk=agent_active_webhook_pk())
-    )
-    if before is not None:
-        candidates = candidates.filter(status_changed_at__lt=before)
-    if action_pks is not None:
-        candidates = candidates.filter(pk__in=action_pks)
-    return candidates.order_by("status_changed_at", "pk")[:limit]
-
-
-# The dispatcher's read (any AUTHORIZED action) and the sweep's (those authorized before its
-# grace period), compiled once per batch size. A read of given actions (rate limits on) takes
-# the ORM: its IN list changes the SQL at every batch.
-_CLAIMABLE = CompiledSelect(Action, _claimable, shape=("limit",), for_update=True)
-_CLAIMABLE_AUTHORIZED_BEFORE = CompiledSelect(
-    Action, _claimable, shape=("limit",), for_update=True, before=models.DateTimeField()
-)
 
 
 def target_lock_order(action: Action) -> tuple[int, int, str, int]:
@@ -236,8 +207,11 @@ def _claim_one_by_one(action_pks: list[int], *, actor: Actor, now: datetime) -> 
     return claims
 
 
-def _claim_locked(*, action: Action, approval: Approval | None, actor: Actor, now: datetime) -> Claim:
-    """The claim of one AUTHORIZED action whose row the caller's transaction holds locked.
+def _claim_locked(
+    *, action: Action, approval: Approval | None, actor: Actor, now: datetime, writes: Writes
+) -> Claim:
+    """The claim of one AUTHORIZED action whose row the caller's transaction holds locked: its
+    target reserved now, its transition, event and attempt left to ``_claims_write``.
 
     Raises _BindingFailed, having written nothing, when the approval no longer holds.
     """
@@ -265,8 +239,24 @@ def _claim_locked(*, action: Action, approval: Approval | None, actor: Actor, no
             "attempt": action.attempt_count + 1,
         },
         now=now,
+        writes=writes,
     )
     return Claim(outcome=ClaimOutcome.CLAIMED, action=action, attempt=lease.attempt, lease_token=lease.token)
+
+
+def _claims_write(claims: list[Claim], writes: Writes) -> None:
+    """Write the claims made in this transaction, before it commits: the actions' rows in one
+    UPDATE, a compare-and-set on each one's status (``actions.sql.ACTIONS_CLAIM``; the rows are
+    locked, so another writer can only have moved one through a bug), then their events and
+    attempts."""
+    actions = [claim.action for claim in claims if claim.action is not None]
+    written = sql.actions_claim(actions) if actions else 0
+    if written != len(actions):
+        raise ConcurrentTransition(
+            f"{len(actions) - written} of {len(actions)} claimed actions left AUTHORIZED before their claims "
+            "were written"
+        )
+    writes.write()
 
 
 def _invalidate(*, action_pk: int, failures: list[dict[str, str]], actor: Actor, now: datetime) -> Claim:

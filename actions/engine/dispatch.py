@@ -24,15 +24,15 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from actions import permissions as perms
+from actions import sql
 from actions.engine.claim import ClaimOutcome, submission_begin, submission_begin_batch, target_lock_order
 from actions.engine.faults import fault_point
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttling_enabled
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
-from actions.outbox import agent_active_webhook_pk, agent_webhooks_known, agent_webhooks_read_once
 from actions.owners import owner_pick
-from actions.trail import Actor, action_transition, attempt_answer_write, rows_written_together
+from actions.trail import Actor, Writes, action_transition, attempt_answer_write
 
 log = logging.getLogger(__name__)
 S = ActionStatus
@@ -70,8 +70,12 @@ def settle_poll_time(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.RECONCILE_BASE_BACKOFF_SECONDS)
 
 
-def outcome_book(action: Action) -> None:
-    """Book a final outcome on the action's target and open its follow-ups (same transaction)."""
+def outcome_book(action: Action, *, from_status: str | None = None) -> None:
+    """Book a final outcome on the action's target and open its follow-ups (same transaction).
+
+    ``from_status``: the status the outcome moved the action from. Back to AUTHORIZED from
+    SUBMITTING (nothing was sent), the reservation is released: the next claim reserves anew.
+    """
     kind = kind_for(action.kind)
     if action.status == S.SUCCEEDED:
         kind.book_success(action)
@@ -79,6 +83,8 @@ def outcome_book(action: Action) -> None:
     elif action.status == S.FAILED_FINAL:
         kind.release(action)
         kind.on_failure(action)
+    elif action.status == S.AUTHORIZED and from_status == S.SUBMITTING:
+        kind.release(action)
 
 
 def apply_outcome(
@@ -95,24 +101,55 @@ def apply_outcome(
     Runs inside the caller's transaction, with the action row locked, and books the target's
     money and any follow-up in that same transaction.
     """
+    from_status = action.status
+    status = outcome_transition(
+        action=action, answer=answer, actor=actor, now=now, source=source, evidence=evidence
+    )
+    outcome_book(action, from_status=from_status)
+    return status
+
+
+def outcome_transition(
+    *,
+    action: Action,
+    answer: Answer,
+    actor: Actor,
+    now: datetime,
+    source: str,
+    evidence: dict[str, Any] | None = None,
+    writes: Writes | None = None,
+) -> str:
+    """The transitions of ``apply_outcome``, without the booking: the caller books
+    (``outcome_book``) once the action's row is written.
+
+    ``writes``: a record's (of a SUBMITTING action), which writes the action's row (its lease
+    fence), the events and the answers at its end (actions.trail.Writes).
+    """
     words = kind_for(action.kind).explanations
     evidence = {"answer": answer.summary(), "source": source, **(evidence or {})}
     reference = answer.reference
     outcome = answer.outcome
     status = action.status
 
+    if writes is not None and status != S.SUBMITTING:
+        raise ValueError("only the record of a send writes its transitions with the record's rows")
     if outcome == Outcome.UNKNOWN and status != S.SUBMITTING:
         raise ValueError("an inconclusive answer for an action that is not submitting belongs to the reconciler")
     if outcome == Outcome.NEEDS_REVIEW:
         action_escalate(
-            action=action, actor=actor, now=now, reason=f"Needs a person: {answer.summary()}.", evidence=evidence
+            action=action,
+            actor=actor,
+            now=now,
+            reason=f"Needs a person: {answer.summary()}.",
+            evidence=evidence,
+            writes=writes,
         )
         return action.status
 
     if outcome == Outcome.NOT_SENT:
         if status != S.SUBMITTING:
             raise ValueError("only a send can prove that nothing was sent")
-        return _not_sent(action=action, answer=answer, actor=actor, now=now, evidence=evidence)
+        return _not_sent(action=action, answer=answer, actor=actor, now=now, evidence=evidence, writes=writes)
 
     if status == S.SUBMITTING:
         if outcome == Outcome.SUCCEEDED:
@@ -123,6 +160,7 @@ def apply_outcome(
                 reason=words.succeeded,
                 evidence=evidence,
                 now=now,
+                writes=writes,
                 provider_reference=reference,
             )
         elif outcome == Outcome.PENDING:
@@ -133,10 +171,12 @@ def apply_outcome(
                 reason=words.pending,
                 evidence=evidence,
                 now=now,
+                writes=writes,
                 provider_reference=reference,
             )
             action.next_reconcile_at = settle_poll_time(now)
-            action.save(update_fields=["next_reconcile_at"])
+            if writes is None:  # otherwise written with the transition, by the record
+                action.save(update_fields=["next_reconcile_at"])
         elif outcome == Outcome.FAILED_FINAL:
             action_transition(
                 action=action,
@@ -145,6 +185,7 @@ def apply_outcome(
                 reason=f"{words.failed}: {answer.summary()}.",
                 evidence=evidence,
                 now=now,
+                writes=writes,
                 provider_reference=reference,
             )
         else:
@@ -155,6 +196,7 @@ def apply_outcome(
                 reason=f"The outcome is unknown ({answer.summary()}); reconciliation will ask the receiver.",
                 evidence=evidence,
                 now=now,
+                writes=writes,
                 next_reconcile_at=not_before_retry_after(
                     action=action, error=answer.error, due=next_reconcile_time(action=action, now=now), now=now
                 ),
@@ -188,12 +230,12 @@ def apply_outcome(
         )
     else:
         raise ValueError(f"cannot apply a receiver's answer to an action in {status}")
-
-    outcome_book(action)
     return action.status
 
 
-def _not_sent(*, action: Action, answer: Answer, actor: Actor, now: datetime, evidence: dict[str, Any]) -> str:
+def _not_sent(
+    *, action: Action, answer: Answer, actor: Actor, now: datetime, evidence: dict[str, Any], writes: Writes | None
+) -> str:
     """The receiver proved it was never handed the request: back to AUTHORIZED for another send.
 
     Not a retry from UNKNOWN and not a re-send (invariants 7 and 16): the receiver has nothing,
@@ -201,7 +243,7 @@ def _not_sent(*, action: Action, answer: Answer, actor: Actor, now: datetime, ev
     it again (expiry, binding); whatever the claim reserved is released, because that claim
     reserves it anew. The sweep of AUTHORIZED rows picks it up after its grace period, which
     spaces the sends out. A receiver that keeps refusing goes to a named person instead of
-    being asked for ever (invariant 8).
+    being asked for ever (invariant 8). The release is ``outcome_book``'s.
     """
     if action.attempt_count >= settings.NOT_SENT_MAX_ATTEMPTS:
         action_escalate(
@@ -211,6 +253,7 @@ def _not_sent(*, action: Action, answer: Answer, actor: Actor, now: datetime, ev
             reason=f"The {kind_for(action.kind).contract().receiver} refused it {action.attempt_count} times without "
             f"taking it ({answer.summary()}); nothing was sent. A person decides whether to send it again.",
             evidence=evidence,
+            writes=writes,
         )
         return action.status
     action_transition(
@@ -221,12 +264,20 @@ def _not_sent(*, action: Action, answer: Answer, actor: Actor, now: datetime, ev
         "It will be sent again under the same approval.",
         evidence=evidence,
         now=now,
+        writes=writes,
     )
-    kind_for(action.kind).release(action)
     return action.status
 
 
-def action_escalate(*, action: Action, actor: Actor, now: datetime, reason: str, evidence: dict[str, Any]) -> Any:
+def action_escalate(
+    *,
+    action: Action,
+    actor: Actor,
+    now: datetime,
+    reason: str,
+    evidence: dict[str, Any],
+    writes: Writes | None = None,
+) -> Any:
     """Hand the action to a named person: the owner finance already set, if they are still an
     active member able to resolve it, otherwise the kind's owner group's member with the fewest
     open items."""
@@ -248,6 +299,7 @@ def action_escalate(*, action: Action, actor: Actor, now: datetime, reason: str,
         ),
         evidence={**evidence, "owner": owner.get_username() if owner else None},
         now=now,
+        writes=writes,
         owner=owner,
         due_at=now + timedelta(hours=settings.REVIEW_DUE_HOURS),
     )
@@ -339,23 +391,30 @@ def submission_record(
     said on its attempt row: reconciliation and people read it as evidence.
 
     ``action``: the caller's copy of the action as its claim committed it. The record then reads
-    nothing: the transition's UPDATE is fenced on the status and the lease token (``WHERE
-    status = 'SUBMITTING' AND lease_token = ...``), and changing no row means the lease was lost.
-    Without it (or when the answer hands the action to a person, who is picked from the current
-    row) the action is read under a row lock first.
+    nothing: its first write is the action's UPDATE, fenced on the status and the lease token
+    (``actions.sql.ACTIONS_RECORD``: ``WHERE status = 'SUBMITTING' AND lease_token = ...``), and
+    changing no row means the lease was lost. Without it (or when the answer hands the action
+    to a person, who is picked from the current row) the action is read under a row lock first.
     """
     now = timezone.now()
     try:
         with transaction.atomic(durable=True):
-            return _submission_record_held(
-                action_pk=action_pk,
+            writes = Writes()
+            if action is None or _escalates(answer, contract):
+                action = Action.objects.select_for_update().get(pk=action_pk)
+                if not (action.status == S.SUBMITTING and action.lease_token == lease_token):
+                    raise _LeaseLost(action)
+            record = _record_in_memory(
+                action=action,
                 attempt_pk=attempt_pk,
                 lease_token=lease_token,
                 answer=answer,
                 contract=contract,
-                action=action,
                 now=now,
+                writes=writes,
             )
+            _records_write([record], writes)
+            return record.status
     except ConcurrentTransition as lost:
         action = lost.action if isinstance(lost, _LeaseLost) else action
         return _lease_lost(action_pk=action_pk, attempt_pk=attempt_pk, answer=answer, action=action, now=now)
@@ -369,36 +428,67 @@ class _LeaseLost(ConcurrentTransition):
         self.action = action
 
 
-def _submission_record_held(
+def _escalates(answer: Answer, contract: ReceiverContract | None) -> bool:
+    """Whether the answer hands the action to a person: the owner is picked from its current row."""
+    return answer.outcome == Outcome.NEEDS_REVIEW or (
+        answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked
+    )
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A lease holder's record, run in memory and not yet written."""
+
+    action: Action
+    lease_token: uuid.UUID
+    status: str
+
+
+def _record_in_memory(
     *,
-    action_pk: int,
+    action: Action,
     attempt_pk: int,
     lease_token: uuid.UUID,
     answer: Answer,
     contract: ReceiverContract | None,
-    action: Action | None,
     now: datetime,
-) -> str:
-    """The lease holder's record, inside the caller's transaction. Raises ConcurrentTransition,
-    having written nothing, when the lease was lost: the first write is the action's UPDATE
-    fenced on the lease token (or the lease is checked on the row read under lock first)."""
-    escalates = answer.outcome == Outcome.NEEDS_REVIEW or (
-        answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked
+    writes: Writes,
+) -> _Record:
+    """The lease holder's transition for the answer, in memory (its event and the answer on the
+    attempt go to ``writes``): ``_records_write`` writes it."""
+    status = _submission_apply(
+        action=action, attempt_pk=attempt_pk, answer=answer, contract=contract, now=now, writes=writes
     )
-    if action is None or escalates:
-        action = Action.objects.select_for_update().get(pk=action_pk)
-        if not (action.status == S.SUBMITTING and action.lease_token == lease_token):
-            raise _LeaseLost(action)
-    else:
-        action.lease_fence = lease_token
-    status = _submission_apply(action=action, attempt_pk=attempt_pk, answer=answer, contract=contract, now=now)
-    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=True, now=now)
-    return status
+    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=True, now=now, writes=writes)
+    return _Record(action=action, lease_token=lease_token, status=status)
 
 
-def _attempt_answered(*, attempt_pk: int, answer: Answer, held_lease: bool, now: datetime) -> None:
+def _records_write(records: Sequence[_Record], writes: Writes) -> None:
+    """Write lease holders' records, in the caller's transaction, in this order:
+
+    1. the lease fence: the actions' rows in one UPDATE, each a compare-and-set on its status
+       and the lease token its record holds (``actions.sql.actions_record``). Changing fewer rows
+       than there are records means a lease was lost: ConcurrentTransition, and the caller's
+       transaction rolls back. First, so that a lost lease has written nothing, and so that a
+       record waits on the action's row before its target's, as the claim and the reconciler
+       lock them;
+    2. what each outcome books on its target (the kind's hooks), in the order given;
+    3. the events (and their outbox rows) and the answers on the attempts.
+    """
+    if records:
+        written = sql.actions_record([(record.action, record.lease_token) for record in records])
+        if written != len(records):
+            raise ConcurrentTransition(f"{len(records) - written} of {len(records)} leases lost before recording")
+    for record in records:
+        outcome_book(record.action, from_status=S.SUBMITTING)
+    writes.write()
+
+
+def _attempt_answered(
+    *, attempt_pk: int, answer: Answer, held_lease: bool, now: datetime, writes: Writes | None = None
+) -> None:
     """What the receiver said, on the attempt: always, whether or not the lease was still held
-    (in a group record, written with the group's other answers when it ends)."""
+    (with ``writes``, written with the record's other rows)."""
     attempt_answer_write(
         Attempt(
             pk=attempt_pk,
@@ -407,14 +497,23 @@ def _attempt_answered(*, attempt_pk: int, answer: Answer, held_lease: bool, now:
             outcome=answer.outcome.value,
             held_lease=held_lease,
             finished_at=now,
-        )
+        ),
+        writes=writes,
     )
 
 
-def _lease_lost(*, action_pk: int, attempt_pk: int, answer: Answer, action: Action | None, now: datetime) -> str:
+def _lease_lost(
+    *,
+    action_pk: int,
+    attempt_pk: int,
+    answer: Answer,
+    action: Action | None,
+    now: datetime,
+    writes: Writes | None = None,
+) -> str:
     """The action moved on without this worker (its lease expired and was swept, or another
     holder took over): the answer is kept on the attempt as evidence, and nothing else."""
-    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=False, now=now)
+    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=False, now=now, writes=writes)
     log.warning(
         "action_id=%s lease lost before recording (%s); the answer is kept on attempt %s",
         action.action_id if action is not None else action_pk,
@@ -444,45 +543,43 @@ def submission_record_group(*, sent: Sequence[Sent]) -> list[str | Exception]:
     now = timezone.now()
     results: dict[int, str] = {}
     try:
-        # The group's actions are locked and their leases checked first: their transitions'
-        # UPDATEs and the attempts' answers are written together when the block ends.
-        with transaction.atomic(durable=True), agent_webhooks_read_once(), rows_written_together(actions_locked=True):
-            # With each action, its agent's active webhook (a scalar subquery, nothing more
-            # locked): the records' events need it for their outbox rows (one read fewer a group).
-            rows = (
-                Action.objects.select_for_update()
-                .filter(pk__in=[one.action.pk for one in sent])
-                .order_by("pk")
-                .values_list("pk", "status", "lease_token", "proposed_by_agent_id", agent_active_webhook_pk())
+        with transaction.atomic(durable=True):
+            # With each action, its agent's active webhook: the records' events need it for
+            # their outbox rows (one read fewer a group).
+            locked = sql.actions_lock_for_record(action_pks=[one.action.pk for one in sent])
+            writes = Writes(
+                webhooks={row.agent_id: row.agent_webhook_pk for row in locked.values() if row.agent_id is not None}
             )
-            leases = {}
-            hooks: dict[int, int | None] = {}
-            for pk, status, token, agent_id, hook_pk in rows:
-                leases[pk] = (status, token)
-                if agent_id is not None:
-                    hooks[agent_id] = hook_pk
-            agent_webhooks_known(hooks)
+            records = []
             # Targets in the claims' lock order: two groups never wait on each other in a cycle.
             for index in sorted(range(len(sent)), key=lambda i: target_lock_order(sent[i].action)):
                 one = sent[index]
-                if leases.get(one.action.pk) != (S.SUBMITTING, one.lease_token):
+                row = locked.get(one.action.pk)
+                if row is None or (row.status, row.lease_token) != (S.SUBMITTING, one.lease_token):
                     results[index] = _lease_lost(
                         action_pk=one.action.pk,
                         attempt_pk=one.attempt_pk,
                         answer=one.answer,
                         action=one.action,
                         now=now,
+                        writes=writes,
                     )
                     continue
-                results[index] = _submission_record_held(
-                    action_pk=one.action.pk,
+                action = one.action
+                if _escalates(one.answer, one.contract):
+                    action = Action.objects.select_for_update().get(pk=one.action.pk)
+                record = _record_in_memory(
+                    action=action,
                     attempt_pk=one.attempt_pk,
                     lease_token=one.lease_token,
                     answer=one.answer,
                     contract=one.contract,
-                    action=one.action,
                     now=now,
+                    writes=writes,
                 )
+                records.append(record)
+                results[index] = record.status
+            _records_write(records, writes)
         return [results[index] for index in range(len(sent))]
     except Exception:
         log.exception("a group of %d records failed and was rolled back; recording each on its own", len(sent))
@@ -508,9 +605,15 @@ def _record_one(sent: Sent, *, action: Action | None) -> str | Exception:
 
 
 def _submission_apply(
-    *, action: Action, attempt_pk: int, answer: Answer, contract: ReceiverContract | None, now: datetime
+    *,
+    action: Action,
+    attempt_pk: int,
+    answer: Answer,
+    contract: ReceiverContract | None,
+    now: datetime,
+    writes: Writes,
 ) -> str:
-    """The lease holder's transition for the answer (inside submission_record's transaction)."""
+    """The lease holder's transition for the answer (in memory, inside submission_record's transaction)."""
     if answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked:
         # No reconciliation could ever tell what happened (DESIGN.md section 4, SUBMITTING ->
         # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
@@ -521,15 +624,17 @@ def _submission_apply(
             reason=f"The outcome is unknown ({answer.summary()}) and the receiver has no lookup and no "
             "idempotency keys: only a person can find out what happened.",
             evidence={"answer": answer.summary(), "source": "submission", "attempt_id": attempt_pk},
+            writes=writes,
         )
         return action.status
-    return apply_outcome(
+    return outcome_transition(
         action=action,
         answer=answer,
         actor=Actor.system("dispatcher"),
         now=now,
         source="submission",
         evidence={"attempt_id": attempt_pk},
+        writes=writes,
     )
 
 

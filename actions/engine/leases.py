@@ -16,7 +16,7 @@ from django.conf import settings
 
 from actions.kinds import kind_for
 from actions.models import Action, Attempt, AttemptKind
-from actions.trail import Actor, action_transition, attempt_write
+from actions.trail import Actor, Writes, action_transition, attempt_write
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,19 @@ class Lease:
 
 
 def lease_take(
-    *, action: Action, transition: str, actor: Actor, reason: str, evidence: dict[str, Any], now: datetime
+    *,
+    action: Action,
+    transition: str,
+    actor: Actor,
+    reason: str,
+    evidence: dict[str, Any],
+    now: datetime,
+    writes: Writes | None = None,
 ) -> Lease:
-    """Run ``transition`` (one that takes a lease) and record the attempt about to be sent."""
+    """Run ``transition`` (one that takes a lease) and record the attempt about to be sent.
+
+    ``writes``: the claim's, which writes the action's row, the event and the attempt at its end
+    (actions.trail.Writes); the attempt has its key once they are written."""
     token = uuid.uuid4()
     expires_at = now + timedelta(seconds=settings.LEASE_SECONDS)
     action_transition(
@@ -39,6 +49,7 @@ def lease_take(
         reason=reason,
         evidence={**evidence, "lease_expires_at": expires_at.isoformat()},
         now=now,
+        writes=writes,
         lease_token=token,
         lease_expires_at=expires_at,
         started_at=now,
@@ -51,6 +62,7 @@ def lease_take(
             idempotency_key=action.idempotency_key,
             request=kind_for(action.kind).request_body(action),
             started_at=now,
-        )
+        ),
+        writes=writes,
     )
     return Lease(action=action, attempt=attempt, token=token)

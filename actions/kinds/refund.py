@@ -15,9 +15,9 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Q, Sum
+from django.db.models import Q, Sum
 
-from actions.compiled_statements import CompiledUpdate
+from actions import sql
 from actions.kinds.base import (
     Answer,
     BindingFailure,
@@ -214,41 +214,6 @@ def refund_action_id(*, order_number: str, request_number: int) -> str:
     return f"{ActionKind.REFUND}:order-{order_number}:request-{request_number}"
 
 
-# The refund's three writes on its order, compiled once (actions.compiled_statements): every
-# claim reserves and every success books, so they are on the path each refund takes.
-_ORDER_MONEY = Order._meta.get_field("reserved_amount")
-_ORDER_RESERVE = CompiledUpdate(
-    Order,
-    # Only at the approved version, and only while the refundable balance covers the amount.
-    lambda pk, version, amount: (
-        Order.objects.filter(
-            pk=pk,
-            version=version,
-            captured_amount__gte=F("refunded_amount") + F("reserved_amount") + F("outside_refunded_amount") + amount,
-        ),
-        {"reserved_amount": F("reserved_amount") + amount, "version": F("version") + 1},
-    ),
-    pk=Order._meta.pk,
-    version=Order._meta.get_field("version"),
-    amount=_ORDER_MONEY,
-)
-_ORDER_BOOK = CompiledUpdate(
-    Order,
-    lambda pk, amount: (
-        Order.objects.filter(pk=pk),
-        {"reserved_amount": F("reserved_amount") - amount, "refunded_amount": F("refunded_amount") + amount},
-    ),
-    pk=Order._meta.pk,
-    amount=_ORDER_MONEY,
-)
-_ORDER_RELEASE = CompiledUpdate(
-    Order,
-    lambda pk, amount: (Order.objects.filter(pk=pk), {"reserved_amount": F("reserved_amount") - amount}),
-    pk=Order._meta.pk,
-    amount=_ORDER_MONEY,
-)
-
-
 class RefundKind(EffectKind):
     name = ActionKind.REFUND.value
     label = "Refund"
@@ -345,7 +310,7 @@ class RefundKind(EffectKind):
     def reserve(self, action: Action, *, approved_version: int | None) -> list[BindingFailure]:
         """Reserve only if the order is still at the approved version and its balance covers it."""
         assert approved_version is not None, "a refund's approval binds the order's version"
-        if _ORDER_RESERVE.run(pk=_order_pk(action), version=approved_version, amount=action.amount):
+        if sql.order_reserve(order_pk=_order_pk(action), version=approved_version, amount=action.amount):
             return []
         order = Order.objects.get(pk=_order_pk(action))
         if order.version != approved_version:
@@ -365,11 +330,11 @@ class RefundKind(EffectKind):
 
     def book_success(self, action: Action) -> None:
         """SUCCEEDED: the reserved amount becomes refunded money, in the same transaction."""
-        _ORDER_BOOK.run(pk=_order_pk(action), amount=action.amount)
+        sql.order_book(order_pk=_order_pk(action), amount=action.amount)
 
     def release(self, action: Action) -> None:
         """FAILED_FINAL: the reservation is released; the customer still expects their money."""
-        _ORDER_RELEASE.run(pk=_order_pk(action), amount=action.amount)
+        sql.order_release(order_pk=_order_pk(action), amount=action.amount)
 
     def on_failure(self, action: Action) -> None:
         remedy_open(action)

@@ -16,7 +16,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django_fsm import RETURN_VALUE, ConcurrentTransition, ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
 from actions import permissions as perms
 from actions.models.bills import AdjustmentReason
@@ -164,9 +164,6 @@ class Action(ConcurrentTransitionMixin, models.Model):
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
     provider_reference = models.CharField(max_length=255, blank=True)
 
-    # Not a column: the lease token the next save must still find on the row (see _do_update).
-    lease_fence: UUID | None
-
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     status_changed_at = models.DateTimeField(null=True, blank=True)
@@ -228,21 +225,6 @@ class Action(ConcurrentTransitionMixin, models.Model):
         self._loaded_material = self._material_values()
         self._saved = self._column_values()
 
-    def _do_update(self, base_qs: Any, *args: Any, **kwargs: Any) -> Any:
-        # A lease fence (``lease_fence``, set by the recorder for the next save only): the
-        # UPDATE also requires the lease token the caller holds, so a worker whose lease was
-        # taken over changes nothing, without reading the row first. A fence of None holds no
-        # lease and matches no row that has one: it must never mean "unfenced" (a caller that
-        # lost its token would otherwise record over the current holder).
-        if "lease_fence" not in self.__dict__:
-            return super()._do_update(base_qs, *args, **kwargs)
-        fence = self.__dict__.pop("lease_fence")
-        fenced = base_qs.filter(lease_token__isnull=True) if fence is None else base_qs.filter(lease_token=fence)
-        updated = super()._do_update(fenced, *args, **kwargs)
-        if not updated:
-            raise ConcurrentTransition(f"{self.action_id}: the lease {fence} is no longer held")
-        return updated
-
     @classmethod
     def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> Action:
         instance = super().from_db(db, field_names, values, **kwargs)
@@ -269,20 +251,18 @@ class Action(ConcurrentTransitionMixin, models.Model):
 
     def _column_values(self) -> dict[str, Any]:
         # The non-material columns by field name (update_fields accepts it), copied where a value
-        # could be changed in place.
-        loaded = self.__dict__
+        # could be changed in place; a deferred column is not loaded, and not read here.
+        deferred = self.get_deferred_fields()
         return {
-            name: _copied(loaded[attname]) for name, attname in _tracked_columns().items() if attname in loaded
+            name: _copied(getattr(self, attname))
+            for name, attname in _tracked_columns().items()
+            if attname not in deferred
         }
 
-    def may_save_elsewhere(self, update_fields: Any) -> bool:
-        """Whether these columns may be written by an UPDATE of many actions at once
-        (``actions.trail.rows_written_together``): never a material column, whose check is here."""
-        return not set(update_fields) & _MATERIAL_NAMES
-
     def saved_elsewhere(self, update_fields: Any) -> None:
-        """These columns were written by an UPDATE of many actions at once: remember them as
-        saved, and the status as the one the next conditional save must find."""
+        """These columns were written by a statement of actions.sql (an UPDATE of many actions at
+        once): remember them as saved, and the status as the one the next conditional save must
+        find (django-fsm's ConcurrentTransitionMixin compares with it)."""
         self._remember_saved(update_fields)
         self._update_initial_state()
 
@@ -290,16 +270,17 @@ class Action(ConcurrentTransitionMixin, models.Model):
         saved: dict[str, Any] | None = getattr(self, "_saved", None)
         if saved is None:
             return
-        loaded, tracked = self.__dict__, _tracked_columns()
+        deferred, tracked = self.get_deferred_fields(), _tracked_columns()
         for name in update_fields:
             attname = tracked.get(name)
-            if attname is not None and attname in loaded:
-                saved[name] = _copied(loaded[attname])
+            if attname is not None and attname not in deferred:
+                saved[name] = _copied(getattr(self, attname))
 
     def _material_values(self) -> dict[str, Any]:
         # A deep copy: the payload is a dict, and comparing it with itself would miss a change
         # made in place (action.payload["amount"] = ...).
-        return {name: copy.deepcopy(getattr(self, name)) for name in self.MATERIAL_FIELDS if name in self.__dict__}
+        deferred = self.get_deferred_fields()
+        return {name: copy.deepcopy(getattr(self, name)) for name in self.MATERIAL_FIELDS if name not in deferred}
 
     # --- derived --------------------------------------------------------------------------
 

@@ -99,11 +99,11 @@ def test_a_batch_is_one_transaction_so_a_failure_mid_batch_claims_nothing(
     real_write = leases.attempt_write
     written: list[Attempt] = []
 
-    def write_then_fail(attempt: Attempt) -> Attempt:
+    def write_then_fail(attempt: Attempt, **kwargs: Any) -> Attempt:
         if len(written) == 2:
             raise RuntimeError("the database went away mid-batch")
         written.append(attempt)
-        return real_write(attempt)
+        return real_write(attempt, **kwargs)
 
     monkeypatch.setattr(leases, "attempt_write", write_then_fail)
 
