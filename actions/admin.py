@@ -12,7 +12,7 @@
   ``actions.correct_action``, whatever other permissions a person holds.
 - Remedies and discrepancies are worked by finance in the review queue, whose services keep
   their status flow and trail; here they are read-only, except an admin's reassignment and the
-  compensating action for a duplicate effect (``actions.corrections``).
+  compensating action for a duplicate effect (``actions.review.corrections``).
 - Big tables never run an exact COUNT(*) (see ``EstimatedCountPaginator``), nor list filter
   choices with a SELECT DISTINCT over the whole table (see ``FixedChoicesFilter``).
 """
@@ -39,7 +39,7 @@ from django.utils.html import format_html
 from django_fsm import ConcurrentTransition, Transition, TransitionNotAllowed
 from django_fsm.admin import FSMAdminMixin, FSMObjectTransition
 
-from actions.agents import (
+from actions.agents.services import (
     ORDERS_SCOPE,
     OWNER_CHANGE_BLOCKING_STATUSES,
     AgentChangeRefused,
@@ -47,16 +47,7 @@ from actions.agents import (
     agent_owner_refusal,
     agent_token_revoke_by,
 )
-from actions.corrections import (
-    CORRECT_PERMISSION,
-    CorrectionRefused,
-    action_owner_assign,
-    adjustment_duplicates,
-    adjustment_void_duplicate,
-    discrepancy_compensate,
-    followup_owner_assign,
-    owner_candidates,
-)
+from actions.foundation.text import validate_plain_text
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.base import Outcome
 from actions.models import (
@@ -83,9 +74,18 @@ from actions.models import (
     SupplierContact,
 )
 from actions.models.actions import UNRESOLVED_STATUSES
+from actions.review.corrections import (
+    CORRECT_PERMISSION,
+    CorrectionRefused,
+    action_owner_assign,
+    adjustment_duplicates,
+    adjustment_void_duplicate,
+    discrepancy_compensate,
+    followup_owner_assign,
+    owner_candidates,
+)
 from actions.search import MIN_TERM_LENGTH, action_number, search_actions
 from actions.services import ActionRefused, Actor, action_cancel
-from actions.text import validate_plain_text
 from approvals.services import DecisionRefused, action_reopen
 
 # --- big tables ----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from django.db.models import Field, Model, Q
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from actions import publish
 from actions.compiled_statements import (
     AnyOf,
     CompiledInsert,
@@ -30,6 +29,7 @@ from actions.compiled_statements import (
     ValueOfEachRow,
     ValuesByPrimaryKey,
 )
+from actions.foundation import publish
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent, Attempt
 from actions.outbox import webhook_outbox_write
 

@@ -18,9 +18,9 @@ from django.db import connections, router
 from django.db.models import QuerySet
 
 from actions.compiled_statements import AnyOf, CompiledSelect, KeyList, Slot
+from actions.foundation.publish import dispatch_enqueue_on_commit
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.publish import dispatch_enqueue_on_commit
 from actions.trail import Actor, action_transition, event_record
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal, auto_approval_held_record
 from approvals.models import Approval, ApprovalGroup, ApprovalPolicy, Decision

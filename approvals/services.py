@@ -17,10 +17,10 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import has_transition_perm
 
-from actions import publish
+from actions.foundation import publish
+from actions.foundation.refusals import Refused
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.refusals import Refused
 from actions.trail import Actor, action_transition
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import (

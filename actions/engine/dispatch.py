@@ -27,11 +27,11 @@ from actions import permissions as perms
 from actions.engine.claim import ClaimOutcome, submission_begin, submission_begin_batch, target_lock_order
 from actions.engine.faults import fault_point
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttling_enabled
+from actions.foundation.owners import owner_pick
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
 from actions.outbox import agent_active_webhook_pk, agent_webhooks_known, agent_webhooks_read_once
-from actions.owners import owner_pick
 from actions.trail import Actor, action_transition, attempt_answer_write, rows_written_together
 
 log = logging.getLogger(__name__)

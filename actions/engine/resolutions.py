@@ -27,13 +27,13 @@ from actions import permissions as perms
 from actions.engine.dispatch import outcome_book, receiver_for, submission_send_and_record
 from actions.engine.leases import Lease, lease_take
 from actions.engine.reconcile import receiver_lookup
+from actions.foundation.refusals import Refused
+from actions.foundation.separation import is_console_admin
 from actions.kinds import kind_for, owner_group_of
 from actions.kinds.base import Effect, Lookup, LookupVerdict, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind
 from actions.providers.money import currency_exponent
-from actions.refusals import Refused
-from actions.review_rules import owner_rule_refusal, retry_evidence_from_attempt
-from actions.separation import is_console_admin
+from actions.review.rules import owner_rule_refusal, retry_evidence_from_attempt
 from actions.trail import RESEND_TRANSITION, Actor, action_transition
 
 S = ActionStatus

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db.models import F, Q, Sum
 
 from actions.compiled_statements import CompiledUpdate
+from actions.foundation.owners import owner_pick
 from actions.kinds.base import (
     Answer,
     BindingFailure,
@@ -47,7 +48,6 @@ from actions.models import (
     RemedyKind,
 )
 from actions.models.actions import RESERVING_STATUSES
-from actions.owners import owner_pick
 from actions.providers.base import (
     AmbiguousError,
     CreateRefund,

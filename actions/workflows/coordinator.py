@@ -33,6 +33,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from actions.engine.faults import fault_point
+from actions.foundation.owners import owner_pick
+from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.kinds import kind_for
 from actions.models import (
     Action,
@@ -43,8 +45,6 @@ from actions.models import (
     WorkflowStep,
 )
 from actions.models.actions import ActorKind
-from actions.owners import owner_pick
-from actions.publish import workflow_advance_enqueue_on_commit
 from actions.trail import Actor, event_record
 from actions.workflows.templates import READ, child_action, compensation_key, step_key, template_for
 from approvals.models import Decision, WorkflowApproval

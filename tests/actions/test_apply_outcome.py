@@ -19,7 +19,6 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions import finance as finance_services
 from actions.engine import dispatch
 from actions.engine.dispatch import apply_outcome, submission_record
 from actions.kinds import kind_for
@@ -27,6 +26,7 @@ from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import answer_from_refund
 from actions.models import Action, ActionEvent, ActionStatus, Remedy
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError, RefundStatus
+from actions.review import services as finance_services
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed, expire_lease, receiver_refund
 from tests.actions.test_dispatcher_records import money

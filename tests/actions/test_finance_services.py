@@ -21,7 +21,6 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions import finance as finance_services
 from actions.engine import resolutions
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, submission_record
@@ -42,6 +41,7 @@ from actions.models import (
     RemedyKind,
 )
 from actions.providers.base import AmbiguousError, DefinitiveError, ProviderRefund, RefundStatus
+from actions.review import services as finance_services
 from actions.services import Actor, action_transition
 from tests.actions.test_reconciliation import AMOUNT, AMOUNT_MINOR, CHARGE_MINOR, authorized_refund
 from tests.approvals.test_reservation import assert_order_money_adds_up

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionStatus, Order
 from actions.requests import refund_request_open

@@ -39,7 +39,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published to the broker, by action pk, instead of publishing them."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -40,7 +40,7 @@ TIMEOUT = 30
 def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Action pks whose dispatch was published on commit, from whichever thread committed."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -48,7 +48,7 @@ def beat_stopped_with_its_worker(workers: WorkerPool) -> Iterator[None]:
 def lost_publishes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The on-commit publish runs, and its message never reaches the broker."""
     lost: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lost.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lost.append)
     return lost
 
 

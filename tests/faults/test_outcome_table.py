@@ -57,7 +57,7 @@ def fast_settings(settings: Any, live_sandbox: SandboxClient) -> Iterator[None]:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatcher is called by the test itself; nothing goes to the broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -34,7 +34,7 @@ S = ActionStatus
 def managers_decide(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every adjustment here is approved by a manager (no auto-approval), and nothing is sent."""
     settings.INVOICE_ADJUSTMENT_AUTO_APPROVAL_THRESHOLDS = {}
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def approved(bill: Bill, amount: str, proposer: Actor, manager: Any) -> Action:

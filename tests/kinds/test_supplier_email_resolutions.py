@@ -46,7 +46,7 @@ ONLY_EMAIL: dict[str, Any] = {"refund": NoRefunds()}
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 @pytest.fixture

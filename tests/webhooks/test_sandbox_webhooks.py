@@ -42,7 +42,7 @@ def endpoint(live_server: Any, live_sandbox: SandboxClient, settings: Any) -> It
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def pending_events(sandbox: SandboxClient) -> int:

@@ -47,8 +47,8 @@ def endpoint_secret(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
     sent: list[tuple[str, tuple[Any, ...]]] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: sent.append(("dispatch", (pk,))))
-    monkeypatch.setattr("actions.publish.app.send_task", lambda name, args: sent.append((name, tuple(args))))
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: sent.append(("dispatch", (pk,))))
+    monkeypatch.setattr("actions.foundation.publish.app.send_task", lambda name, args: sent.append((name, tuple(args))))
     return sent
 
 

@@ -33,6 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from actions.engine.reconcile import reconcile_request_now
+from actions.foundation.publish import reconcile_enqueue_on_commit
 from actions.models import (
     Action,
     Order,
@@ -43,7 +44,6 @@ from actions.models import (
     WebhookEventOutcome,
 )
 from actions.providers.money import from_minor_units
-from actions.publish import reconcile_enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from actions.models import (
     Remedy,
 )
 from actions.providers.money import from_minor_units
-from actions.review_rules import (
+from actions.review.rules import (
     follow_up_kind,
     lookup_fresh_until,
     owner_rule_refusal,

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from actions import permissions as perms
 from actions.adjustments import discrepancy_void_duplicate
+from actions.foundation.refusals import Refused
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.fields import ProposalInvalid
 from actions.models import (
@@ -41,7 +42,6 @@ from actions.models import (
 )
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.providers.base import validate_idempotency_key
-from actions.refusals import Refused
 from actions.services import (
     ProposalConflict,
     payload_hash,
