@@ -3,7 +3,7 @@
 Below the engine: the engine's claim asks the policy to decide again when an approval it gave
 went stale, and the services record a manager's approval through ``approval_record``. An
 approval binds what the decider saw: the target's version (as the kind defines it), amount,
-currency, payload hash and an expiry (DESIGN.md section 5).
+currency, payload hash and an expiry (docs/architecture.md section 5).
 """
 
 from __future__ import annotations

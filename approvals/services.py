@@ -2,7 +2,7 @@
 
 An approval is permission for one exact action against one exact state of its target. The
 engine's claim (``actions.engine.claim.submission_begin``) re-checks that binding inside the
-transaction that reserves and moves the action to SUBMITTING (DESIGN.md section 5).
+transaction that reserves and moves the action to SUBMITTING (docs/architecture.md section 5).
 """
 
 from __future__ import annotations

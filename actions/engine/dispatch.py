@@ -512,7 +512,7 @@ def _submission_apply(
 ) -> str:
     """The lease holder's transition for the answer (inside submission_record's transaction)."""
     if answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked:
-        # No reconciliation could ever tell what happened (DESIGN.md section 4, SUBMITTING ->
+        # No reconciliation could ever tell what happened (docs/architecture.md section 4, SUBMITTING ->
         # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
         action_escalate(
             action=action,

@@ -5,7 +5,7 @@ refuses bad input before writing anything, and makes its change and its audit re
 transaction. A call to the receiver never runs inside a transaction. Each resolution has one
 skeleton (``_resolve``): ask the receiver (outside), then in one short transaction record the
 lookup, check the action again, and apply the resolution's policy, which refuses when the
-receiver's live answer contradicts the person (DESIGN.md section 7: only the receiver's record
+receiver's live answer contradicts the person (docs/architecture.md section 7: only the receiver's record
 proves an effect). The lookup is kept even when the resolution is refused.
 """
 

@@ -66,7 +66,7 @@ from actions.providers.stripe_adapter import StripeProvider
 S = ActionStatus
 
 
-# --- the answer table (DESIGN.md section 6) --------------------------------------------------
+# --- the answer table (docs/architecture.md section 6) --------------------------------------------------
 #
 # | receiver answer                                                   | outcome      |
 # |-------------------------------------------------------------------|--------------|

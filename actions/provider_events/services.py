@@ -12,7 +12,7 @@ the console's actions, the event only makes that action's reconciliation due now
 reconciler asks the provider and records its answer through the engine's normal path. A
 refund that names no action of ours was made outside the console (another system, a person in
 the provider's dashboard): its money is booked on the order as refunded outside, the order's
-version rises (so approvals bound to the old version go STALE at the claim, DESIGN.md
+version rises (so approvals bound to the old version go STALE at the claim, docs/architecture.md
 section 5), and the order's history says what happened.
 """
 

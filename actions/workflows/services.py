@@ -1,6 +1,6 @@
 """Proposing a workflow, and the one decision on its whole plan.
 
-Identity (DESIGN.md section 10): the workflow id is composed from business references by the
+Identity (docs/architecture.md section 10): the workflow id is composed from business references by the
 template; a case has at most one live workflow. The same plan proposed again returns the live
 workflow (200); a different plan while one is live is refused, naming it (409). Bad input is a
 ProposalInvalid naming each field, and writes nothing.

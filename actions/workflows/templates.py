@@ -4,7 +4,7 @@ Each step names an effect kind (or ``read``), its step class, how its payload is
 parameters, and its compensation: another kind's payload, or "none" with the reason. The plan a
 template builds is fixed at proposal time; its hash is what the approval binds.
 
-Shipped templates (DESIGN.md section 10):
+Shipped templates (docs/architecture.md section 10):
 
 ``po_mismatch_resolution``
   1. ``read_documents`` (read): the bill as the accounting system holds it and the purchase

@@ -1,6 +1,6 @@
 """What each answer does to an action in each state it can arrive in (``apply_outcome``), row by
 row: the transition, its audit event (reason, evidence, actor, time), the reference, when the
-receiver is asked next, and the money. DESIGN.md sections 4 and 5.
+receiver is asked next, and the money. docs/architecture.md sections 4 and 5.
 
 The scenario tests reach every row through the dispatcher and the reconciler; these call the
 function itself, so that each sentence a person reads in the trail and each field it sets is

@@ -1,5 +1,5 @@
 """Finance's services: owners, live lookups, the three resolutions of NEEDS_REVIEW, taking an
-UNKNOWN action over, and the follow-up workflow (DESIGN.md sections 4 and 7, issue 6).
+UNKNOWN action over, and the follow-up workflow (docs/architecture.md sections 4 and 7, issue 6).
 
 The resolutions run against the live sandbox provider, where a test plants what "really
 happened" (a succeeded refund, a pending one, or nothing), and the service must agree with the

@@ -1,7 +1,7 @@
 """POST /api/v1/orders: the shop's commerce system sends its orders, idempotently by number.
 
 A changed order raises its version, so that an approval given for the old order goes stale at
-the reservation (DESIGN.md section 5, invariant 6).
+the reservation (docs/architecture.md section 5, invariant 6).
 """
 
 from __future__ import annotations

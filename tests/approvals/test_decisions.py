@@ -1,6 +1,6 @@
 """Decisions on proposals: who may approve or reject what, and what a decision records.
 
-DESIGN.md section 4 (PROPOSED -> AUTHORIZED / REJECTED, STALE -> PROPOSED) and section 5 (the
+docs/architecture.md section 4 (PROPOSED -> AUTHORIZED / REJECTED, STALE -> PROPOSED) and section 5 (the
 approval's binding). A refused decision must leave no trace: no approval, no audit event, no
 change of status and no dispatch published (invariant 10).
 """

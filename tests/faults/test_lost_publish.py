@@ -1,4 +1,4 @@
-"""A dispatch publish lost between the approval's commit and the broker (DESIGN.md section 6).
+"""A dispatch publish lost between the approval's commit and the broker (docs/architecture.md section 6).
 
 The approval commits, then its on-commit publish never reaches the broker (the process died,
 the broker was down). Nothing is lost: the periodic AUTHORIZED sweep claims the row itself.

@@ -1,4 +1,4 @@
-"""Every row of the receiver-answer table (DESIGN.md section 6), produced by a real sandbox fault.
+"""Every row of the receiver-answer table (docs/architecture.md section 6), produced by a real sandbox fault.
 
 Each test proposes an auto-approved refund, lets the sandbox answer in one way, and calls the
 dispatcher in this process (no worker: the answer, not the process, is under test; the fault

@@ -1,5 +1,5 @@
 """An invoice adjustment's money on its bill: what the claim reserves and refuses, and what the
-answer books or releases (DESIGN.md invariant 5, for bills), in memory.
+answer books or releases (docs/architecture.md invariant 5, for bills), in memory.
 
 The scenario tests that reach these through a send need the accounting sandbox's process, which
 the mutation runs' fast subset leaves out; these drive the claim and ``apply_outcome`` directly

@@ -208,7 +208,7 @@ def test_a_refund_of_a_known_action_asks_for_reconciliation_now_and_books_nothin
 def test_an_outside_refund_makes_a_managers_pending_approval_go_stale_and_says_why(
     client: Client, agent_actor: Actor, manager: Any
 ) -> None:
-    """DESIGN.md section 5: the approval was bound to the order's version before the refund."""
+    """docs/architecture.md section 5: the approval was bound to the order's version before the refund."""
     order = make_order(captured="100.00")
     action = action_propose_refund(
         order_number=order.number,
