@@ -27,8 +27,8 @@ LONG_FUNCTION_LINES = 80
 LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
-    "modules over 600 lines": 6,
-    "functions over 80 lines": 10,
+    "modules over 600 lines": 5,
+    "functions over 80 lines": 8,
     "modules loose at the top of actions/": 18,
     "app modules in no import-linter layer": 1,
     "private names imported across modules": 0,
