@@ -27,9 +27,9 @@ LONG_FUNCTION_LINES = 80
 LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
-    "modules over 600 lines": 5,
+    "modules over 600 lines": 4,
     "functions over 80 lines": 8,
-    "modules loose at the top of actions/": 18,
+    "modules loose at the top of actions/": 17,
     "app modules in no import-linter layer": 1,
     "private names imported across modules": 0,
     "kind branches outside actions/kinds": 0,

@@ -19,7 +19,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions.admin import EstimatedCountPaginator
+from actions.admin.base import EstimatedCountPaginator
 from actions.agents.services import AgentAuthenticationFailed, agent_authenticate, agent_token_issue, token_hash
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import (
