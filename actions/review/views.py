@@ -35,18 +35,9 @@ from actions.kind_selectors import kind_cards
 from actions.models import Action, Discrepancy, Remedy, Workflow, WorkflowEvent, WorkflowState
 from actions.plain import without_status_codes
 from actions.review import services as finance
-from actions.review.selectors import (
-    STATE_CHOICES,
-    BadCursor,
-    ItemKind,
-    QueueFilters,
-    attempt_summary,
-    cursor_decode,
-    follow_up_detail_get,
-    may_view_review,
-    review_action_detail_get,
-    review_queue_get,
-)
+from actions.review.selectors.common import STATE_CHOICES, ItemKind, attempt_summary, may_view_review
+from actions.review.selectors.detail import follow_up_detail_get, review_action_detail_get
+from actions.review.selectors.queue import BadCursor, QueueFilters, cursor_decode, review_queue_get
 from actions.review.services import REMEDY_CHOICES
 from actions.workflows.services import workflow_summary
 

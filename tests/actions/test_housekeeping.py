@@ -24,7 +24,7 @@ from actions.models import (
     Remedy,
     RemedyKind,
 )
-from actions.review.selectors import attempt_summary
+from actions.review.selectors.common import attempt_summary
 from actions.services import Actor, action_propose_refund
 from tests.factories import make_order, make_request
 
