@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions import permissions as perms
-from actions.engine.resolutions import (
+from actions.engine.resolution_checks import (
     ReviewRefused,
     resolver_refusal,
     review_action,

@@ -28,7 +28,7 @@ from django_htmx.middleware import HtmxDetails
 
 from actions import permissions as perms
 from actions.engine import resolutions
-from actions.engine.resolutions import ReviewRefused
+from actions.engine.resolution_checks import ReviewRefused
 from actions.foundation.separation import follow_up_admin_refusal
 from actions.foundation.text import unsafe_characters, unsafe_characters_message
 from actions.kind_selectors import kind_cards

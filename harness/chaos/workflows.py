@@ -25,7 +25,8 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from actions.engine.resolutions import ReviewRefused, action_resolve_failed, action_resolve_succeeded
+from actions.engine.resolution_checks import ReviewRefused
+from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.kinds.base import Effect
 from actions.kinds.supplier_email import message_reference
 from actions.models import (

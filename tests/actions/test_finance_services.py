@@ -24,7 +24,7 @@ from django.utils import timezone
 from actions.engine import resolutions
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, submission_record
-from actions.engine.resolutions import ReviewRefused
+from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import answer_from_refund, provider_from_settings
 from actions.models import (

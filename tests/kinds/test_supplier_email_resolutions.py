@@ -14,8 +14,8 @@ from django.urls import reverse
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import check_effects
 from actions.engine.ledger import ledger_audit_run
+from actions.engine.resolution_checks import ReviewRefused
 from actions.engine.resolutions import (
-    ReviewRefused,
     action_resolve_failed,
     action_resolve_resend,
     action_resolve_retry,

@@ -33,7 +33,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from actions.engine import dispatch as execution
 from actions.engine import reconcile as reconciliation
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.resolutions import ReviewRefused, action_resolve_failed, action_resolve_succeeded
+from actions.engine.resolution_checks import ReviewRefused
+from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
 from actions.kinds.fields import ProposalInvalid

@@ -48,7 +48,7 @@ from actions.agents.services import agent_token_issue
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, apply_outcome, submission_send_and_record
 from actions.engine.ledger import ledger_audit_run
-from actions.engine.resolutions import ReviewRefused
+from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, answer_from_refund, refund_action_id
 from actions.models import (
