@@ -27,7 +27,7 @@ LONG_FUNCTION_LINES = 80
 LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
-    "modules over 600 lines": 2,
+    "modules over 600 lines": 1,
     "functions over 80 lines": 8,
     "modules loose at the top of actions/": 17,
     "app modules in no import-linter layer": 1,

@@ -29,7 +29,8 @@ from actions.kinds import kind_for
 from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
 from actions.trail import Actor
-from actions.workflows.coordinator import latest_plan_approval, workflow_event, workflow_transition
+from actions.workflows.children import latest_plan_approval
+from actions.workflows.events import workflow_event, workflow_transition
 from actions.workflows.templates import READ, all_templates, plan_actions, plan_totals, template_for
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal
 from approvals.four_eyes import four_eyes_refusal
