@@ -28,7 +28,7 @@ LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
     "modules over 600 lines": 1,
-    "functions over 80 lines": 8,
+    "functions over 80 lines": 7,
     "modules loose at the top of actions/": 17,
     "app modules in no import-linter layer": 1,
     "private names imported across modules": 0,
