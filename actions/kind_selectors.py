@@ -1,6 +1,6 @@
 """The five checks, per kind, computed from each kind's receiver contract and the live settings.
 
-Every effect must pass them before an agent may cause it (DESIGN.md section 10, seed 001). The
+Every effect must pass them before an agent may cause it (docs/architecture.md section 10, seed 001). The
 answers are derived, never written by hand, so a kind whose receiver changes its contract shows
 the consequence at once: a red check says plainly what the console does instead.
 """

@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import has_transition_perm
 
+from actions.foundation.refusals import Refused
 from actions.kinds.fields import (
     FieldProblem,
     ProposalInvalid,
@@ -38,7 +39,6 @@ from actions.models import (
     RefundRequest,
 )
 from actions.providers.base import validate_idempotency_key
-from actions.refusals import Refused
 from actions.trail import Actor, Writes, action_transition, event_record
 from approvals.policy import auto_policy_apply, auto_policy_decide
 

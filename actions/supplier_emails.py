@@ -1,4 +1,4 @@
-"""Proposing a supplier email: validate, render the template, record (DESIGN.md section 3).
+"""Proposing a supplier email: validate, render the template, record (docs/architecture.md section 3).
 
 The agent names the supplier, a business reference, the template and its parameters, and the
 address (one of the supplier's known contacts). It never sends a subject or a body of its own:

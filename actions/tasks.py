@@ -1,6 +1,6 @@
 """Celery tasks: thin interfaces over the engine.
 
-The services and the approval policy publish the dispatch by name (``actions.publish``), so
+The services and the approval policy publish the dispatch by name (``actions.foundation.publish``), so
 nothing below this module imports it.
 """
 
@@ -12,16 +12,16 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from actions.agent_webhooks import webhook_deliver, webhook_sweep_due
+from actions.agents.webhooks import webhook_deliver, webhook_sweep_due
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.dispatch import sweep_authorized as sweep_authorized_run
 from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
 from actions.engine.throttle import dispatch_wait, reconcile_wait, republish_delay
+from actions.foundation.publish import queue_backlog
 from actions.housekeeping import attempts_prune_bodies
 from actions.notifications import notifications_send_due
-from actions.publish import queue_backlog
 from actions.workflows.coordinator import sweep_workflows as sweep_workflows_run
 from actions.workflows.coordinator import workflow_advance as workflow_advance_run
 from approvals.services import rejection_commit as rejection_commit_run

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from actions import publish, sql
+from actions import sql
+from actions.foundation import publish
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent, Attempt
 from actions.outbox import webhook_outbox_write
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions import views
+from actions.review import views
 
 urlpatterns = [
     path("", views.queue, name="review-queue"),

@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
-from actions.admin import CurrencyFilter, ReadOnlyAdmin
+from actions.admin.base import CurrencyFilter, ReadOnlyAdmin
 from approvals.models import (
     Approval,
     ApprovalLimit,

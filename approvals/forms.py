@@ -5,7 +5,7 @@ from typing import Any
 
 from django import forms
 
-from actions.text import validate_plain_text
+from actions.foundation.text import validate_plain_text
 from approvals.models import Decision, RejectionReason
 from approvals.services import Shown
 

@@ -57,7 +57,7 @@ class ApprovalGroup(models.Model):
     version by one; ``next_version`` is the version the next member's reservation expects, and
     advances in the same transaction as each sibling's reservation (actions.engine.claim). So a
     member goes stale when anything other than its own siblings changed the target, and never
-    because a sibling reserved first (DESIGN.md section 5).
+    because a sibling reserved first (docs/architecture.md section 5).
     """
 
     approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="approval_groups")
@@ -348,7 +348,7 @@ class PendingRejection(models.Model):
 
 
 class WorkflowApproval(models.Model):
-    """One decision on a workflow's whole plan (DESIGN.md section 10).
+    """One decision on a workflow's whole plan (docs/architecture.md section 10).
 
     It binds every target's version and each step's amount and currency (``bindings``, one entry
     per step), the plan's hash and an expiry; ``totals`` is the plan's money per currency, which

@@ -3,7 +3,7 @@
 Below the engine: the engine's claim asks the policy to decide again when an approval it gave
 went stale, and the services record a manager's approval through ``approval_record``. An
 approval binds what the decider saw: the target's version (as the kind defines it), amount,
-currency, payload hash and an expiry (DESIGN.md section 5).
+currency, payload hash and an expiry (docs/architecture.md section 5).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 from django.conf import settings
 
 from actions import sql
+from actions.foundation.publish import dispatch_enqueue_on_commit
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.publish import dispatch_enqueue_on_commit
 from actions.trail import Actor, Writes, action_transition, event_record
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal, auto_approval_held_record
 from approvals.models import Approval, ApprovalGroup, ApprovalPolicy, Decision

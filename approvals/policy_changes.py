@@ -23,8 +23,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from actions.foundation.security import security_event_record
 from actions.models import SecurityEventKind
-from actions.security import security_event_record
 from approvals.four_eyes import policy_change_reader_refusal, policy_change_refusal
 from approvals.models import (
     ApprovalLimit,

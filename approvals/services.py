@@ -2,7 +2,7 @@
 
 An approval is permission for one exact action against one exact state of its target. The
 engine's claim (``actions.engine.claim.submission_begin``) re-checks that binding inside the
-transaction that reserves and moves the action to SUBMITTING (DESIGN.md section 5).
+transaction that reserves and moves the action to SUBMITTING (docs/architecture.md section 5).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import has_transition_perm
 
-from actions import publish
+from actions.foundation import publish
+from actions.foundation.refusals import Refused
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.refusals import Refused
 from actions.trail import Actor, action_transition
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import (

@@ -29,7 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from django_otp import login as otp_login
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from actions.agents import (
+from actions.agents.services import (
     AgentChangeRefused,
     TokenNotActive,
     agent_token_issue_by_owner,

@@ -3,7 +3,7 @@
 Only the agent's owner sees it; anyone else (admins included) gets the same 404 as for an
 agent that does not exist. Token issue, rotation and revocation post to the views in
 console.account (issue 15), which keep the security trail; the webhook's URL and secret
-changes are written to the same trail (actions.agent_webhooks).
+changes are written to the same trail (actions.agents.webhooks).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
-from actions.agent_webhooks import (
+from actions.agents.webhooks import (
     WebhookChangeRefused,
     WebhookInvalid,
     agent_recent_actions,

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from actions.agent_webhooks import agents_owned_summary
+from actions.agents.webhooks import agents_owned_summary
 from actions.notifications import waiting_count_for
 from console.roles import user_roles
 

@@ -17,7 +17,13 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
-from actions.exports import ExportRange, ExportRangeInvalid, actions_export_rows, export_range_parse, trail_export_rows
+from actions.review.exports import (
+    ExportRange,
+    ExportRangeInvalid,
+    actions_export_rows,
+    export_range_parse,
+    trail_export_rows,
+)
 from console.roles import ADMIN, FINANCE, user_roles
 
 

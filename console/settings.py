@@ -366,7 +366,7 @@ SWEEP_INTERVAL_SECONDS: int = env_int("SWEEP_INTERVAL_SECONDS", 10)
 # enough for the last lease to outlast the calls before it (actions.engine.dispatch).
 DISPATCH_BATCH_SIZE: int = env_int("DISPATCH_BATCH_SIZE", 16)
 # Off where the dispatcher process runs (`manage.py dispatcher`): approvals then publish no
-# Celery dispatch per action, the dispatcher claims them from the table (actions.publish).
+# Celery dispatch per action, the dispatcher claims them from the table (actions.foundation.publish).
 DISPATCH_PUBLISH: bool = env_bool("DISPATCH_PUBLISH", True)
 # Escalation policy for UNKNOWN actions: this many failed reconciliations within the window
 # send the action to NEEDS_REVIEW with a named owner.
@@ -391,14 +391,14 @@ LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 36
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.
 ATTEMPT_BODY_RETENTION_DAYS: int = env_int("ATTEMPT_BODY_RETENTION_DAYS", 90)
 HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 3600)
-# Webhooks for agents (actions/agent_webhooks.py). A failed delivery is retried after
+# Webhooks for agents (actions/agents/webhooks.py). A failed delivery is retried after
 # BASE * 2**(n-1) seconds (capped at CAP) until WINDOW seconds after the event; beat sweeps
 # deliveries whose publish was lost every SWEEP_INTERVAL_SECONDS.
 AGENT_WEBHOOK_BACKOFF_BASE_SECONDS: float = float(env_str("AGENT_WEBHOOK_BACKOFF_BASE_SECONDS", "30"))
 AGENT_WEBHOOK_BACKOFF_CAP_SECONDS: float = float(env_str("AGENT_WEBHOOK_BACKOFF_CAP_SECONDS", str(6 * 3600)))
 AGENT_WEBHOOK_WINDOW_SECONDS: int = env_int("AGENT_WEBHOOK_WINDOW_SECONDS", 3 * 24 * 3600)
 AGENT_WEBHOOK_TIMEOUT_SECONDS: float = float(env_str("AGENT_WEBHOOK_TIMEOUT_SECONDS", "5"))
-# Webhooks go to public addresses only (actions.egress). Loopback is allowed for tests and a
+# Webhooks go to public addresses only (actions.foundation.egress). Loopback is allowed for tests and a
 # one-machine demo only; `check --deploy` reports it. An egress proxy, where a deployment has one.
 AGENT_WEBHOOK_ALLOW_LOOPBACK: bool = env_bool("AGENT_WEBHOOK_ALLOW_LOOPBACK", False)
 AGENT_WEBHOOK_PROXY_URL: str = env_str("AGENT_WEBHOOK_PROXY_URL", "")
@@ -568,7 +568,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "actions.tasks.sweep_rejections",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
     },
-    # Agent webhooks whose publish was lost, or whose retry is due (actions.agent_webhooks).
+    # Agent webhooks whose publish was lost, or whose retry is due (actions.agents.webhooks).
     "sweep-agent-webhooks": {
         "task": "actions.tasks.sweep_agent_webhooks",
         "schedule": float(SWEEP_INTERVAL_SECONDS),

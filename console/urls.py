@@ -4,8 +4,9 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from actions import order_views, webhook_views
-from actions import views as actions_views
+from actions.orders import views as order_views
+from actions.provider_events import views as webhook_views
+from actions.review import views as actions_views
 from console import account, agent_pages, export_views, metrics, views
 
 urlpatterns = [

@@ -10,7 +10,8 @@ from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
 from actions import permissions as perms
-from actions.review_selectors import RESOLVE_PERMISSION, ledger_audit_last_get, review_summary_get
+from actions.review.selectors.common import RESOLVE_PERMISSION
+from actions.review.selectors.summary import ledger_audit_last_get, review_summary_get
 from approvals.four_eyes import policy_change_reader_refusal
 from approvals.policy_changes import policy_changes_waiting_count
 from approvals.selectors.decided import approval_summary_get

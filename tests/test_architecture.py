@@ -27,13 +27,13 @@ LONG_FUNCTION_LINES = 80
 LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
-    "modules over 600 lines": 6,
-    "functions over 80 lines": 10,
-    "modules loose at the top of actions/": 40,
-    "app modules in no import-linter layer": 1,
+    "modules over 600 lines": 1,
+    "functions over 80 lines": 8,
+    "modules loose at the top of actions/": 17,
+    "app modules in no import-linter layer": 0,
     "private names imported across modules": 0,
     "kind branches outside actions/kinds": 0,
-    "reaches into Django's internals": 14,
+    "reaches into Django's internals": 0,
     "harness modules inside the app": 0,
 }
 

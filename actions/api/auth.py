@@ -17,7 +17,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
-from actions.agents import AgentAuthenticationFailed, agent_authenticate
+from actions.agents.services import AgentAuthenticationFailed, agent_authenticate
 from actions.api.problems import ApiProblem
 from actions.models import AgentToken
 

@@ -14,9 +14,9 @@ from ninja import Schema
 from pydantic import AwareDatetime, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from actions.foundation.text import unsafe_characters, unsafe_characters_message
 from actions.kinds.fields import MAX_EVIDENCE_LENGTH, MAX_NOTE_LENGTH
 from actions.models import ReasonCode
-from actions.text import unsafe_characters, unsafe_characters_message
 
 ORDER_NUMBER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"
 EXTERNAL_REFERENCE_PATTERN = r"^[A-Za-z0-9#][A-Za-z0-9_.:#/@+\-]{0,99}$"

@@ -1,4 +1,4 @@
-"""The claim: reserve and move AUTHORIZED -> SUBMITTING in one transaction (DESIGN.md section 5).
+"""The claim: reserve and move AUTHORIZED -> SUBMITTING in one transaction (docs/architecture.md section 5).
 
 An approval is permission for one exact action against one exact state of its target. The claim
 re-checks that binding inside the transaction that reserves (through the kind's hook) and takes

@@ -28,10 +28,10 @@ from actions import sql
 from actions.engine.claim import ClaimOutcome, submission_begin, submission_begin_batch, target_lock_order
 from actions.engine.faults import fault_point
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttling_enabled
+from actions.foundation.owners import owner_pick
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
-from actions.owners import owner_pick
 from actions.trail import Actor, Writes, action_transition, attempt_answer_write
 
 log = logging.getLogger(__name__)
@@ -615,7 +615,7 @@ def _submission_apply(
 ) -> str:
     """The lease holder's transition for the answer (in memory, inside submission_record's transaction)."""
     if answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked:
-        # No reconciliation could ever tell what happened (DESIGN.md section 4, SUBMITTING ->
+        # No reconciliation could ever tell what happened (docs/architecture.md section 4, SUBMITTING ->
         # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
         action_escalate(
             action=action,

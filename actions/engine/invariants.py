@@ -1,4 +1,4 @@
-"""An invariant checker for a live deployment: DESIGN.md section 8, invariants 1, 2, 5 and 8.
+"""An invariant checker for a live deployment: docs/architecture.md section 8, invariants 1, 2, 5 and 8.
 
 It reads the console's database and every kind's ledger at its receiver and reports every
 violation. Used by

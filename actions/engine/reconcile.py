@@ -1,4 +1,4 @@
-"""Reconciliation: UNKNOWN is a state, not a guess (DESIGN.md section 7).
+"""Reconciliation: UNKNOWN is a state, not a guess (docs/architecture.md section 7).
 
 For an UNKNOWN action the receiver is asked first, by the action id in its metadata:
 
@@ -162,7 +162,7 @@ def reconcile_action(
     contract = receiver.contract
 
     if action.status == S.UNKNOWN and not contract.supports_lookup:
-        # DESIGN.md section 4: a receiver with no lookup can never give the evidence a retry needs.
+        # docs/architecture.md section 4: a receiver with no lookup can never give the evidence a retry needs.
         fault_point("during_reconciliation")
         outcome = _record(
             action_pk=action_pk, attempt_pk=attempt.pk, token=token, lookup=None, contract=contract, now=now

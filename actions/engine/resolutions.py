@@ -5,17 +5,15 @@ refuses bad input before writing anything, and makes its change and its audit re
 transaction. A call to the receiver never runs inside a transaction. Each resolution has one
 skeleton (``_resolve``): ask the receiver (outside), then in one short transaction record the
 lookup, check the action again, and apply the resolution's policy, which refuses when the
-receiver's live answer contradicts the person (DESIGN.md section 7: only the receiver's record
+receiver's live answer contradicts the person (docs/architecture.md section 7: only the receiver's record
 proves an effect). The lookup is kept even when the resolution is refused.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
@@ -27,24 +25,30 @@ from actions import permissions as perms
 from actions.engine.dispatch import outcome_book, receiver_for, submission_send_and_record
 from actions.engine.leases import Lease, lease_take
 from actions.engine.reconcile import receiver_lookup
-from actions.kinds import kind_for, owner_group_of
-from actions.kinds.base import Effect, Lookup, LookupVerdict, Outcome, Receiver, ReceiverContract
+from actions.engine.resolution_checks import (
+    ReviewRefused,
+    checked_expected_amount,
+    checked_failure_choice,
+    checked_reason,
+    checked_reference,
+    conflict_with_not_executed,
+    conflict_with_succeeded,
+    failed_timing_refusal,
+    retry_timing_refusal,
+    review_action,
+    review_owner_rule,
+    review_require,
+    review_resolver_rule,
+    review_stamp,
+    review_text,
+)
+from actions.kinds import kind_for
+from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind
-from actions.providers.money import currency_exponent
-from actions.refusals import Refused
-from actions.review_rules import owner_rule_refusal, retry_evidence_from_attempt
-from actions.separation import is_console_admin
+from actions.review.rules import retry_evidence_from_attempt
 from actions.trail import RESEND_TRANSITION, Actor, action_transition
 
 S = ActionStatus
-
-MAX_REASON_LENGTH = 1000
-REFERENCE_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,255}$")
-AMOUNT_PATTERN = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?$")
-
-
-class ReviewRefused(Refused):
-    """A review change the rules do not allow (finance's lookups and resolutions)."""
 
 
 @dataclass(frozen=True)
@@ -63,146 +67,6 @@ class Resolution:
     check: Attempt | None = None
     remedy: Any = None  # the follow-up the kind opened, if any
     outcome: str = ""
-
-
-# --- input --------------------------------------------------------------------------------------
-
-
-def review_text(raw: object, *, name: str, required: bool, label: str) -> str:
-    value = str(raw or "").strip()
-    if "\x00" in value:
-        raise ReviewRefused(f"{name}: the text contains a NUL character.", code="invalid", status=400, field=name)
-    if len(value) > MAX_REASON_LENGTH:
-        raise ReviewRefused(
-            f"{name}: keep it under {MAX_REASON_LENGTH} characters.", code="too_long", status=400, field=name
-        )
-    if required and not value:
-        raise ReviewRefused(f"{name}: {label}", code="required", status=400, field=name)
-    return value
-
-
-def _reason(raw: object) -> str:
-    return review_text(raw, name="reason", required=True, label="Give a reason for the audit trail.")
-
-
-def _reference(raw: object, noun: str) -> str:
-    value = str(raw or "").strip()
-    if not value:
-        raise ReviewRefused(
-            f"provider_reference: give the receiver's reference for the {noun} (for example re_...).",
-            code="required",
-            status=400,
-            field="provider_reference",
-        )
-    if not REFERENCE_PATTERN.match(value):
-        raise ReviewRefused(
-            "provider_reference: use the receiver's id as it shows it: letters, digits, '_' or '-'.",
-            code="invalid",
-            status=400,
-            field="provider_reference",
-        )
-    return value
-
-
-def _failure_choice(raw: object, action: Action) -> str:
-    choices = kind_for(action.kind).failure_choices
-    value = str(raw or "")
-    if not choices:
-        return value
-    if value not in [choice for choice, _ in choices]:
-        names = ", ".join(label.lower() for _, label in choices)
-        raise ReviewRefused(f"remedy_kind: choose one of {names}.", code="invalid", status=400, field="remedy_kind")
-    return value
-
-
-def _expected_amount(raw: object, action: Action) -> Decimal:
-    text = str(raw if raw is not None else "").strip()
-    if not text:
-        return action.amount
-    problem = f"expected_amount: give an amount like {action.amount} ({action.currency}), at most the action's amount."
-    if not AMOUNT_PATTERN.match(text):
-        raise ReviewRefused(problem, code="invalid", status=400, field="expected_amount")
-    try:
-        amount = Decimal(text)
-    except InvalidOperation as error:
-        raise ReviewRefused(problem, code="invalid", status=400, field="expected_amount") from error
-    exponent = currency_exponent(action.currency)
-    if amount <= 0 or amount > action.amount or -amount.normalize().as_tuple().exponent > exponent:  # type: ignore[operator]
-        raise ReviewRefused(problem, code="invalid", status=400, field="expected_amount")
-    return amount.quantize(Decimal(1).scaleb(-exponent))
-
-
-# --- who may act ---------------------------------------------------------------------------------
-
-
-def review_require(user: Any, permission: str, message: str) -> None:
-    if not getattr(user, "is_authenticated", False) or not user.has_perm(permission):
-        raise ReviewRefused(message, code="not_allowed", status=403)
-
-
-def resolver_refusal(
-    *,
-    user: Any,
-    kind: str | None,
-    owner: Any,
-    permission: str = perms.RESOLVE,
-    groups: Mapping[str, str] | None = None,
-) -> str | None:
-    """Why ``user`` may not work on a review item of ``kind`` owned by ``owner`` (resolve it,
-    look it up, take it over, pass it on), or None. The one rule: the pages ask it which buttons
-    to show and whom to offer for reassignment, the services ask it before they change anything.
-
-    An admin never does, whatever permission or superuser flag he holds (separation of duties).
-    Anyone else needs the role's ``permission``, and either to be a member of the kind's owner
-    group (``owner_group_of``, the group the five-checks page names) or to be the item's named
-    owner: someone an admin gave it to explicitly. An item with no kind (a discrepancy the audit
-    found with no action) needs the permission alone. ``groups`` is ``owner_groups()``, read once
-    by a page that asks about many items.
-    """
-    if not getattr(user, "is_authenticated", False):
-        return "Sign in to work on review items."
-    if is_console_admin(user):
-        return (
-            "Admins do not resolve review items: the owner group of its kind does (separation of duties). "
-            "An admin may reassign it in the admin site."
-        )
-    if not user.has_perm(permission):
-        return "Your role does not work on review items."
-    if kind is None or (owner is not None and owner.pk == user.pk):
-        return None
-    group = groups[kind] if groups is not None else owner_group_of(kind)
-    # ``all()``, not a filter: it reads the groups a list of people was fetched with.
-    if any(membership.name == group for membership in user.groups.all()):
-        return None
-    return (
-        f"Only {group} may resolve {kind_for(kind).label.lower()}s (the owner group on the five-checks page), "
-        "or the person an item was given to; you are neither."
-    )
-
-
-def review_resolver_rule(user: Any, *, kind: str | None, owner: Any, permission: str = perms.RESOLVE) -> None:
-    refusal = resolver_refusal(user=user, kind=kind, owner=owner, permission=permission)
-    if refusal is not None:
-        raise ReviewRefused(refusal, code="not_allowed", status=403)
-
-
-def review_owner_rule(user: Any, owner: Any) -> None:
-    refusal = owner_rule_refusal(user=user, owner=owner)
-    if refusal is not None:
-        raise ReviewRefused(refusal, code="not_owner", status=403)
-
-
-def review_action(action_pk: int, *, lock: bool = False) -> Action:
-    queryset = Action.objects.select_for_update(of=("self",)) if lock else Action.objects
-    try:
-        return queryset.select_related("owner").get(pk=action_pk)
-    except Action.DoesNotExist as missing:
-        raise ReviewRefused("There is no such action.", code="not_found", status=404) from missing
-
-
-def review_stamp(now: datetime, user: Any, what: str, note: str) -> str:
-    line = f"[{timezone.localtime(now):%Y-%m-%d %H:%M} {user.get_username()}] {what}"
-    return f"{line}: {note}" if note else line
 
 
 # --- the live lookup -----------------------------------------------------------------------------
@@ -264,106 +128,6 @@ def action_lookup(*, action_pk: int, user: Any, receiver: Receiver | None = None
             action=action, lookup=lookup, user=user, purpose="lookup", started_at=started_at, now=timezone.now()
         )
     return LookupResult(action=action, attempt=attempt, lookup=lookup)
-
-
-# --- what the receiver's answer allows ------------------------------------------------------------
-
-
-def _effects_text(effects: list[Effect]) -> str:
-    return ", ".join(f"{effect.reference} ({effect.status})" for effect in effects)
-
-
-def _conflict_succeeded(action: Action, lookup: Lookup | None, reference: str) -> str | None:
-    if lookup is None:
-        return None  # a receiver with no lookup: the person's evidence is the record
-    noun = kind_for(action.kind).explanations.noun
-    who = kind_for(action.kind).contract().receiver
-    if lookup.verdict == LookupVerdict.INCONCLUSIVE:
-        return f"The {who} could not confirm it ({lookup.error}). Nothing is recorded as succeeded without its answer."
-    if lookup.verdict == LookupVerdict.NOT_FOUND:
-        return f"The {who} has no {noun} for this action, so it cannot be confirmed as succeeded."
-    if lookup.verdict == LookupVerdict.DUPLICATE:
-        # Confirming the one named effect books the amount once; the other effect stays on record
-        # as a discrepancy (reconciliation stored it), to be corrected by a compensating action.
-        named = [effect for effect in lookup.effects if effect.reference == reference]
-        if not named:
-            return (
-                f"The {who} has {len(lookup.effects)} of them for this action ({_effects_text(lookup.effects)}). "
-                "Name the one to record as this action's effect; the other stays open as a discrepancy."
-            )
-        effect = named[0]
-    else:
-        effect = lookup.effects[0]
-    if effect.reference != reference:
-        return f"The {who}'s {noun} for this action is {effect.reference}, not {reference}."
-    if effect.outcome != Outcome.SUCCEEDED:
-        return f"The {who}'s {noun} {effect.reference} is {effect.status}, not succeeded."
-    expected = kind_for(action.kind).expected_amount_minor(action)
-    if (expected is not None and effect.amount_minor != expected) or effect.currency.upper() != action.currency:
-        return (
-            f"The {who}'s {noun} {effect.reference} is for {effect.amount_minor} {effect.currency.upper()} "
-            f"(minor units), not {expected} {action.currency}."
-        )
-    return None
-
-
-def _conflict_not_executed(action: Action, lookup: Lookup | None, *, retry: bool) -> str | None:
-    who = kind_for(action.kind).contract().receiver
-    if lookup is None:
-        if retry:
-            return f"The {who} offers no lookup, so nothing can prove that sending again would not repeat it."
-        return None
-    noun = kind_for(action.kind).explanations.noun
-    effects = lookup.live_effects
-    if effects:
-        what = "retried" if retry else "recorded as failed"
-        return (
-            f"The {who} shows {_effects_text(effects)} for this action: the {noun} exists, so it cannot be {what}. "
-            "Confirm it as succeeded, or wait for it to settle."
-        )
-    if lookup.verdict == LookupVerdict.INCONCLUSIVE:
-        if not retry and lookup.target_missing:
-            return None  # the receiver has no such target: no effect can exist on it
-        return f"The {who} could not be asked ({lookup.error}). Try again in a moment."
-    if retry and lookup.verdict != LookupVerdict.NOT_FOUND:
-        return f"The {who} has records for this action ({_effects_text(lookup.effects)}): a retry is not safe."
-    return None
-
-
-def _retry_timing(action: Action, contract: ReceiverContract, now: datetime) -> str | None:
-    if not contract.lookup_authoritative:
-        return (
-            f"The {contract.receiver}'s lookups are not authoritative: "
-            "a not-found answer does not prove a retry is safe."
-        )
-    visible_after = (action.last_attempt_at or action.first_attempt_at or now) + contract.lookup_visibility_delay
-    if now < visible_after:
-        return (
-            f"The {contract.receiver}'s lookup may still be catching up until {visible_after:%H:%M:%S}. Try again then."
-        )
-    return None
-
-
-def _failed_timing(action: Action, contract: ReceiverContract, now: datetime) -> str | None:
-    """A not-found proves "failed" only once no earlier attempt can still arrive at the receiver.
-
-    Recording failed releases the reservation and opens the kind's follow-up (the person affected
-    is served another way): if the effect then appeared, it would have happened twice.
-    """
-    timing = _retry_timing(action, contract, now)
-    if timing is not None:
-        return timing
-    last = action.last_attempt_at or action.first_attempt_at
-    if last is None:
-        return None
-    quiet_after = last + timedelta(seconds=settings.LEASE_SECONDS) + contract.lookup_visibility_delay
-    if now < quiet_after:
-        return (
-            f"The last attempt ({last:%H:%M:%S}) could still reach the {contract.receiver} "
-            f"until {quiet_after:%H:%M:%S}: "
-            "record it as failed after that, once a lookup still finds nothing."
-        )
-    return None
 
 
 # --- the skeleton ---------------------------------------------------------------------------------
@@ -455,8 +219,8 @@ def action_resolve_succeeded(
     kind = kind_for(action.kind)
     noun = kind.explanations.noun
     default = kind.default_reference(action)
-    reference = _reference(provider_reference if str(provider_reference or "").strip() else default, noun)
-    reason_text = _reason(reason)
+    reference = checked_reference(provider_reference if str(provider_reference or "").strip() else default, noun)
+    reason_text = checked_reason(reason)
     evidence_text = review_text(
         evidence,
         name="evidence",
@@ -465,7 +229,7 @@ def action_resolve_succeeded(
     )
 
     def confirm(checked: _Checked) -> str | None:
-        conflict = _conflict_succeeded(checked.action, checked.lookup, reference)
+        conflict = conflict_with_succeeded(checked.action, checked.lookup, reference)
         if conflict is not None:
             return conflict
         action_transition(
@@ -520,16 +284,16 @@ def action_resolve_failed(
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
     action = review_action(action_pk)
     review_resolver_rule(user, kind=action.kind, owner=action.owner)
-    reason_text = _reason(reason)
-    choice = _failure_choice(remedy_kind, action)
+    reason_text = checked_reason(reason)
+    choice = checked_failure_choice(remedy_kind, action)
     _check_resolvable(action, user, "resolve_failed")
-    amount = _expected_amount(expected_amount, action)
+    amount = checked_expected_amount(expected_amount, action)
     followups: list[Any] = []
 
     def fail(checked: _Checked) -> str | None:
-        conflict = _conflict_not_executed(checked.action, checked.lookup, retry=False)
+        conflict = conflict_with_not_executed(checked.action, checked.lookup, retry=False)
         if conflict is None and checked.lookup is not None and checked.lookup.verdict == LookupVerdict.NOT_FOUND:
-            conflict = _failed_timing(checked.action, checked.contract, checked.now)
+            conflict = failed_timing_refusal(checked.action, checked.contract, checked.now)
         if conflict is not None:
             return conflict
         action_transition(
@@ -589,7 +353,7 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
     action = review_action(action_pk)
     review_resolver_rule(user, kind=action.kind, owner=action.owner)
-    reason_text = _reason(reason)
+    reason_text = checked_reason(reason)
     _check_resolvable(action, user, "resolve_retry")
     latest = (
         Attempt.objects.filter(action_id=action.pk, kind=AttemptKind.LOOKUP, finished_at__isnull=False)
@@ -602,7 +366,7 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
     leases: list[Lease] = []
 
     def retry(checked: _Checked) -> str | None:
-        conflict = _conflict_not_executed(checked.action, checked.lookup, retry=True) or _retry_timing(
+        conflict = conflict_with_not_executed(checked.action, checked.lookup, retry=True) or retry_timing_refusal(
             checked.action, checked.contract, checked.now
         )
         if conflict is not None:
@@ -661,7 +425,7 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
     review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
     action = review_action(action_pk)
     review_resolver_rule(user, kind=action.kind, owner=action.owner)
-    reason_text = _reason(reason)
+    reason_text = checked_reason(reason)
     _check_resolvable(action, user, RESEND_TRANSITION)
     receiver = receiver or receiver_for(action)
     if receiver.contract.can_be_asked:

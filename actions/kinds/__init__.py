@@ -1,4 +1,4 @@
-"""Effect kinds: one module per kind, each registered by name (DESIGN.md section 10).
+"""Effect kinds: one module per kind, each registered by name (docs/architecture.md section 10).
 
 Importing this package registers the shipped kinds. The engine finds a kind only through
 ``kind_for(name)``.

@@ -4,7 +4,7 @@ The engine (claim, send, record, reconcile, escalate, sweep, resolve, audit) kno
 in this module: a kind's receiver contract as data, a receiver that can send and perhaps look
 up, the generic ``Effect`` a receiver reports, and the ``Outcome`` an answer proves. Everything
 that differs between a refund, an invoice adjustment and an email lives in the kind's own module
-(DESIGN.md section 10), registered in ``actions.kinds.registry``.
+(docs/architecture.md section 10), registered in ``actions.kinds.registry``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class DuplicateCorrection(enum.StrEnum):
 
 
 class StepClass(enum.StrEnum):
-    """How dangerous repeating a step is (DESIGN.md section 10); it sets the recovery policy."""
+    """How dangerous repeating a step is (docs/architecture.md section 10); it sets the recovery policy."""
 
     READ = "read"
     SET = "set"

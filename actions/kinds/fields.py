@@ -15,9 +15,9 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 
+from actions.foundation.text import unsafe_characters, unsafe_characters_message
 from actions.models import ReasonCode
 from actions.providers.money import currency_exponent
-from actions.text import unsafe_characters, unsafe_characters_message
 
 # Order numbers and references end up in action ids and idempotency keys, so they are held to
 # the key's safe character set from the start.

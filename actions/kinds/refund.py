@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db.models import Q, Sum
 
 from actions import sql
+from actions.foundation.owners import owner_pick
 from actions.kinds.base import (
     Answer,
     BindingFailure,
@@ -47,7 +48,6 @@ from actions.models import (
     RemedyKind,
 )
 from actions.models.actions import RESERVING_STATUSES
-from actions.owners import owner_pick
 from actions.providers.base import (
     AmbiguousError,
     CreateRefund,
@@ -66,7 +66,7 @@ from actions.providers.stripe_adapter import StripeProvider
 S = ActionStatus
 
 
-# --- the answer table (DESIGN.md section 6) --------------------------------------------------
+# --- the answer table (docs/architecture.md section 6) --------------------------------------------------
 #
 # | receiver answer                                                   | outcome      |
 # |-------------------------------------------------------------------|--------------|

@@ -7,8 +7,8 @@ branches on a name. A new kind is one module under ``actions.kinds`` that calls 
 
 from __future__ import annotations
 
+from actions.foundation.owners import owner_group_name, owner_group_names
 from actions.kinds.base import EffectKind
-from actions.owners import owner_group_name, owner_group_names
 
 
 class UnknownKind(LookupError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import migrations
 
-from actions.db_guards import install_database_guards, remove_database_guards
+from actions.foundation.db_guards import install_database_guards, remove_database_guards
 
 
 class Migration(migrations.Migration):

@@ -4,7 +4,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-from actions.db_guards import install_security_guards, refuse_duplicate_charges, remove_security_guards
+from actions.foundation.db_guards import install_security_guards, refuse_duplicate_charges, remove_security_guards
 
 
 class Migration(migrations.Migration):

@@ -5,7 +5,7 @@ import django_fsm
 from django.conf import settings
 from django.db import migrations, models
 
-from actions.db_guards import install_workflow_guards, remove_workflow_guards
+from actions.foundation.db_guards import install_workflow_guards, remove_workflow_guards
 
 
 class Migration(migrations.Migration):

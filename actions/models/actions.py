@@ -292,7 +292,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
-    # --- transitions (DESIGN.md section 4): fields only, no I/O, no saves ---------------
+    # --- transitions (docs/architecture.md section 4): fields only, no I/O, no saves ---------------
 
     @transition(field=status, source=S.NEW, target=S.PROPOSED)
     def propose(self) -> None:

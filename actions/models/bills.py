@@ -3,7 +3,7 @@
 A bill mirrors one supplier invoice (a bill, ACCPAY) in the accounting system. Its
 ``amount_due`` is what the accounting system said the console may still credit when the bill was
 imported; adjustments draw on it exactly as refunds draw on an order's captured amount, so the
-same reservation discipline (DESIGN.md section 5) holds: a version bumped by every change of its
+same reservation discipline (docs/architecture.md section 5) holds: a version bumped by every change of its
 money, and a check constraint that no code path can over-credit it.
 """
 

@@ -4,7 +4,7 @@ A workflow is an instance of a template registered in code (``actions.workflows.
 Its plan (every step's kind, payload, amount, currency, target and compensation) is fixed when
 it is proposed and hashed; one approval binds the whole plan. Each effect step becomes a child
 ``Action`` with the key ``<workflow id>:<step>`` only when the coordinator starts it, and each
-compensation a child with the key ``<workflow id>:<step>:compensate`` (DESIGN.md section 10).
+compensation a child with the key ``<workflow id>:<step>:compensate`` (docs/architecture.md section 10).
 
 The workflow's state is a protected FSM field. As for actions, transitions only change fields;
 the coordinator runs them in a transaction and writes a ``WorkflowEvent`` in that transaction.

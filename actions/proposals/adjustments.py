@@ -9,7 +9,7 @@ from actions.adjustments import (
     action_propose_invoice_adjustment,
     adjustment_request_open,
 )
-from actions.agents import INVOICE_ADJUSTMENT_SCOPE
+from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
 from actions.kinds.fields import ProposalInvalid
 from actions.models import Agent
 from actions.proposals.outcomes import Conflict, invalid

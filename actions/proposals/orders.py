@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from actions.agents import ORDERS_SCOPE
+from actions.agents.services import ORDERS_SCOPE
 from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import Agent
-from actions.orders import OrderBusy, OrderConflict, OrderResult, order_data_check, order_upsert
+from actions.orders.services import OrderBusy, OrderConflict, OrderResult, order_data_check, order_upsert
 from actions.proposals.outcomes import Conflict, invalid
 from actions.proposals.rules import scope_require
 

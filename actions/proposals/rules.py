@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from actions.agents import INVOICE_ADJUSTMENT_SCOPE
+from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
 from actions.kinds.fields import ProposalInvalid
 from actions.models import ActionKind, Agent
 from actions.proposals.outcomes import Conflict, Forbidden, invalid

@@ -3,7 +3,7 @@
 Plain Python with no Django import, so workers, tests and the sandbox can all use it.
 
 The error classes are the heart of the contract. Each one tells the caller what it may conclude
-about the outside world, and the console maps them to states in one place (DESIGN.md section 6):
+about the outside world, and the console maps them to states in one place (docs/architecture.md section 6):
 
 - ``DefinitiveError``: the receiver authoritatively refused; nothing was executed and nothing will
   be. Safe to record as FAILED_FINAL.
@@ -46,7 +46,7 @@ __all__ = [
     "validate_idempotency_key",
 ]
 
-# Stripe rejects longer Idempotency-Key headers; DESIGN.md section 3 checks keys against it.
+# Stripe rejects longer Idempotency-Key headers; docs/architecture.md section 3 checks keys against it.
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 
 # Letters, digits and ``: _ . -``: enough for ids like ``refund:order-4821:request-3``, and safe in

@@ -2,7 +2,7 @@
 
 The same class talks to Stripe in production and to the sandbox in development and tests: only
 ``api_base`` and the key differ. Every Stripe error is mapped to the contract's error types in
-``map_create_error`` and ``map_lookup_error``, following DESIGN.md section 6.
+``map_create_error`` and ``map_lookup_error``, following docs/architecture.md section 6.
 """
 
 from __future__ import annotations
@@ -358,7 +358,7 @@ def _raw_json(obj: stripe.StripeObject) -> dict[str, Any]:
     return obj.to_dict()
 
 
-# -- error mapping (DESIGN.md section 6, in one place) -----------------------------------------
+# -- error mapping (docs/architecture.md section 6, in one place) -----------------------------------------
 
 
 def _error_json(exc: stripe.StripeError) -> dict[str, Any] | None:

@@ -29,367 +29,41 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from actions.engine.faults import fault_point
-from actions.kinds import kind_for
+from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.models import (
-    Action,
     ActionStatus,
     Workflow,
-    WorkflowEvent,
-    WorkflowState,
     WorkflowStep,
 )
-from actions.models.actions import ActorKind
-from actions.owners import owner_pick
-from actions.publish import workflow_advance_enqueue_on_commit
-from actions.trail import Actor, event_record
-from actions.workflows.templates import READ, child_action, compensation_key, step_key, template_for
-from approvals.models import Decision, WorkflowApproval
-from approvals.policy import approval_record
+from actions.workflows.children import (
+    compensation_start,
+    owner_for,
+    proposal_problem,
+    step_start,
+    waiting_in_inbox,
+    workflow_fail,
+    workflow_pause,
+)
+from actions.workflows.events import (
+    COORDINATOR,
+    DID_NOT_HAPPEN,
+    FAULT_BEFORE_NEXT_STEP,
+    FAULT_DURING_COMPENSATION,
+    IN_FLIGHT,
+    NEEDS_DECISION,
+    UNRESOLVED,
+    W,
+    workflow_event,
+    workflow_transition,
+)
+from actions.workflows.templates import READ, template_for
 
 log = logging.getLogger(__name__)
 S = ActionStatus
-W = WorkflowState
-
-COORDINATOR = Actor.system("workflow-coordinator")
-IN_FLIGHT = frozenset({S.AUTHORIZED, S.SUBMITTING, S.SETTLING})
-UNRESOLVED = frozenset({S.SUBMITTING, S.UNKNOWN, S.SETTLING, S.NEEDS_REVIEW})
-NEEDS_DECISION = frozenset({S.STALE, S.PROPOSED})
-DID_NOT_HAPPEN = frozenset({S.FAILED_FINAL, S.CANCELLED, S.REJECTED})
-
-# Named fault points (tests/faults kill a real worker here): between a step's record and the
-# next step's claim, and in the middle of compensation.
-FAULT_BEFORE_NEXT_STEP = "workflow_before_next_step"
-FAULT_AFTER_NEXT_STEP = "workflow_after_next_step"
-FAULT_DURING_COMPENSATION = "workflow_during_compensation"
-
-
-# --- the trail -------------------------------------------------------------------------------
-
-
-def workflow_event(
-    *,
-    workflow: Workflow,
-    transition: str,
-    from_state: str,
-    actor: Actor,
-    reason: str = "",
-    evidence: dict[str, Any] | None = None,
-    now: datetime | None = None,
-) -> WorkflowEvent:
-    return WorkflowEvent.objects.create(
-        workflow=workflow,
-        transition=transition,
-        from_state=from_state,
-        to_state=workflow.state,
-        actor_kind=actor.kind,
-        actor_user=actor.user if actor.kind == ActorKind.USER else None,
-        actor_agent=actor.agent,
-        actor_label=actor.label,
-        reason=reason,
-        evidence=evidence or {},
-        created_at=now or timezone.now(),
-    )
-
-
-def workflow_transition(
-    *,
-    workflow: Workflow,
-    transition: str,
-    actor: Actor,
-    reason: str = "",
-    evidence: dict[str, Any] | None = None,
-    now: datetime | None = None,
-    **kwargs: Any,
-) -> WorkflowEvent:
-    """One FSM transition of the workflow, saved (WHERE state = <old>) with its event."""
-    now = now or timezone.now()
-    from_state = workflow.state
-    getattr(workflow, transition)(**kwargs)
-    workflow.state_changed_at = now
-    workflow.save()
-    return workflow_event(
-        workflow=workflow,
-        transition=transition,
-        from_state=from_state,
-        actor=actor,
-        reason=reason,
-        evidence=evidence,
-        now=now,
-    )
-
-
-# --- children --------------------------------------------------------------------------------
-
-
-def latest_plan_approval(workflow: Workflow) -> WorkflowApproval | None:
-    return WorkflowApproval.objects.filter(workflow=workflow, decision=Decision.APPROVE).order_by("-pk").first()
-
-
-def _binding_for(plan_approval: WorkflowApproval, step_name: str) -> dict[str, Any] | None:
-    return next((binding for binding in plan_approval.bindings if binding.get("step") == step_name), None)
-
-
-def _child_create_or_link(
-    *,
-    workflow: Workflow,
-    step: WorkflowStep,
-    action: Action,
-    plan_approval: WorkflowApproval | None,
-    order_version: int | None,
-    expires_at: datetime | None,
-    reason: str,
-    now: datetime,
-) -> Action:
-    """The child recorded under ``action``'s key: created now, or, when the key exists already
-    (a child left by an earlier run), the existing one, never a second one."""
-    try:
-        with transaction.atomic():
-            return _child_create(
-                workflow=workflow,
-                step=step,
-                action=action,
-                plan_approval=plan_approval,
-                order_version=order_version,
-                expires_at=expires_at,
-                reason=reason,
-                now=now,
-            )
-    except IntegrityError:
-        return Action.objects.get(action_id=action.action_id)
-
-
-def _child_create(
-    *,
-    workflow: Workflow,
-    step: WorkflowStep,
-    action: Action,
-    plan_approval: WorkflowApproval | None,
-    order_version: int | None,
-    expires_at: datetime | None,
-    reason: str,
-    now: datetime,
-) -> Action:
-    """Record a child: PROPOSED (by the workflow's proposer) then AUTHORIZED under an approval
-    derived from the plan's, in the caller's transaction; its dispatch publishes on commit.
-    Without ``plan_approval`` (none covers it any more) it stays PROPOSED, for a manager."""
-    action.proposed_by_agent = workflow.proposed_by_agent
-    action.proposed_by_user = workflow.proposed_by_user
-    action.propose()
-    action.status_changed_at = now
-    action.save()
-    event_record(
-        action=action,
-        transition="propose",
-        from_state="",
-        actor=COORDINATOR,
-        reason=reason,
-        evidence={"workflow": workflow.workflow_id, "step": step.name, "payload_hash": action.payload_hash},
-        now=now,
-    )
-    if plan_approval is None or expires_at is None:
-        return action
-    approval_record(
-        action=action,
-        approver=plan_approval.approver,
-        label=f"{plan_approval.decided_by_label} (plan of {workflow.workflow_id})",
-        policy=plan_approval.policy,
-        policy_detail={"workflow": workflow.workflow_id, "workflow_approval": plan_approval.pk},
-        note=f"Approved as step {step.name} of the plan {workflow.plan_hash}.",
-        now=now,
-        actor=COORDINATOR,
-        bound_version=order_version,
-        expires_at=expires_at,
-        reason=f"Authorized by the approval of workflow {workflow.workflow_id}'s plan.",
-        evidence_extra={"workflow_approval_id": plan_approval.pk},
-    )
-    return action
-
-
-def _step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, Any], now: datetime) -> str:
-    """Create step ``step``'s child under the plan's approval, if the binding still holds;
-    otherwise pause (or stay paused) for a new decision."""
-    plan_approval = latest_plan_approval(workflow)
-    assert plan_approval is not None, "an authorized workflow has a plan approval"
-    key = step_key(workflow.workflow_id, step.name)
-    action = child_action(
-        workflow_id=workflow.workflow_id, step=plan_step, key=key, payload=plan_step["payload"], kind=step.kind
-    )
-    binding = _binding_for(plan_approval, step.name)
-    problem = None
-    if binding is None or binding.get("payload_hash") != action.payload_hash:
-        problem = f"The step {step.name}'s payload differs from what the plan's approval binds."
-    elif plan_approval.expires_at is None:
-        problem = "The plan's approval has no expiry, so it binds nothing in time."
-    elif plan_approval.expires_at <= now:
-        problem = f"The plan's approval expired at {plan_approval.expires_at:%Y-%m-%d %H:%M} UTC."
-    if problem is not None or binding is None or plan_approval.expires_at is None:
-        _step_propose(workflow=workflow, step=step, action=action, problem=problem or "", now=now)
-        return workflow.state
-    if workflow.state == W.PAUSED:
-        workflow_transition(workflow=workflow, transition="resume", actor=COORDINATOR, reason="Resuming.", now=now)
-    # A worker killed here, after the child's commit and before its dispatch is published,
-    # leaves an AUTHORIZED child: the AUTHORIZED sweep sends it (tests kill at this point).
-    transaction.on_commit(lambda: fault_point(FAULT_AFTER_NEXT_STEP))
-    step.action = _child_create_or_link(
-        workflow=workflow,
-        step=step,
-        action=action,
-        plan_approval=plan_approval,
-        order_version=binding.get("version"),
-        expires_at=plan_approval.expires_at,
-        reason=f"Step {step.position} of workflow {workflow.workflow_id} ({step.name}).",
-        now=now,
-    )
-    step.save(update_fields=["action"])
-    workflow_event(
-        workflow=workflow,
-        transition="step_started",
-        from_state=workflow.state,
-        actor=COORDINATOR,
-        reason=f"Step {step.position} ({step.name}) authorized; the engine sends it.",
-        evidence={"step": step.name, "action_id": key},
-        now=now,
-    )
-    return workflow.state
-
-
-def _step_propose(*, workflow: Workflow, step: WorkflowStep, action: Action, problem: str, now: datetime) -> None:
-    """The plan's approval no longer covers this step (it expired while an earlier step's
-    outcome was being established, say). The step is proposed on its own, as any action is: it
-    waits in the managers' inbox, counted in their badge and notified, for a decision bound to its
-    target as it is now. Approving it runs it and the workflow resumes; rejecting it walks back
-    the completed steps. Without this the workflow would wait for a decision nobody was asked
-    to make."""
-    step.action = _child_create_or_link(
-        workflow=workflow,
-        step=step,
-        action=action,
-        plan_approval=None,
-        order_version=None,
-        expires_at=None,
-        reason=f"Step {step.position} of workflow {workflow.workflow_id} ({step.name}), proposed for a new "
-        f"decision: {problem}",
-        now=now,
-    )
-    step.save(update_fields=["action"])
-    workflow_event(
-        workflow=workflow,
-        transition="step_proposed",
-        from_state=workflow.state,
-        actor=COORDINATOR,
-        reason=f"Step {step.position} ({step.name}) waits for a manager's decision: {problem}",
-        evidence={"step": step.name, "action_id": action.action_id, "problem": problem},
-        now=now,
-    )
-    _pause(workflow=workflow, owner=None, kind=step.kind, waiting_for=_waiting_in_inbox(step, problem), now=now)
-
-
-def _waiting_in_inbox(step: WorkflowStep, problem: str) -> str:
-    return (
-        f"{problem} Step {step.name} waits in the managers' inbox for a new decision: approving it goes on, "
-        "rejecting it walks back the completed steps."
-    ).strip()
-
-
-def _proposal_problem(workflow: Workflow, step: WorkflowStep) -> str:
-    """Why the step was proposed on its own (its 'step_proposed' event), for the paused workflow."""
-    event = (
-        WorkflowEvent.objects.filter(workflow=workflow, transition="step_proposed", evidence__step=step.name)
-        .order_by("-pk")
-        .first()
-    )
-    return str(event.evidence.get("problem", "")) if event is not None else ""
-
-
-def _compensation_payload(step: WorkflowStep, plan_step: dict[str, Any]) -> dict[str, Any]:
-    payload = dict(plan_step["compensation"]["payload"] or {})
-    if payload.get("kind") == "credit-note-void":
-        assert step.action is not None
-        payload["credit_note"] = step.action.provider_reference
-        payload["voids"] = step.action.action_id
-    return payload
-
-
-def _compensation_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, Any], now: datetime) -> None:
-    plan_approval = latest_plan_approval(workflow)
-    assert plan_approval is not None
-    key = compensation_key(workflow.workflow_id, step.name)
-    action = child_action(
-        workflow_id=workflow.workflow_id,
-        step=plan_step,
-        key=key,
-        payload=_compensation_payload(step, plan_step),
-        kind=step.compensation_kind,
-    )
-    # The plan's approval listed this compensation; it binds its target as it is now (a void
-    # binds none, a correction email the supplier's contacts) and gets a fresh expiry: walking
-    # back must not wait for a manager who approved it already.
-    step.compensation = _child_create_or_link(
-        workflow=workflow,
-        step=step,
-        action=action,
-        plan_approval=plan_approval,
-        order_version=kind_for(action.kind).target_version(action),
-        expires_at=now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
-        reason=f"Compensation of step {step.name} of workflow {workflow.workflow_id}.",
-        now=now,
-    )
-    step.save(update_fields=["compensation"])
-    workflow_event(
-        workflow=workflow,
-        transition="compensation_started",
-        from_state=workflow.state,
-        actor=COORDINATOR,
-        reason=f"Compensating step {step.name} ({step.compensation_kind}).",
-        evidence={"step": step.name, "action_id": key, "completion_order": step.completion_order},
-        now=now,
-    )
-
-
-# --- pausing, failing ------------------------------------------------------------------------
-
-
-def _owner_for(action: Action | None, kind: str) -> Any:
-    if action is not None and action.owner_id is not None:
-        return action.owner
-    return owner_pick(kind=kind, default_group=kind_for(kind).owner_group if kind != READ else "finance")
-
-
-def _pause(*, workflow: Workflow, owner: Any, kind: str, waiting_for: str, now: datetime) -> None:
-    owner = owner or _owner_for(None, kind)
-    if workflow.state == W.PAUSED:
-        if workflow.owner_id != getattr(owner, "pk", None) or workflow.waiting_for != waiting_for:
-            workflow.owner = owner
-            workflow.waiting_for = waiting_for
-            workflow.save(update_fields=["owner", "waiting_for", "updated_at"])
-        return
-    workflow_transition(
-        workflow=workflow,
-        transition="pause",
-        actor=COORDINATOR,
-        reason=f"{waiting_for} Owner: {owner.get_username() if owner else 'nobody (empty owner group)'}.",
-        evidence={"owner": owner.get_username() if owner else None},
-        now=now,
-        owner=owner,
-        waiting_for=waiting_for,
-    )
-
-
-def _fail(*, workflow: Workflow, owner: Any, waiting_for: str, now: datetime) -> None:
-    workflow_transition(
-        workflow=workflow,
-        transition="fail",
-        actor=COORDINATOR,
-        reason=f"{waiting_for} Owner: {owner.get_username() if owner else 'nobody (empty owner group)'}.",
-        evidence={"owner": owner.get_username() if owner else None},
-        now=now,
-        owner=owner,
-        waiting_for=waiting_for,
-    )
 
 
 # --- the coordinator -------------------------------------------------------------------------
@@ -467,7 +141,7 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
         child = step.action
         if child is None:
             fault_point(FAULT_BEFORE_NEXT_STEP)
-            _step_start(workflow=workflow, step=step, plan_step=_plan_step(workflow, step), now=now)
+            step_start(workflow=workflow, step=step, plan_step=_plan_step(workflow, step), now=now)
             return _Next(state=workflow.state)
         if child.status == S.SUCCEEDED:
             _mark_completed(workflow, step, steps, now)
@@ -483,9 +157,9 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
                 )
             return _Next(state=workflow.state)
         if child.status in (S.UNKNOWN, S.NEEDS_REVIEW):
-            _pause(
+            workflow_pause(
                 workflow=workflow,
-                owner=_owner_for(child, child.kind),
+                owner=owner_for(child, child.kind),
                 kind=child.kind,
                 waiting_for=f"Step {step.name}'s outcome is {child.get_status_display().lower()}: nothing runs or "
                 "is compensated until it is known.",
@@ -495,11 +169,11 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
         if child.status == S.PROPOSED:
             # Proposed on its own (the plan's approval no longer covered it): the same words
             # as when it was proposed, however often the workflow is advanced meanwhile.
-            waiting_for = _waiting_in_inbox(step, _proposal_problem(workflow, step))
-            _pause(workflow=workflow, owner=None, kind=child.kind, waiting_for=waiting_for, now=now)
+            waiting_for = waiting_in_inbox(step, proposal_problem(workflow, step))
+            workflow_pause(workflow=workflow, owner=None, kind=child.kind, waiting_for=waiting_for, now=now)
             return _Next(state=workflow.state)
         if child.status in NEEDS_DECISION:
-            _pause(
+            workflow_pause(
                 workflow=workflow,
                 owner=None,
                 kind=child.kind,
@@ -545,7 +219,7 @@ def _compensate(*, workflow: Workflow, now: datetime) -> _Next:
     if unknown:
         child = unknown[0].action
         assert child is not None
-        workflow.owner = _owner_for(child, child.kind)
+        workflow.owner = owner_for(child, child.kind)
         workflow.waiting_for = f"Step {unknown[0].name}'s outcome is unknown: compensation waits for it."
         workflow.save(update_fields=["owner", "waiting_for", "updated_at"])
         return _Next(state=workflow.state)
@@ -556,14 +230,14 @@ def _compensate(*, workflow: Workflow, now: datetime) -> _Next:
         comp = step.compensation
         if comp is None:
             fault_point(FAULT_DURING_COMPENSATION)
-            _compensation_start(workflow=workflow, step=step, plan_step=_plan_step(workflow, step), now=now)
+            compensation_start(workflow=workflow, step=step, plan_step=_plan_step(workflow, step), now=now)
             return _Next(state=workflow.state)
         if comp.status == S.SUCCEEDED:
             continue
         if comp.status in IN_FLIGHT or comp.status == S.UNKNOWN:
             return _Next(state=workflow.state)
         if comp.status == S.NEEDS_REVIEW:
-            owner = _owner_for(comp, comp.kind)
+            owner = owner_for(comp, comp.kind)
             text = f"The compensation of {step.name} needs review: its outcome is unknown."
             if workflow.owner_id != getattr(owner, "pk", None) or workflow.waiting_for != text:
                 workflow.owner = owner
@@ -579,9 +253,9 @@ def _compensate(*, workflow: Workflow, now: datetime) -> _Next:
                 )
             return _Next(state=workflow.state)
         # Failed for good, stale, cancelled: it cannot complete by itself.
-        _fail(
+        workflow_fail(
             workflow=workflow,
-            owner=_owner_for(comp, comp.kind),
+            owner=owner_for(comp, comp.kind),
             waiting_for=f"The compensation of {step.name} could not complete "
             f"({comp.get_status_display().lower()}): a person settles it.",
             now=now,

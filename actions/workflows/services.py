@@ -1,6 +1,6 @@
 """Proposing a workflow, and the one decision on its whole plan.
 
-Identity (DESIGN.md section 10): the workflow id is composed from business references by the
+Identity (docs/architecture.md section 10): the workflow id is composed from business references by the
 template; a case has at most one live workflow. The same plan proposed again returns the live
 workflow (200); a different plan while one is live is refused, naming it (409). Bad input is a
 ProposalInvalid naming each field, and writes nothing.
@@ -23,13 +23,14 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from actions import permissions as perms
+from actions.foundation.publish import workflow_advance_enqueue_on_commit
+from actions.foundation.refusals import Refused
 from actions.kinds import kind_for
 from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
-from actions.publish import workflow_advance_enqueue_on_commit
-from actions.refusals import Refused
 from actions.trail import Actor
-from actions.workflows.coordinator import latest_plan_approval, workflow_event, workflow_transition
+from actions.workflows.children import latest_plan_approval
+from actions.workflows.events import workflow_event, workflow_transition
 from actions.workflows.templates import READ, all_templates, plan_actions, plan_totals, template_for
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal
 from approvals.four_eyes import four_eyes_refusal

@@ -67,11 +67,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import InterfaceError, OperationalError, connection
 
-from actions.agents import INVOICE_ADJUSTMENT_SCOPE, agent_create, agent_token_issue
+from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE, agent_create, agent_token_issue
 from actions.engine.dispatcher import DISPATCHER_PROCESS
 from actions.engine.invariants import EffectsReport, check_effects
+from actions.engine.resolution_checks import ReviewRefused
 from actions.engine.resolutions import (
-    ReviewRefused,
     action_lookup,
     action_resolve_resend,
     action_resolve_retry,

@@ -2,7 +2,7 @@
 run's single actions, run by the same killed and faulted workers, and audited at the end.
 
 Kept out of ``harness.chaos.run`` so that the run's own module only gains a few hook calls. What it
-reports, for workflows (DESIGN.md section 10, invariants 12 to 16):
+reports, for workflows (docs/architecture.md section 10, invariants 12 to 16):
 - duplicates: a step or a compensation with more than one effect at its receiver;
 - lost: a workflow neither final nor waiting for a named person, or a step never started;
 - compensations run twice: more than one effect (or confirmed void) for a compensation key;
@@ -25,7 +25,8 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from actions.engine.resolutions import ReviewRefused, action_resolve_failed, action_resolve_succeeded
+from actions.engine.resolution_checks import ReviewRefused
+from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.kinds.base import Effect
 from actions.kinds.supplier_email import message_reference
 from actions.models import (

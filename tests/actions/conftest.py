@@ -22,7 +22,7 @@ def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     attribute is enough. The dispatcher itself belongs to another part of the code base.
     """
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -1,4 +1,4 @@
-"""The admin site for corrections (issue 6 item 4; DESIGN.md section 1: "Admins: the Django admin
+"""The admin site for corrections (issue 6 item 4; docs/architecture.md section 1: "Admins: the Django admin
 site for corrections ... Corrections go through the same services as everything else").
 
 Everything here goes through the admin's pages as a browser would: change lists, change forms,
@@ -19,9 +19,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions.admin import EstimatedCountPaginator
-from actions.agents import AgentAuthenticationFailed, agent_authenticate, agent_token_issue, token_hash
-from actions.corrections import discrepancy_compensate
+from actions.admin.base import EstimatedCountPaginator
+from actions.agents.services import AgentAuthenticationFailed, agent_authenticate, agent_token_issue, token_hash
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import (
     Action,
@@ -38,6 +37,7 @@ from actions.models import (
     OwnerGroup,
     Remedy,
 )
+from actions.review.corrections import discrepancy_compensate
 from actions.services import Actor
 from approvals.models import Decision
 from approvals.services import approval_decide
@@ -60,7 +60,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published on commit, by action pk, instead of publishing to the broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

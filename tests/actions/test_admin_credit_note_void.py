@@ -37,7 +37,7 @@ S = ActionStatus
 def setup(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # The kind's ledger is read (through the fake below) only when an accounting system is configured.
     settings.ACCOUNTING_API_BASE = "http://accounting.invalid"
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def credit_note(action: Action, note_id: str) -> CreditNote:

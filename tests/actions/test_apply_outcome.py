@@ -1,6 +1,6 @@
 """What each answer does to an action in each state it can arrive in (``apply_outcome``), row by
 row: the transition, its audit event (reason, evidence, actor, time), the reference, when the
-receiver is asked next, and the money. DESIGN.md sections 4 and 5.
+receiver is asked next, and the money. docs/architecture.md sections 4 and 5.
 
 The scenario tests reach every row through the dispatcher and the reconciler; these call the
 function itself, so that each sentence a person reads in the trail and each field it sets is
@@ -19,7 +19,6 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions import finance as finance_services
 from actions.engine import dispatch
 from actions.engine.dispatch import apply_outcome, submission_record
 from actions.kinds import kind_for
@@ -27,6 +26,7 @@ from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import answer_from_refund
 from actions.models import Action, ActionEvent, ActionStatus, Remedy
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError, RefundStatus
+from actions.review import services as finance_services
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed, expire_lease, receiver_refund
 from tests.actions.test_dispatcher_records import money

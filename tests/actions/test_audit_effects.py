@@ -2,7 +2,7 @@
 
 ``manage.py audit_effects`` and the chaos runs call it with the receivers' real ledgers; in the
 mutation subset nothing reached it, nor the wording of a stuck action's age, nor the report as
-the command prints it. Invariants 1 and 8 (DESIGN.md section 8): an effect must belong to an
+the command prints it. Invariants 1 and 8 (docs/architecture.md section 8): an effect must belong to an
 action, and nothing stays SUBMITTING beyond its lease and a sweep interval.
 """
 

@@ -37,7 +37,7 @@ S = ActionStatus
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def poison_reserve(monkeypatch: pytest.MonkeyPatch, poison: Action) -> None:

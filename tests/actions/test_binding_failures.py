@@ -1,7 +1,7 @@
 """What the claim reports when an approval no longer binds its action (``binding_failures``).
 
 The claim refuses to send when the approval is missing, expired, or bound to another amount,
-currency or payload (DESIGN.md section 5); the failures it returns are written to the STALE
+currency or payload (docs/architecture.md section 5); the failures it returns are written to the STALE
 action's audit event and shown to the manager who must decide again. The scenario tests check
 that the action goes stale, not what the failures say, so mutmut's mutants of the names and
 sentences survived them (tests/MUTATION.md). A pure function: no database needed.

@@ -88,7 +88,7 @@ def test_the_audit_counts_duplicates_per_kind(
     agent_actor: Actor, manager: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.ACCOUNTING_API_BASE = "http://accounting.invalid"
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     action = succeeded_adjustment(agent_actor, manager)
     twice = [effect_from_credit_note(credit_note(action, ref)) for ref in (action.provider_reference, "cn-again")]
 

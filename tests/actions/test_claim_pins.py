@@ -26,7 +26,7 @@ S = ActionStatus
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def begin_event(action: Action) -> ActionEvent:

@@ -1,4 +1,4 @@
-"""Corrections by admins (issue 6 item 4; DESIGN.md section 1: "corrections go through the same
+"""Corrections by admins (issue 6 item 4; docs/architecture.md section 1: "corrections go through the same
 services as everything else").
 
 A duplicate effect is found the way it would be: a refund the worker recorded, then the ledger
@@ -17,7 +17,6 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions.corrections import CorrectionRefused, action_owner_assign, discrepancy_compensate
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, execution_dispatch, submission_record
 from actions.engine.invariants import check_effects
@@ -37,6 +36,7 @@ from actions.models import (
     Order,
 )
 from actions.providers.base import ProviderGuarantees, ProviderRefund, RefundStatus
+from actions.review.corrections import CorrectionRefused, action_owner_assign, discrepancy_compensate
 from actions.services import Actor, action_propose_refund, payload_hash
 from approvals.models import Decision
 from approvals.services import DecisionRefused, approval_decide
@@ -57,7 +57,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published on commit, by action pk, instead of publishing to the broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

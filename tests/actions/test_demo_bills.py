@@ -24,7 +24,7 @@ class _Sink:
 def test_the_seed_registers_bills_with_the_accounting_sandbox_and_proposes_adjustments_once(
     live_sandbox: Any, live_accounting: AccountingSandboxClient, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     settings.DEBUG = True  # seed_demo refuses to run in production
     call_command("seed_demo", "--sandbox", live_sandbox.url, stdout=_Sink(), stderr=_Sink())
 

@@ -212,7 +212,7 @@ def test_a_dispatch_message_waits_for_a_row_lock_rather_than_dropping_the_action
 def test_an_unknown_answer_from_a_receiver_nobody_can_ask_goes_to_a_person_at_once_saying_why(
     agent_actor: Actor, dispatched: list[int], finance: Any
 ) -> None:
-    """DESIGN.md section 4, SUBMITTING -> NEEDS_REVIEW: no lookup and no keys, so no reconciliation
+    """docs/architecture.md section 4, SUBMITTING -> NEEDS_REVIEW: no lookup and no keys, so no reconciliation
     pass could ever tell; the event says so, with the answer and the attempt as evidence."""
     action, attempt, token = claimed(agent_actor)
     fake = FakeReceiver(guarantees(keys=False, lookup=False, authoritative=False))

@@ -31,7 +31,7 @@ S = ActionStatus
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 class GatedReceiver(FakeReceiver):

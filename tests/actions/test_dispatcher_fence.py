@@ -1,4 +1,4 @@
-"""The dispatcher's lease fence (DESIGN.md section 6, invariant 3).
+"""The dispatcher's lease fence (docs/architecture.md section 6, invariant 3).
 
 SUBMITTING is a lease, not a marker: only the worker holding the current lease token may record
 the receiver's answer on the action. A worker whose lease expired mid-call still stores what the

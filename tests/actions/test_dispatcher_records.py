@@ -1,4 +1,4 @@
-"""What the lease holder's record does with each answer (DESIGN.md sections 4 to 7).
+"""What the lease holder's record does with each answer (docs/architecture.md sections 4 to 7).
 
 The counterpart of test_dispatcher_fence.py: here the dispatcher still holds its lease, so the
 receiver's answer moves the action, books or releases the order's money, opens the remedy, and
@@ -84,7 +84,7 @@ def test_a_confirmed_refund_turns_the_reservation_into_refunded_money(agent_acto
 def test_a_final_failure_releases_the_reservation_and_opens_a_remedy_for_a_named_owner(
     agent_actor: Actor, finance: Any
 ) -> None:
-    """Invariant 5 and DESIGN.md section 4: FAILED_FINAL releases the reservation (nothing refunded)
+    """Invariant 5 and docs/architecture.md section 4: FAILED_FINAL releases the reservation (nothing refunded)
     and opens a remedy for the same amount and currency, owned by a person: the customer still
     expects their money."""
     action, attempt, token = claimed(agent_actor)
@@ -152,7 +152,7 @@ def test_an_ambiguous_answer_waits_for_the_receivers_visibility_delay_and_a_back
 
 
 def test_a_reused_key_with_other_parameters_goes_to_a_named_person_at_once(agent_actor: Actor, finance: Any) -> None:
-    """Invariant 8 (DESIGN.md section 6: NEEDS_REVIEW at once): the owner is a finance member, the
+    """Invariant 8 (docs/architecture.md section 6: NEEDS_REVIEW at once): the owner is a finance member, the
     review is due after the configured hours, and the reservation is held through the review."""
     action, attempt, token = claimed(agent_actor)
     answer = Answer(Outcome.NEEDS_REVIEW, error=IdempotencyMismatchError("key reused", code="idempotency_error"))

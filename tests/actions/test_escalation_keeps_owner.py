@@ -1,5 +1,5 @@
 """An escalation keeps the owner finance already chose, while that person can still resolve it
-(DESIGN.md section 7, invariant 8).
+(docs/architecture.md section 7, invariant 8).
 
 test_escalation_owners.py covers the pick from the owner group; these cover the owner already
 on the action, which the pick must not override, and what the audit event then says. Escalated

@@ -1,4 +1,4 @@
-"""Who an escalated action goes to (DESIGN.md section 7: "assigned to a named owner").
+"""Who an escalated action goes to (docs/architecture.md section 7: "assigned to a named owner").
 
 The owner is the active member of the kind's owner group (finance unless an OwnerGroup maps the
 kind elsewhere) with the fewest open NEEDS_REVIEW items, ties to the longest-standing member.

@@ -41,7 +41,7 @@ def test_a_worker_whose_lease_is_nearly_over_does_not_call_the_provider(
 ) -> None:
     """Invariant 3: no receiver call without a lease the caller still holds (with a margin for
     the call itself): a worker that stalled after its claim leaves the action to the sweeper."""
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     order = make_order(captured="100.00")
     request = make_request(order)
     action = action_propose_refund(
@@ -110,7 +110,7 @@ def test_a_worker_that_lost_its_lease_during_the_call_keeps_the_answer_on_its_at
     UPDATE is fenced on the status and the lease token, so a worker whose lease was swept (or
     then handed to another holder) changes neither the action nor the order, and its answer is
     kept on its attempt as evidence for reconciliation."""
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     order = make_order(captured="100.00")
     action = action_propose_refund(
         order_number=order.number,
@@ -152,7 +152,7 @@ def test_a_call_is_made_when_the_lease_outlasts_it_by_exactly_the_provider_timeo
 ) -> None:
     """The margin is the provider timeout: a lease that ends exactly one timeout from now still
     covers the call; a microsecond less does not, and the operator's log says which action."""
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     claims: list[Any] = []
     for _ in range(2):
         claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)

@@ -1,5 +1,5 @@
 """Finance's services: owners, live lookups, the three resolutions of NEEDS_REVIEW, taking an
-UNKNOWN action over, and the follow-up workflow (DESIGN.md sections 4 and 7, issue 6).
+UNKNOWN action over, and the follow-up workflow (docs/architecture.md sections 4 and 7, issue 6).
 
 The resolutions run against the live sandbox provider, where a test plants what "really
 happened" (a succeeded refund, a pending one, or nothing), and the service must agree with the
@@ -21,11 +21,10 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions import finance as finance_services
 from actions.engine import resolutions
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, submission_record
-from actions.engine.resolutions import ReviewRefused
+from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import answer_from_refund, provider_from_settings
 from actions.models import (
@@ -42,6 +41,7 @@ from actions.models import (
     RemedyKind,
 )
 from actions.providers.base import AmbiguousError, DefinitiveError, ProviderRefund, RefundStatus
+from actions.review import services as finance_services
 from actions.services import Actor, action_transition
 from tests.actions.test_reconciliation import AMOUNT, AMOUNT_MINOR, CHARGE_MINOR, authorized_refund
 from tests.approvals.test_reservation import assert_order_money_adds_up

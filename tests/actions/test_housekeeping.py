@@ -24,7 +24,7 @@ from actions.models import (
     Remedy,
     RemedyKind,
 )
-from actions.review_selectors import attempt_summary
+from actions.review.selectors.common import attempt_summary
 from actions.services import Actor, action_propose_refund
 from tests.factories import make_order, make_request
 
@@ -76,7 +76,7 @@ def events() -> list[tuple[Any, ...]]:
 
 @pytest.fixture(autouse=True)
 def quiet_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def test_it_never_touches_an_action_that_is_not_final_however_old(agent_actor: Actor) -> None:

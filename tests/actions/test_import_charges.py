@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from actions.charges import charges_import
 from actions.models import Order
+from actions.orders.charges import charges_import
 from tests.factories import make_order
 from tests.providers.sandbox_client import SandboxClient
 

@@ -4,7 +4,7 @@
 trust to say "0 duplicates, 0 lost". Its tests elsewhere assert that a violation is found; the
 mutants that survived them changed *how much* is counted (two lost of one kind counted as one),
 *what* is said (a message's words), or *where the line is* (a bound moved by a microsecond). Each
-test here gives the checker a small, exact picture (DESIGN.md section 8, invariants 1, 2 and 8)
+test here gives the checker a small, exact picture (docs/architecture.md section 8, invariants 1, 2 and 8)
 and pins every number and every word of its report.
 """
 
@@ -48,7 +48,7 @@ NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 @pytest.fixture

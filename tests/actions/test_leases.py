@@ -1,7 +1,7 @@
 """The lease-plus-attempt block (actions/engine/leases.py), pinned field by field.
 
 Every send starts with one committed record of intent: the transition that takes the lease, its
-audit event, and the attempt that names the token (DESIGN.md section 6, invariant 3). The scenario
+audit event, and the attempt that names the token (docs/architecture.md section 6, invariant 3). The scenario
 tests reach ``lease_take`` through the claim and the reconciler but read back only the state, so
 mutmut's mutants of the event's reason and evidence, of its time and of the attempt's start time
 survived them (tests/MUTATION.md). Each assertion here fails on one of those mutants.

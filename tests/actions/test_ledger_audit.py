@@ -1,4 +1,4 @@
-"""The ledger audit: "has it already happened twice?" (DESIGN.md section 7).
+"""The ledger audit: "has it already happened twice?" (docs/architecture.md section 7).
 
 The audit reads every refund at the receiver (the live sandbox) and compares it with the
 console's actions. The discrepancies are planted the way they would arise: a second refund for

@@ -4,7 +4,7 @@
   zero-decimal currencies: 2500 JPY goes out as ``2500``, 12.34 EUR as ``1234``. Checked against
   the amount the sandbox stored, not against the function itself.
 - The idempotency key is the action id and must fit the receiver's limit of 255 characters
-  (DESIGN.md section 3): 255 is accepted by the console's check and by the sandbox, 256 by
+  (docs/architecture.md section 3): 255 is accepted by the console's check and by the sandbox, 256 by
   neither. The console composes action ids that always fit: order numbers are capped at 32
   characters and request numbers at 1,000,000.
 """

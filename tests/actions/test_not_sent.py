@@ -1,4 +1,4 @@
-"""NOT_SENT: the receiver proved it was never handed the request (DESIGN.md section 4).
+"""NOT_SENT: the receiver proved it was never handed the request (docs/architecture.md section 4).
 
 The lease holder's record sends the action back to AUTHORIZED under the same approval and releases
 what its claim reserved (the next claim reserves it anew); after ``NOT_SENT_MAX_ATTEMPTS`` refusals

@@ -1,4 +1,4 @@
-"""The outcome table (DESIGN.md section 6), row by row, without a database.
+"""The outcome table (docs/architecture.md section 6), row by row, without a database.
 
 ``actions/outcomes.py`` is the one place where a receiver's answer becomes a state. Every other
 test reaches it through a dispatch or a reconciliation pass and so only sees the rows its scenario

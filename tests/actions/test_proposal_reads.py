@@ -22,7 +22,7 @@ S = ActionStatus
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def propose(proposer: Actor, amount: str = "10.00") -> Any:

@@ -34,7 +34,7 @@ def event_trail(action: Action) -> list[tuple[str, str, str, str]]:
 
 
 def test_it_composes_the_action_id_from_the_order_and_the_request(propose: Propose, order: Order) -> None:
-    """DESIGN.md section 3: the id names the business action and is composed by the service."""
+    """docs/architecture.md section 3: the id names the business action and is composed by the service."""
     make_request(order, 3)
 
     action = propose(request_number="3").action

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from actions.engine.invariants import max_unknown_seconds
 from actions.models import Action, Discrepancy, DiscrepancyKind, Remedy
-from actions.review_selectors import (
+from actions.review.selectors.queue import (
     QueueFilters,
     _action_row,
     _discrepancy_row,

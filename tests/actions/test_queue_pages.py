@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from actions.review_selectors import review_queue_get
+from actions.review.selectors.queue import review_queue_get
 from actions.services import Actor
 from tests.actions.test_finance_services import escalated, unknown
 
@@ -37,7 +37,7 @@ def test_the_pages_follow_each_other_by_cursor_and_reach_every_item(finance: Any
 def test_the_queue_page_links_to_the_next_page_and_shows_it(
     client: Client, finance: Any, agent_actor: Actor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("actions.review_selectors.QUEUE_PAGE_SIZE", 2)
+    monkeypatch.setattr("actions.review.selectors.queue.QUEUE_PAGE_SIZE", 2)
     items = [unknown(agent_actor) for _ in range(3)]
     client.force_login(finance)
     first = client.get(reverse("review-queue"))

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def unknown_action(agent_actor: Actor, monkeypatch: pytest.MonkeyPatch) -> Action:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     order = make_order(captured="100.00")
     request = make_request(order)
     action = action_propose_refund(
@@ -120,7 +120,7 @@ def test_the_broker_says_how_many_messages_wait_in_a_queue() -> None:
     """Read through kombu from the broker the tests run on (Redis in CI)."""
     import uuid
 
-    from actions.publish import queue_backlog
+    from actions.foundation.publish import queue_backlog
     from console.celery import app
 
     queue = f"test-backlog-{uuid.uuid4().hex[:8]}"

@@ -1,4 +1,4 @@
-"""Reconciliation of UNKNOWN actions with the receiver (DESIGN.md section 7).
+"""Reconciliation of UNKNOWN actions with the receiver (docs/architecture.md section 7).
 
 An action reaches UNKNOWN the way it does in production: proposed, approved by the
 auto-approval policy, then dispatched in this process against the live sandbox with a fault
@@ -500,7 +500,7 @@ def test_a_receiver_with_no_lookup_and_no_keys_escalates_on_the_first_pass(agent
 def test_a_timeout_from_a_receiver_with_no_lookup_and_no_keys_goes_straight_to_a_person(
     agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Invariants 7 and 8 (DESIGN.md section 4, SUBMITTING -> NEEDS_REVIEW): when such a receiver's
+    """Invariants 7 and 8 (docs/architecture.md section 4, SUBMITTING -> NEEDS_REVIEW): when such a receiver's
     answer is lost, no reconciliation can ever tell what happened, so the action goes to a named
     person at once instead of waiting in UNKNOWN for a reconciler that can only give up."""
     receiver = FakeReceiver(

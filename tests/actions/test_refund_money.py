@@ -22,8 +22,8 @@ from django.utils import timezone
 from actions.kinds import kind_for
 from actions.kinds.refund import RefundKind, remedy_open
 from actions.models import Action, ActionKind, ActionStatus, Order, OutsideRefund, Remedy, RemedyKind
+from actions.provider_events.services import outside_refund_record
 from actions.services import Actor
-from actions.webhooks import outside_refund_record
 from tests.actions.test_reconciliation import authorized_refund
 from tests.approvals.test_reservation import order_of
 from tests.factories import make_order

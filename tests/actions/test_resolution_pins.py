@@ -22,8 +22,8 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions.engine import resolutions
-from actions.engine.resolutions import ReviewRefused
+from actions.engine import resolution_checks, resolutions
+from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds import kind_for
 from actions.kinds.refund import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order, Remedy
@@ -138,7 +138,7 @@ def refused(call: Any) -> ReviewRefused:
 def test_review_text_is_stripped_and_kept_up_to_a_thousand_characters(
     raw: object, required: bool, expected: str
 ) -> None:
-    assert resolutions.review_text(raw, name="reason", required=required, label="Say why.") == expected
+    assert resolution_checks.review_text(raw, name="reason", required=required, label="Say why.") == expected
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_review_text_is_stripped_and_kept_up_to_a_thousand_characters(
     ],
 )
 def test_bad_review_text_is_refused_naming_the_field(raw: object, required: bool, message: str, code: str) -> None:
-    problem = refused(lambda: resolutions.review_text(raw, name="note", required=required, label="Say why."))
+    problem = refused(lambda: resolution_checks.review_text(raw, name="note", required=required, label="Say why."))
     assert (str(problem), problem.code, problem.status, problem.field) == (message, code, 400, "note")
 
 
@@ -172,10 +172,10 @@ def test_bad_review_text_is_refused_naming_the_field(raw: object, required: bool
 )
 def test_a_reference_is_the_receivers_id_as_it_shows_it(raw: object, message: str | None, code: str | None) -> None:
     if message is None:
-        assert resolutions._reference(raw, "refund") == "re_1"
-        assert resolutions._reference("Ab-9_" + "x" * 250, "refund") == "Ab-9_" + "x" * 250
+        assert resolution_checks.checked_reference(raw, "refund") == "re_1"
+        assert resolution_checks.checked_reference("Ab-9_" + "x" * 250, "refund") == "Ab-9_" + "x" * 250
         return
-    problem = refused(lambda: resolutions._reference(raw, "refund"))
+    problem = refused(lambda: resolution_checks.checked_reference(raw, "refund"))
     assert (str(problem), problem.code, problem.status, problem.field) == (message, code, 400, "provider_reference")
 
 
@@ -194,14 +194,14 @@ def test_a_reference_is_the_receivers_id_as_it_shows_it(raw: object, message: st
 def test_the_amount_the_customer_still_expects_defaults_to_the_actions_and_is_kept_in_cents(
     review: Action, raw: object, expected: Decimal
 ) -> None:
-    amount = resolutions._expected_amount(raw, review)
+    amount = resolution_checks.checked_expected_amount(raw, review)
     assert amount == expected
     assert str(amount) == str(expected), "quantized to the currency's two decimals"
 
 
 @pytest.mark.parametrize("raw", ["0", "0.00", "-1", "20.01", "21", "5.001", "1e3", "abc", "5.", "NaN"])
 def test_an_expected_amount_outside_one_cent_to_the_actions_amount_is_refused(review: Action, raw: str) -> None:
-    problem = refused(lambda: resolutions._expected_amount(raw, review))
+    problem = refused(lambda: resolution_checks.checked_expected_amount(raw, review))
     assert (str(problem), problem.code, problem.status, problem.field) == (
         "expected_amount: give an amount like 20.00 (EUR), at most the action's amount.",
         "invalid",
@@ -211,43 +211,44 @@ def test_an_expected_amount_outside_one_cent_to_the_actions_amount_is_refused(re
 
 
 def test_a_remedy_must_be_one_the_kind_offers(review: Action) -> None:
-    assert resolutions._failure_choice("cheque", review) == "cheque"
-    problem = refused(lambda: resolutions._failure_choice("gift", review))
+    assert resolution_checks.checked_failure_choice("cheque", review) == "cheque"
+    problem = refused(lambda: resolution_checks.checked_failure_choice("gift", review))
     assert (str(problem), problem.code, problem.status, problem.field) == (
         "remedy_kind: choose one of store credit, manual bank transfer, cheque, none (with a reason).",
         "invalid",
         400,
         "remedy_kind",
     )
-    assert refused(lambda: resolutions._failure_choice(None, review)).field == "remedy_kind"
+    assert refused(lambda: resolution_checks.checked_failure_choice(None, review)).field == "remedy_kind"
 
 
 def test_a_review_stamp_says_when_who_and_what_then_the_note(finance: Any) -> None:
     when = datetime(2026, 3, 4, 5, 6, 59, tzinfo=timezone.get_current_timezone())
-    assert resolutions.review_stamp(when, finance, "opened", "why") == "[2026-03-04 05:06 fiona.finance] opened: why"
-    assert resolutions.review_stamp(when, finance, "opened", "") == "[2026-03-04 05:06 fiona.finance] opened"
+    stamp = resolution_checks.review_stamp(when, finance, "opened", "why")
+    assert stamp == "[2026-03-04 05:06 fiona.finance] opened: why"
+    assert resolution_checks.review_stamp(when, finance, "opened", "") == "[2026-03-04 05:06 fiona.finance] opened"
 
 
 # --- who may act ------------------------------------------------------------------------------------
 
 
 def test_only_an_authenticated_user_with_the_permission_passes(finance: Any, manager: Any) -> None:
-    resolutions.review_require(finance, "actions.resolve_action", "No.")
+    resolution_checks.review_require(finance, "actions.resolve_action", "No.")
     for user in (manager, AnonymousUser(), object()):
-        problem = refused(lambda user=user: resolutions.review_require(user, "actions.resolve_action", "No."))
+        problem = refused(lambda user=user: resolution_checks.review_require(user, "actions.resolve_action", "No."))
         assert (str(problem), problem.code, problem.status) == ("No.", "not_allowed", 403)
 
 
 def test_an_action_that_does_not_exist_is_a_404(db: Any) -> None:
-    problem = refused(lambda: resolutions.review_action(999_999))
+    problem = refused(lambda: resolution_checks.review_action(999_999))
     assert (str(problem), problem.code, problem.status) == ("There is no such action.", "not_found", 404)
     with transaction.atomic():
-        problem = refused(lambda: resolutions.review_action(999_999, lock=True))
+        problem = refused(lambda: resolution_checks.review_action(999_999, lock=True))
     assert problem.code == "not_found"
 
 
 def test_an_action_is_read_with_its_owner_for_the_owner_rule(review: Action, django_assert_num_queries: Any) -> None:
-    action = resolutions.review_action(review.pk)
+    action = resolution_checks.review_action(review.pk)
     with django_assert_num_queries(0):
         assert action.owner is not None and action.owner.get_username() == "fiona.finance"
 
@@ -268,9 +269,9 @@ def test_a_resolution_needs_the_transitions_own_permission_checked_again_under_t
 
 def test_the_owner_rule_refuses_a_colleagues_item_and_allows_ones_own(finance: Any, felix: Any, settings: Any) -> None:
     settings.REVIEW_OWNERS_ONLY = True
-    resolutions.review_owner_rule(finance, finance)
-    resolutions.review_owner_rule(finance, None)
-    problem = refused(lambda: resolutions.review_owner_rule(finance, felix))
+    resolution_checks.review_owner_rule(finance, finance)
+    resolution_checks.review_owner_rule(finance, None)
+    problem = refused(lambda: resolution_checks.review_owner_rule(finance, felix))
     assert (problem.code, problem.status) == ("not_owner", 403)
     assert str(problem).startswith("This item belongs to felix.finance.")
 

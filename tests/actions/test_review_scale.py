@@ -20,9 +20,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from actions import finance as finance_services
 from actions.models import Action, Attempt, Remedy
-from actions.review_selectors import QUEUE_PAGE_SIZE, queue_actions_queryset
+from actions.review import services as finance_services
+from actions.review.selectors.common import QUEUE_PAGE_SIZE
+from actions.review.selectors.queue import queue_actions_queryset
 from actions.services import Actor
 from tests.actions.test_finance_services import (
     escalated,

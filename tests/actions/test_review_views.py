@@ -20,7 +20,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.engine.claim import submission_begin
 from actions.models import (
     Action,

@@ -1,6 +1,6 @@
 """Settlement: a refund the receiver accepted as pending is polled until its status is final.
 
-DESIGN.md sections 4 and 7: SETTLING holds the reservation; the receiver's final status moves the
+docs/architecture.md sections 4 and 7: SETTLING holds the reservation; the receiver's final status moves the
 action to SUCCEEDED (the reservation becomes refunded money) or to FAILED_FINAL (the reservation is
 released and a remedy is opened, because the customer still expects their money). The sandbox
 settles a pending refund by its own clock, which the tests move forward.

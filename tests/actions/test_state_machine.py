@@ -1,4 +1,4 @@
-"""The action's state machine (DESIGN.md section 4), checked against a table written here.
+"""The action's state machine (docs/architecture.md section 4), checked against a table written here.
 
 The expected table below is copied by hand from the design, not read from the model's
 transition metadata: a test derived from the code under test could not fail.
@@ -23,7 +23,7 @@ from tests.factories import make_user
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
-# --- the expected machine, from DESIGN.md section 4 ------------------------------------------
+# --- the expected machine, from docs/architecture.md section 4 ------------------------------------------
 
 ALL_STATES = (
     "NEW",
@@ -40,7 +40,7 @@ ALL_STATES = (
     "NEEDS_REVIEW",
 )
 TERMINAL = frozenset({"REJECTED", "CANCELLED", "SUCCEEDED", "FAILED_FINAL"})
-# DESIGN.md section 4: the reservation is held through these statuses.
+# docs/architecture.md section 4: the reservation is held through these statuses.
 RESERVING = frozenset({"SUBMITTING", "UNKNOWN", "SETTLING", "NEEDS_REVIEW"})
 
 # transition -> (legal source states, target). A target that depends on the arguments is a

@@ -398,7 +398,7 @@ def test_random_interleavings_never_break_an_invariant(monkeypatch: pytest.Monke
     settings.AUTO_APPROVAL_ENABLED = True
     settings.REFUND_WINDOW_DAYS = 3650
     settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS = 0
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     # The clock is the machine's: services that read the time get the simulated one. Each
     # sequence starts a day after the previous one ended, so time never runs backwards.
     monkeypatch.setattr("django.utils.timezone.now", lambda: CLOCK[0])

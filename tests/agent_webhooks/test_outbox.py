@@ -12,7 +12,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions.agent_webhooks import (
+from actions.agents.webhooks import (
     WebhookChangeRefused,
     WebhookInvalid,
     webhook_backoff_seconds,
@@ -37,17 +37,17 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def published(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
     calls: list[tuple[int, Any]] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     monkeypatch.setattr("actions.outbox.webhook_publish", lambda pk, countdown=None: calls.append((pk, countdown)))
     monkeypatch.setattr(
-        "actions.agent_webhooks.webhook_publish", lambda pk, countdown=None: calls.append((pk, countdown))
+        "actions.agents.webhooks.webhook_publish", lambda pk, countdown=None: calls.append((pk, countdown))
     )
     return calls
 
 
 @pytest.fixture
 def receiver(settings: Any) -> Any:
-    # The stand-in receiver listens on loopback, which real deployments refuse (actions.egress).
+    # The stand-in receiver listens on loopback, which real deployments refuse (actions.foundation.egress).
     settings.AGENT_WEBHOOK_ALLOW_LOOPBACK = True
     running = Receiver().start()
     yield running

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Action, ActionEvent, AdjustmentRequest, Agent, Bill, Order, RefundRequest
 from tests.factories import make_order, make_request
 
@@ -48,7 +48,7 @@ def fast_password_hashing(settings: Any) -> None:
 def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Action pks whose dispatch was published. The dispatcher is not part of these tests."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Action, ActionStatus, Order
 from tests.api.conftest import ApiClient, assert_problem
 from tests.factories import make_agent, make_order, make_request

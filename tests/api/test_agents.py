@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from actions.agents import (
+from actions.agents.services import (
     AgentAuthenticationFailed,
     AgentInvalid,
     TokenNotActive,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agents import agent_token_issue, agent_token_revoke, agent_token_rotate
+from actions.agents.services import agent_token_issue, agent_token_revoke, agent_token_rotate
 from actions.models import Agent, AgentToken
 from tests.api.conftest import ApiClient, assert_problem
 from tests.factories import PASSWORD, make_agent

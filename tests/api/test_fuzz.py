@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Agent, Bill, Order, Supplier, SupplierContact
 from tests.factories import make_adjustment_request, make_bill, make_order, make_request
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.api.ratelimit import ratelimit_hit
 from actions.models import Agent
 from tests.api.conftest import ApiClient, assert_problem

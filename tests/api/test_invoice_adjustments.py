@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Action, Agent
 from tests.factories import make_adjustment_request, make_bill
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 @pytest.fixture

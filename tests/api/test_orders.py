@@ -1,7 +1,7 @@
 """POST /api/v1/orders: the shop's commerce system sends its orders, idempotently by number.
 
 A changed order raises its version, so that an approval given for the old order goes stale at
-the reservation (DESIGN.md section 5, invariant 6).
+the reservation (docs/architecture.md section 5, invariant 6).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionStatus, Order
 from actions.requests import refund_request_open

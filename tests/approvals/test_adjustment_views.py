@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def manual_decisions(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 @pytest.fixture

@@ -33,8 +33,8 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
-    monkeypatch.setattr("actions.publish.rejection_commit_enqueue", lambda pk, countdown: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.rejection_commit_enqueue", lambda pk, countdown: None)
     return calls
 
 

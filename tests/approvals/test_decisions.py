@@ -1,6 +1,6 @@
 """Decisions on proposals: who may approve or reject what, and what a decision records.
 
-DESIGN.md section 4 (PROPOSED -> AUTHORIZED / REJECTED, STALE -> PROPOSED) and section 5 (the
+docs/architecture.md section 4 (PROPOSED -> AUTHORIZED / REJECTED, STALE -> PROPOSED) and section 5 (the
 approval's binding). A refused decision must leave no trace: no approval, no audit event, no
 change of status and no dispatch published (invariant 10).
 """
@@ -39,7 +39,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published to the broker, by action pk, instead of publishing them."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -5,7 +5,7 @@ against the order's refundable balance and the manager's limit. Each member's re
 raises the order's version; the group's version chain lets the next sibling reserve at the
 version its siblings left, so none of them goes stale because of a sibling. Anything else that
 changes the order still makes the rest stale, and separately approved proposals still go stale
-as before (DESIGN.md section 5).
+as before (docs/architecture.md section 5).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

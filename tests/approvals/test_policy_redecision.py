@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     published: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", published.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", published.append)
     return published
 
 
@@ -109,7 +109,7 @@ def test_a_crash_during_the_policys_new_decision_leaves_no_stale_action_behind(
     assert second.status == ActionStatus.AUTHORIZED
     assert "invalidate" not in list(second.events.values_list("transition", flat=True))
     monkeypatch.undo()
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
     assert submission_begin(action_pk=second.pk).outcome == ClaimOutcome.STALE
     second.refresh_from_db()

@@ -32,7 +32,7 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -42,8 +42,10 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.publish.rejection_commit_enqueue", lambda pk, countdown: calls.append((pk, countdown)))
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr(
+        "actions.foundation.publish.rejection_commit_enqueue", lambda pk, countdown: calls.append((pk, countdown))
+    )
     return calls
 
 

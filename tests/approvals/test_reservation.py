@@ -1,4 +1,4 @@
-"""The atomic reservation that starts a submission (DESIGN.md section 5).
+"""The atomic reservation that starts a submission (docs/architecture.md section 5).
 
 ``submission_begin`` reserves the amount on the order only while the order is at the approved
 version and the balance covers it, and moves the action AUTHORIZED -> SUBMITTING in the same
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db
 S = ActionStatus
 
 # Spelled out here rather than imported, so that a wrong constant in the code cannot make its
-# own check pass (DESIGN.md section 4: the reservation is held through these).
+# own check pass (docs/architecture.md section 4: the reservation is held through these).
 HOLDING_STATUSES = ("SUBMITTING", "UNKNOWN", "SETTLING", "NEEDS_REVIEW")
 
 
@@ -69,7 +69,7 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

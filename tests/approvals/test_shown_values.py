@@ -19,8 +19,8 @@ from django.utils import timezone
 from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.models import Action, ActionStatus, Order
+from actions.provider_events.services import outside_refund_record
 from actions.services import Actor
-from actions.webhooks import outside_refund_record
 from approvals.models import ApprovalGroup, PendingRejection
 from approvals.services import (
     CHANGED_SINCE_SHOWN,
@@ -47,7 +47,7 @@ def manual_decisions(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 
@@ -123,7 +123,7 @@ def test_a_change_to_the_order_itself_is_named_in_the_refusal(manager: Any, agen
     order = make_order(captured="300.00")
     action = propose(agent_actor, amount="50.00", order=order)
     on_the_page = shown(action)
-    # The shop sends a new captured amount (actions.orders.order_upsert raises the version).
+    # The shop sends a new captured amount (actions.orders.services.order_upsert raises the version).
     Order.objects.filter(pk=order.pk).update(captured_amount=Decimal("250.00"), version=order.version + 1)
 
     with pytest.raises(DecisionRefused) as refused:

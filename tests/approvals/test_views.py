@@ -46,7 +46,7 @@ def manual_decisions(settings: Any) -> None:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatches published after an approval, by action pk, instead of publishing them."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -54,7 +54,7 @@ def _setup(base: str, orders: int) -> dict[str, Any]:
     django.setup()
     from django.contrib.auth import get_user_model
 
-    from actions.agents import agent_create, agent_token_issue
+    from actions.agents.services import agent_create, agent_token_issue
 
     run = uuid.uuid4().hex[:6]
     owner, _ = get_user_model().objects.get_or_create(username="bench-owner")

@@ -519,15 +519,15 @@ def propose_all(fixture: Fixture) -> None:
 
 def propose_held_back(fixture: Fixture) -> list[int]:
     """Propose as ``propose_all`` does, keeping each on-commit publish instead of sending it."""
-    import actions.publish
+    import actions.foundation.publish
 
     held: list[int] = []
-    publish = actions.publish.dispatch_enqueue
-    actions.publish.dispatch_enqueue = held.append  # type: ignore[assignment]  # looked up at call time
+    publish = actions.foundation.publish.dispatch_enqueue
+    actions.foundation.publish.dispatch_enqueue = held.append  # type: ignore[assignment]  # looked up at call time
     try:
         propose_all(fixture)
     finally:
-        actions.publish.dispatch_enqueue = publish
+        actions.foundation.publish.dispatch_enqueue = publish
     return held
 
 
@@ -547,7 +547,7 @@ def counting_statements() -> Iterator[list[int]]:
 
 
 def publish_dispatches(action_pks: list[int]) -> None:
-    from actions.publish import dispatch_enqueue
+    from actions.foundation.publish import dispatch_enqueue
 
     for action_pk in action_pks:
         dispatch_enqueue(action_pk)

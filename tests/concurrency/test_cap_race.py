@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Action, ActionStatus, Order, Workflow, WorkflowState
 from actions.services import Actor, action_propose_refund
 from approvals.models import WorkflowApproval
@@ -35,8 +35,8 @@ PLANS = 3
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.publish.workflow_advance_enqueue", lambda workflow_id: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.workflow_advance_enqueue", lambda workflow_id: None)
 
 
 @pytest.fixture

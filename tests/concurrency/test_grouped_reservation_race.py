@@ -33,7 +33,7 @@ MEMBERS = 4
 @pytest.fixture(autouse=True)
 def manual_decisions(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def test_grouped_siblings_racing_each_reserve_once_and_none_goes_stale(manager: Any, agent_actor: Actor) -> None:

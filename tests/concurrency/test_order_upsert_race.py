@@ -15,9 +15,9 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-import actions.orders
+import actions.orders.services
 from actions.models import Order
-from actions.orders import OrderConflict, OrderData, OrderResult, order_upsert
+from actions.orders.services import OrderConflict, OrderData, OrderResult, order_upsert
 from tests.threads import run_at_once
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -55,7 +55,7 @@ def test_a_change_read_before_a_reservation_is_decided_again_after_it(monkeypatc
     update read the order before the reservation, so its conditional UPDATE changes no row; it
     reads again and refuses, naming the field. The reservation stands."""
     order_upsert(data=order_data(), source="test")
-    real_refuse = actions.orders._refuse
+    real_refuse = actions.orders.services._refuse
     reserved: list[int] = []
 
     def reserve_in_between(order: Order, changes: dict[str, Any]) -> None:
@@ -68,7 +68,7 @@ def test_a_change_read_before_a_reservation_is_decided_again_after_it(monkeypatc
             )
         real_refuse(order, changes)
 
-    monkeypatch.setattr(actions.orders, "_refuse", reserve_in_between)
+    monkeypatch.setattr(actions.orders.services, "_refuse", reserve_in_between)
 
     with pytest.raises(OrderConflict) as refused:
         order_upsert(data=order_data(captured_amount=Decimal("60.00")), source="test")

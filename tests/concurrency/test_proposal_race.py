@@ -1,6 +1,6 @@
 """The same proposal delivered several times at once, on PostgreSQL with one connection per thread.
 
-DESIGN.md section 3: a UNIQUE constraint on the action id makes concurrent proposals produce one
+docs/architecture.md section 3: a UNIQUE constraint on the action id makes concurrent proposals produce one
 row. An agent that times out and retries, or two copies of one webhook, must not create two
 refunds, and a concurrent proposal with another amount must be refused as a conflict rather than
 overwrite or join the first.
@@ -40,7 +40,7 @@ TIMEOUT = 30
 def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Action pks whose dispatch was published on commit, from whichever thread committed."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -45,7 +45,7 @@ RECONCILERS = 4  # below the connection pool's default size of 10, with the test
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Dispatch runs in this process; nothing is published to a broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

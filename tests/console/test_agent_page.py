@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agent_webhooks import webhook_set_by_owner
+from actions.agents.webhooks import webhook_set_by_owner
 from actions.models import AgentWebhook, AgentWebhookDelivery, SecurityEvent
 from actions.services import Actor
 from tests.approvals.test_views import propose
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     monkeypatch.setattr("actions.outbox.webhook_publish", lambda pk, countdown=None: None)
-    monkeypatch.setattr("actions.agent_webhooks.webhook_publish", lambda pk, countdown=None: None)
+    monkeypatch.setattr("actions.agents.webhooks.webhook_publish", lambda pk, countdown=None: None)
 
 
 def _client(user: Any) -> Client:
@@ -107,7 +107,7 @@ def test_redeliver_button_queues_the_event_again(agent: Any, agent_owner: Any) -
 
 
 def test_revoking_from_the_agent_page_returns_there_and_keeps_the_trail(agent: Any, agent_owner: Any) -> None:
-    from actions.agents import agent_token_issue_by_owner
+    from actions.agents.services import agent_token_issue_by_owner
 
     issued = agent_token_issue_by_owner(agent=agent, user=agent_owner, label="prod")
     page = f"/account/agents/{agent.pk}/"

@@ -12,8 +12,8 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
-from actions.exports import csv_safe
 from actions.models import Action, ActionEvent
+from actions.review.exports import csv_safe
 from actions.services import Actor
 from actions.trail import event_record
 from tests.approvals.test_views import propose
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def _client(user: Any) -> Client:

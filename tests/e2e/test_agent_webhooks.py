@@ -36,7 +36,7 @@ def _log_in(page: Page, url: str, user: Any) -> None:
 
 @pytest.fixture
 def receiver(settings: Any) -> Any:
-    # The stand-in receiver listens on loopback, which real deployments refuse (actions.egress).
+    # The stand-in receiver listens on loopback, which real deployments refuse (actions.foundation.egress).
     settings.AGENT_WEBHOOK_ALLOW_LOOPBACK = True
     running = Receiver(fail_first=FAIL_FIRST).start()
     yield running

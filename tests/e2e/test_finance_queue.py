@@ -43,7 +43,7 @@ def test_finance_filters_looks_up_and_resolves_an_action_that_leaves_the_queue(
     """Invariants 2, 5 and 8 end to end: the refund the provider made is recorded once, with its
     reference; the order's money adds up; the queue shows what is left, to its owner."""
     # Auto-approval publishes a dispatch on commit; the builders reserve and record by themselves.
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     # The items were just attempted; "failed" needs their lease and the provider's visibility
     # delay to have passed. No worker runs here, so both are zero.
     settings.LEASE_SECONDS = 0

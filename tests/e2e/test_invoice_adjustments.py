@@ -63,7 +63,7 @@ def test_a_manager_approves_an_adjustment_and_accounts_payable_resolves_one_that
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Invariants 2, 5 and 8 end to end for invoice adjustments."""
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     settings.ACCOUNTING_TIMEOUT_SECONDS = 1
     payable = make_user("alex.payable", "accounts payable")
     to_approve = _adjustment(live_accounting, agent_actor, "120.00", "INV-7001")

@@ -48,7 +48,7 @@ def worker(monkeypatch: pytest.MonkeyPatch) -> list[threading.Thread]:
         threads.append(thread)
         thread.start()
 
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", enqueue)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", enqueue)
     return threads
 
 

@@ -69,9 +69,9 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
     # own poll commits it once the window has passed.
     settings.REJECTION_UNDO_SECONDS = 1
     settings.LIVE_POLL_SECONDS = 1
-    monkeypatch.setattr("actions.publish.rejection_commit_enqueue", lambda pk, countdown: None)
+    monkeypatch.setattr("actions.foundation.publish.rejection_commit_enqueue", lambda pk, countdown: None)
     published: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", published.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", published.append)
     to_approve = propose(
         agent_actor,
         amount="120.00",

@@ -58,7 +58,7 @@ def _proposal(agent_actor: Actor, *, email: str, amount: str = "60.00") -> Actio
 
 @pytest.fixture
 def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def test_the_search_box_finds_an_action_by_customer_email_and_by_refund_reference(

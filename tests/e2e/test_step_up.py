@@ -34,7 +34,7 @@ def test_a_manager_approves_a_high_value_refund_after_confirming_a_totp_code(
 ) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
     settings.STEP_UP_THRESHOLDS = {"EUR": Decimal("1000")}
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     manager = make_user("hedy.manager", "manager", limits={"EUR": "5000"})
     device = TOTPDevice.objects.create(user=manager, name="phone", confirmed=True)
     key, step, t0, digits = device.bin_key, device.step, device.t0, device.digits

@@ -46,7 +46,7 @@ def test_a_manager_approves_the_previewed_message_and_finance_confirms_an_ambigu
     """Invariants 2 and 16 end to end: what the manager read is what the relay received; the
     ambiguous send is held for finance, never resent, and recorded once with the evidence."""
     # The test sends by hand, after the approval, so that the relay's fault applies to it.
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     parameters = {**BILL_PARAMETERS, "reason": "Two pallets <b>damaged</b> & one missing."}
     action = supplier_email_propose(
         supplier="ACME",

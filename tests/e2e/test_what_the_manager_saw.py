@@ -40,7 +40,7 @@ def test_a_manager_approving_an_order_that_changed_meanwhile_is_told_what_change
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     order = make_order(captured="300.00", customer_name="Grace Hopper")
     action = propose(agent_actor, amount="50.00", order=order)
     other = propose(agent_actor, amount="20.00", order=order)

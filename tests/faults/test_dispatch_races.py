@@ -82,7 +82,7 @@ def test_two_workers_given_the_same_dispatch_at_once_make_one_provider_call(
         dispatch.delay(action_pk)
         dispatch.delay(action_pk)
 
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", publish_twice)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", publish_twice)
     first, second = workers.start(), workers.start()
     # A slow answer keeps the winner inside its lease while the loser tries to claim.
     live_sandbox.fault(mode="slow", sleep_seconds=1)
@@ -127,7 +127,7 @@ def test_dispatchers_racing_in_threads_with_and_without_skip_locked_claim_once(
 ) -> None:
     """Invariants 1 and 3: the message's claim (waits for the row lock) and the sweep's claim
     (SKIP LOCKED) racing on one action: exactly one submits, every other one leaves it alone."""
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda action_pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda action_pk: None)
     action = propose_auto_approved(sandbox=live_sandbox, proposer=agent_actor)
 
     results = run_at_once(

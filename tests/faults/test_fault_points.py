@@ -1,4 +1,4 @@
-"""A real worker killed at each fault point (DESIGN.md section 9), then a fresh worker recovers.
+"""A real worker killed at each fault point (docs/architecture.md section 9), then a fresh worker recovers.
 
 The doomed worker runs with ``CONSOLE_FAULT_POINTS=<point>`` and SIGKILLs itself at that
 instant. Its dispatch message was not acknowledged (acks_late), so the broker would hand it to

@@ -19,11 +19,11 @@ import pytest
 from django.conf import settings
 
 from actions.engine.invariants import check_effects
+from actions.foundation.publish import dispatch_enqueue
 from actions.kinds.refund import RefundReceiver, provider_from_settings
 from actions.models import Action, ActionStatus, Order
-from actions.publish import dispatch_enqueue
+from actions.provider_events.services import webhook_receive
 from actions.services import Actor, action_propose_refund
-from actions.webhooks import webhook_receive
 from approvals.models import Approval, ApprovalPolicy, Decision
 from harness.sandboxes.payment.webhooks import sign
 from tests.factories import make_order, make_request
@@ -84,7 +84,7 @@ def test_a_worker_killed_inside_the_invalidation_leaves_no_policy_action_stale(
     live_sandbox.seed_charge(order.charge_reference, 10000, "eur")
     # The dispatch is held back until the doomed worker is up, so it is the one that claims.
     held: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", held.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", held.append)
     action = action_propose_refund(
         order_number=order.number,
         request_number=make_request(order).number,

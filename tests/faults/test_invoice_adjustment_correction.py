@@ -42,7 +42,7 @@ def setup(settings: Any, live_accounting: AccountingSandboxClient, live_sandbox:
 @pytest.fixture
 def succeeded(live_accounting: AccountingSandboxClient, agent_actor: Actor, monkeypatch: pytest.MonkeyPatch) -> Action:
     """A 20.00 EUR adjustment that the accounting system saved and the console recorded."""
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     bill = make_bill(amount="200.00")
     live_accounting.seed_invoice(invoice_id=bill.accounting_reference, number=bill.number, total="200.00")
     request = make_adjustment_request(bill)

@@ -48,7 +48,7 @@ AMOUNT = Decimal("20.00")
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -1,4 +1,4 @@
-"""A dispatch publish lost between the approval's commit and the broker (DESIGN.md section 6).
+"""A dispatch publish lost between the approval's commit and the broker (docs/architecture.md section 6).
 
 The approval commits, then its on-commit publish never reaches the broker (the process died,
 the broker was down). Nothing is lost: the periodic AUTHORIZED sweep claims the row itself.
@@ -48,7 +48,7 @@ def beat_stopped_with_its_worker(workers: WorkerPool) -> Iterator[None]:
 def lost_publishes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The on-commit publish runs, and its message never reaches the broker."""
     lost: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lost.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lost.append)
     return lost
 
 

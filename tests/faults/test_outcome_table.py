@@ -1,4 +1,4 @@
-"""Every row of the receiver-answer table (DESIGN.md section 6), produced by a real sandbox fault.
+"""Every row of the receiver-answer table (docs/architecture.md section 6), produced by a real sandbox fault.
 
 Each test proposes an auto-approved refund, lets the sandbox answer in one way, and calls the
 dispatcher in this process (no worker: the answer, not the process, is under test; the fault
@@ -57,7 +57,7 @@ def fast_settings(settings: Any, live_sandbox: SandboxClient) -> Iterator[None]:
 def published(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The dispatcher is called by the test itself; nothing goes to the broker."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

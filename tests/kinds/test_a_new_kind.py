@@ -33,7 +33,7 @@ S = ActionStatus
 
 @pytest.fixture
 def memo_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoKind]:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     kind = MemoKind()
     register(kind)
     yield kind

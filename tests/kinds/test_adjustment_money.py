@@ -1,5 +1,5 @@
 """An invoice adjustment's money on its bill: what the claim reserves and refuses, and what the
-answer books or releases (DESIGN.md invariant 5, for bills), in memory.
+answer books or releases (docs/architecture.md invariant 5, for bills), in memory.
 
 The scenario tests that reach these through a send need the accounting sandbox's process, which
 the mutation runs' fast subset leaves out; these drive the claim and ``apply_outcome`` directly
@@ -34,7 +34,7 @@ S = ActionStatus
 def managers_decide(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every adjustment here is approved by a manager (no auto-approval), and nothing is sent."""
     settings.INVOICE_ADJUSTMENT_AUTO_APPROVAL_THRESHOLDS = {}
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def approved(bill: Bill, amount: str, proposer: Actor, manager: Any) -> Action:

@@ -41,7 +41,7 @@ S = ActionStatus
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def propose(bill: Bill, number: int, amount: str, proposer: Actor, **extra: Any) -> Action:

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.kind_selectors import kind_cards
 from actions.models import LedgerAuditRun
 from tests.actions.test_finance_services import escalated

@@ -34,7 +34,7 @@ S = ActionStatus
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
     # The tests dispatch by hand, so that each step is visible.
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def approved_email(agent_actor: Any, manager: Any, *, reference: str = "bill-1042") -> Action:

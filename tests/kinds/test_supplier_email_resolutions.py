@@ -14,8 +14,8 @@ from django.urls import reverse
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import check_effects
 from actions.engine.ledger import ledger_audit_run
+from actions.engine.resolution_checks import ReviewRefused
 from actions.engine.resolutions import (
-    ReviewRefused,
     action_resolve_failed,
     action_resolve_resend,
     action_resolve_retry,
@@ -46,7 +46,7 @@ ONLY_EMAIL: dict[str, Any] = {"refund": NoRefunds()}
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 @pytest.fixture

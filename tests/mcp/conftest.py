@@ -21,7 +21,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, Tool
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.mcp.server import mcp_asgi_app
 from tests.processes import wait_until
 
@@ -58,7 +58,7 @@ def mcp_url() -> Iterator[str]:
 def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Action pks whose dispatch was published. The dispatcher is not part of these tests."""
     calls: list[int] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", calls.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", calls.append)
     return calls
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from actions.agents import INVOICE_ADJUSTMENT_SCOPE, agent_token_issue
+from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE, agent_token_issue
 from actions.models import Action, ActionKind, AdjustmentRequest, Bill
 from tests.factories import make_adjustment_request, make_agent, make_bill
 from tests.mcp.conftest import mcp_call, mcp_tools

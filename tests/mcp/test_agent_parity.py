@@ -36,7 +36,7 @@ import pytest
 from django.db.models import Sum
 
 import actions.api.urls  # noqa: F401 (registers the adjustments' and workflows' operations on the API)
-from actions.agents import INVOICE_ADJUSTMENT_SCOPE, ORDERS_SCOPE, agent_token_issue
+from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE, ORDERS_SCOPE, agent_token_issue
 from actions.api.views import api as ninja_api
 from actions.mcp.server import mcp_server
 from actions.models import (
@@ -1088,7 +1088,7 @@ def parity_server() -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def no_workflow_advance(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.workflow_advance_enqueue", lambda workflow_id: None)
+    monkeypatch.setattr("actions.foundation.publish.workflow_advance_enqueue", lambda workflow_id: None)
 
 
 @dataclass

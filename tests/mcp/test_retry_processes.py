@@ -26,7 +26,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Action, ActionStatus
 from tests.factories import make_order, make_request
 from tests.processes import REPO_ROOT, WorkerPool, wait_until

@@ -11,7 +11,7 @@ import pytest
 from django.db import OperationalError
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Action, RefundRequest
 from tests.factories import make_agent, make_order, make_request, make_user
 from tests.mcp.conftest import mcp_call, mcp_tools

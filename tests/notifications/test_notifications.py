@@ -31,7 +31,7 @@ class FailingBackend(BaseEmailBackend):
 def outbox(settings: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     settings.NOTIFICATION_EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.AUTO_APPROVAL_ENABLED = False
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     mail.outbox = []
     return mail.outbox
 

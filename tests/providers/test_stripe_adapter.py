@@ -1,4 +1,4 @@
-"""The Stripe adapter against the sandbox: every row of DESIGN.md section 6 maps to one outcome.
+"""The Stripe adapter against the sandbox: every row of docs/architecture.md section 6 maps to one outcome.
 
 | receiver answer                                   | adapter result                  |
 |---------------------------------------------------|---------------------------------|

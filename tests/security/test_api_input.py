@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
+from actions.foundation.text import unsafe_characters
 from actions.models import Action, RefundRequest
-from actions.text import unsafe_characters
 from tests.factories import make_agent, make_order, make_request
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from console.checks import metrics_token_check
 
 pytestmark = pytest.mark.django_db

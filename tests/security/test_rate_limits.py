@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, connections
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.api.ratelimit import ratelimit_hit
 from actions.models import RateCounter
 

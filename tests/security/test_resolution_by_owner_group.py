@@ -49,7 +49,6 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from actions.adjustments import action_propose_invoice_adjustment
-from actions.corrections import action_owner_assign, discrepancy_compensate
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import submission_record
 from actions.kinds import kind_for
@@ -71,6 +70,7 @@ from actions.models import (
     Workflow,
     WorkflowState,
 )
+from actions.review.corrections import action_owner_assign, discrepancy_compensate
 from actions.services import Actor
 from actions.workflows.coordinator import workflow_advance
 from actions.workflows.services import plan_decide, workflow_propose
@@ -136,8 +136,8 @@ def receivers(monkeypatch: pytest.MonkeyPatch) -> dict[str, OnlyAFailedRecord]:
 
 @pytest.fixture(autouse=True)
 def setup(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.publish.workflow_advance_enqueue", lambda workflow_id: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.workflow_advance_enqueue", lambda workflow_id: None)
 
 
 @pytest.fixture

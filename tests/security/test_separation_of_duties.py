@@ -16,7 +16,13 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.test import Client
 
-from actions.agents import AgentChangeRefused, AgentInvalid, agent_authenticate, agent_create, agent_owner_change
+from actions.agents.services import (
+    AgentChangeRefused,
+    AgentInvalid,
+    agent_authenticate,
+    agent_create,
+    agent_owner_change,
+)
 from actions.models import (
     ActionEvent,
     ActionStatus,

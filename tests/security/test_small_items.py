@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from actions.db_guards import SQLITE_GUARDS
+from actions.foundation.db_guards import SQLITE_GUARDS
 from console.settings import create_private_file
 
 MATERIAL = (

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agent_webhooks import WebhookInvalid, webhook_deliver, webhook_set_by_owner
+from actions.agents.webhooks import WebhookInvalid, webhook_deliver, webhook_set_by_owner
 from actions.models import AgentWebhook, AgentWebhookAttempt, AgentWebhookDelivery, DeliveryStatus
 from actions.services import Actor
 from tests.approvals.test_views import propose
@@ -80,9 +80,9 @@ def answering() -> Iterator[Callable[..., Answering]]:
 def quiet(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
     settings.AGENT_WEBHOOK_ALLOW_LOOPBACK = False
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     monkeypatch.setattr("actions.outbox.webhook_publish", lambda pk, countdown=None: None)
-    monkeypatch.setattr("actions.agent_webhooks.webhook_publish", lambda pk, countdown=None: None)
+    monkeypatch.setattr("actions.agents.webhooks.webhook_publish", lambda pk, countdown=None: None)
 
 
 class Resolver:

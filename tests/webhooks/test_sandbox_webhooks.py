@@ -42,7 +42,7 @@ def endpoint(live_server: Any, live_sandbox: SandboxClient, settings: Any) -> It
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
 
 
 def pending_events(sandbox: SandboxClient) -> int:
@@ -53,7 +53,7 @@ def test_an_outside_refund_from_the_sandbox_makes_a_managers_pending_approval_go
     endpoint: str, live_sandbox: SandboxClient, agent_actor: Actor, manager: Any, client: Client
 ) -> None:
     """Seed 000's example: 30 EUR refunded in the provider's dashboard while a 79 EUR approval
-    waits. The approval was bound to the order's old version (DESIGN.md section 5)."""
+    waits. The approval was bound to the order's old version (docs/architecture.md section 5)."""
     order = make_order(captured="100.00")
     live_sandbox.seed_charge(order.charge_reference, 10000, "eur")
     action = action_propose_refund(

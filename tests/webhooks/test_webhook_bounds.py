@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from actions.models import WebhookEvent
-from actions.webhooks import json_nesting_exceeds
+from actions.provider_events.services import json_nesting_exceeds
 from harness.sandboxes.payment.webhooks import sign
 
 pytestmark = pytest.mark.django_db

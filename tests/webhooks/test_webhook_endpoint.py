@@ -47,8 +47,8 @@ def endpoint_secret(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def published(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
     sent: list[tuple[str, tuple[Any, ...]]] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: sent.append(("dispatch", (pk,))))
-    monkeypatch.setattr("actions.publish.app.send_task", lambda name, args: sent.append((name, tuple(args))))
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: sent.append(("dispatch", (pk,))))
+    monkeypatch.setattr("actions.foundation.publish.app.send_task", lambda name, args: sent.append((name, tuple(args))))
     return sent
 
 
@@ -208,7 +208,7 @@ def test_a_refund_of_a_known_action_asks_for_reconciliation_now_and_books_nothin
 def test_an_outside_refund_makes_a_managers_pending_approval_go_stale_and_says_why(
     client: Client, agent_actor: Actor, manager: Any
 ) -> None:
-    """DESIGN.md section 5: the approval was bound to the order's version before the refund."""
+    """docs/architecture.md section 5: the approval was bound to the order's version before the refund."""
     order = make_order(captured="100.00")
     action = action_propose_refund(
         order_number=order.number,

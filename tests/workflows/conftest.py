@@ -107,8 +107,8 @@ def world(transactional_db: Any, monkeypatch: pytest.MonkeyPatch, settings: Any)
     monkeypatch.setattr("actions.engine.dispatch.receiver_for", receiver_for)
     dispatched: list[int] = []
     nudged: list[str] = []
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", dispatched.append)
-    monkeypatch.setattr("actions.publish.workflow_advance_enqueue", nudged.append)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", dispatched.append)
+    monkeypatch.setattr("actions.foundation.publish.workflow_advance_enqueue", nudged.append)
     bill = make_bill(number="INV-42", amount="200.00")
     supplier = Supplier.objects.create(code="ACME", name="Acme Supplies")
     SupplierContact.objects.create(supplier=supplier, email="ap@acme.example", name="Accounts")

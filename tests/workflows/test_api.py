@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.models import Agent, Supplier, SupplierContact, Workflow
 from tests.factories import make_agent, make_bill
 from tests.workflows.conftest import po_parameters
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def no_publish(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.publish.workflow_advance_enqueue", lambda workflow_id: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.workflow_advance_enqueue", lambda workflow_id: None)
 
 
 @pytest.fixture

@@ -155,8 +155,9 @@ def test_a_final_failure_compensates_completed_steps_in_reverse_once_each(
 def test_compensation_runs_in_reverse_completion_order(world: World, agent_actor: Actor, manager: Any) -> None:
     """A template whose third step fails after two compensable ones: reverse order, once each."""
     from actions.workflows import templates
+    from actions.workflows.templates import building, po_mismatch
 
-    spec = templates.PO_STEPS
+    spec = po_mismatch.PO_STEPS
     extra = templates.StepSpec("final_check", "supplier_email", templates.StepClass.IRREVERSIBLE, None, "last")
     original = templates._TEMPLATES["po_mismatch_resolution"]
     base_validate = original.validate
@@ -172,7 +173,7 @@ def test_compensation_runs_in_reverse_completion_order(world: World, agent_actor
             proposal.case,
             proposal.parameters,
             {**proposal.plan, "steps": steps},
-            templates.plan_hash_of("po_mismatch_resolution", templates._without_message_ids(steps)),
+            templates.plan_hash_of("po_mismatch_resolution", building.without_message_ids(steps)),
         )
 
     templates._TEMPLATES["po_mismatch_resolution"] = templates.Template(

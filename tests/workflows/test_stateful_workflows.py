@@ -33,7 +33,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from actions.engine import dispatch as execution
 from actions.engine import reconcile as reconciliation
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.resolutions import ReviewRefused, action_resolve_failed, action_resolve_succeeded
+from actions.engine.resolution_checks import ReviewRefused
+from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
 from actions.kinds.fields import ProposalInvalid
@@ -290,8 +291,8 @@ def test_random_workflow_interleavings_never_break_invariants_12_to_16(
     settings.ACCOUNTING_API_BASE = ""
     settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS = 0
     settings.ACCOUNTING_LOOKUP_VISIBILITY_DELAY_SECONDS = 0
-    monkeypatch.setattr("actions.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.publish.workflow_advance_enqueue", lambda workflow_id: None)
+    monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
+    monkeypatch.setattr("actions.foundation.publish.workflow_advance_enqueue", lambda workflow_id: None)
     monkeypatch.setattr("django.utils.timezone.now", lambda: CLOCK[0])
     PEOPLE["manager"] = make_user("wf.manager", "manager", limits={"EUR": "1000"})
     make_user("wf.finance", "finance")

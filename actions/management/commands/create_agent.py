@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from actions.agents import AgentInvalid, agent_create, agent_token_issue
+from actions.agents.services import AgentInvalid, agent_create, agent_token_issue
 from actions.models import Agent
 
 

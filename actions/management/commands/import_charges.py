@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from actions.charges import ChargeListFailed, charges_import
+from actions.orders.charges import ChargeListFailed, charges_import
 
 
 class Command(BaseCommand):

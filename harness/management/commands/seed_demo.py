@@ -44,12 +44,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from actions.agents import agent_token_issue
+from actions.agents.services import agent_token_issue
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, apply_outcome, submission_send_and_record
 from actions.engine.ledger import ledger_audit_run
-from actions.engine.resolutions import ReviewRefused
-from actions.finance import action_assign
+from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund import RefundReceiver, answer_from_refund, refund_action_id
 from actions.models import (
@@ -66,6 +65,7 @@ from actions.models import (
 from actions.providers.base import AmbiguousError, DefinitiveError
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider, refund_from_stripe_json
+from actions.review.services import action_assign
 from actions.services import Actor, action_cancel, action_propose_refund
 from actions.supplier_emails import supplier_email_propose
 from approvals.models import ApprovalLimit

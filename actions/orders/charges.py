@@ -1,7 +1,7 @@
 """Orders from the payment provider's charges: ``manage.py import_charges``.
 
 Charges are read with Stripe's list API, a page at a time (``limit`` and ``starting_after``,
-until ``has_more`` is false), and each becomes an order through ``actions.orders``, the same
+until ``has_more`` is false), and each becomes an order through ``actions.orders.services``, the same
 service the orders API uses. The import is idempotent: a second run changes nothing unless the
 provider's charge changed.
 
@@ -30,7 +30,7 @@ from django.conf import settings
 
 from actions.kinds.fields import ProposalInvalid
 from actions.models import Order
-from actions.orders import OrderBusy, OrderConflict, order_data_check, order_upsert
+from actions.orders.services import OrderBusy, OrderConflict, order_data_check, order_upsert
 from actions.providers.money import from_minor_units
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ the authority on what was refunded and what is reserved, so neither of those col
 written here.
 
 A change to an order raises its ``version``. An approval is bound to the version it was given
-at (DESIGN.md section 5), so the worker's reservation refuses it and the action goes STALE:
+at (docs/architecture.md section 5), so the worker's reservation refuses it and the action goes STALE:
 nobody's approval of a refund carries over to an order that has since changed.
 """
 

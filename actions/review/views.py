@@ -26,28 +26,19 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 from django_htmx.middleware import HtmxDetails
 
-from actions import finance
 from actions import permissions as perms
 from actions.engine import resolutions
-from actions.engine.resolutions import ReviewRefused
-from actions.finance import REMEDY_CHOICES
+from actions.engine.resolution_checks import ReviewRefused
+from actions.foundation.separation import follow_up_admin_refusal
+from actions.foundation.text import unsafe_characters, unsafe_characters_message
 from actions.kind_selectors import kind_cards
 from actions.models import Action, Discrepancy, Remedy, Workflow, WorkflowEvent, WorkflowState
 from actions.plain import without_status_codes
-from actions.review_selectors import (
-    STATE_CHOICES,
-    BadCursor,
-    ItemKind,
-    QueueFilters,
-    attempt_summary,
-    cursor_decode,
-    follow_up_detail_get,
-    may_view_review,
-    review_action_detail_get,
-    review_queue_get,
-)
-from actions.separation import follow_up_admin_refusal
-from actions.text import unsafe_characters, unsafe_characters_message
+from actions.review import services as finance
+from actions.review.selectors.common import STATE_CHOICES, ItemKind, attempt_summary, may_view_review
+from actions.review.selectors.detail import follow_up_detail_get, review_action_detail_get
+from actions.review.selectors.queue import BadCursor, QueueFilters, cursor_decode, review_queue_get
+from actions.review.services import REMEDY_CHOICES
 from actions.workflows.services import workflow_summary
 
 
@@ -89,7 +80,7 @@ FREE_TEXT_FIELDS = ("note", "reason", "provider_reference")
 
 def _refuse_unsafe_text(request: HttpRequest) -> None:
     # Control and bidirectional-override characters let a note read differently from what is
-    # stored (actions/text.py); refused with the field named, before any service runs.
+    # stored (actions/foundation/text.py); refused with the field named, before any service runs.
     for field in FREE_TEXT_FIELDS:
         codes = unsafe_characters(request.POST.get(field, ""))
         if codes:

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions import permissions as perms
-from actions.engine.resolutions import (
+from actions.engine.resolution_checks import (
     ReviewRefused,
     resolver_refusal,
     review_action,
@@ -27,6 +27,7 @@ from actions.engine.resolutions import (
     review_stamp,
     review_text,
 )
+from actions.foundation.separation import follow_up_admin_refusal
 from actions.kinds import owner_group_of
 from actions.models import (
     Action,
@@ -37,8 +38,7 @@ from actions.models import (
     Remedy,
     RemedyKind,
 )
-from actions.review_rules import follow_up_kind
-from actions.separation import follow_up_admin_refusal
+from actions.review.rules import follow_up_kind
 from actions.trail import Actor, event_record
 
 S = ActionStatus

@@ -19,9 +19,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from actions.foundation.security import CORRECT_PERMISSION, security_event_record
 from actions.models import Action, ActionEvent, ActionKind, ActorKind, Agent, AgentToken, SecurityEventKind
 from actions.models.actions import UNRESOLVED_STATUSES, ActionStatus
-from actions.security import CORRECT_PERMISSION, security_event_record
 
 # Recognisable in logs, config files and secret scanners ("effect console token").
 TOKEN_MARKER = "ect_"  # noqa: S105 (a public marker, not a secret)

@@ -10,7 +10,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
 from actions.models import Order
-from actions.order_selectors import order_page_get
+from actions.orders.selectors import order_page_get
 from actions.search import may_search, may_search_everything, search
 
 

@@ -27,7 +27,8 @@ from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from actions.egress import EgressRefused, egress_check_url, egress_post
+from actions.foundation.egress import EgressRefused, egress_check_url, egress_post
+from actions.foundation.security import security_event_record
 from actions.models import (
     Action,
     Agent,
@@ -38,7 +39,6 @@ from actions.models import (
     SecurityEventKind,
 )
 from actions.outbox import SIGNATURE_HEADER, webhook_body, webhook_publish, webhook_publish_on_commit, webhook_sign
-from actions.security import security_event_record
 
 SECRET_MARKER = "whsec_"  # noqa: S105 (a public marker, not a secret)
 # A retry further out than this is left to the beat sweep rather than a broker countdown:
@@ -210,7 +210,7 @@ def _post(hook: AgentWebhook, body: bytes) -> tuple[int | None, str, str, int]:
     """Send one request; returns (status code, response excerpt, error, milliseconds).
 
     The address is judged again here, not only when it was registered: a name can resolve
-    elsewhere by now (actions.egress)."""
+    elsewhere by now (actions.foundation.egress)."""
     timestamp = int(time.time())
     headers = {
         "Content-Type": "application/json",

@@ -8,7 +8,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from actions.webhooks import WebhookRefused, webhook_receive
+from actions.provider_events.services import WebhookRefused, webhook_receive
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from actions import permissions as perms
 from actions.adjustments import discrepancy_void_duplicate
+from actions.foundation.refusals import Refused
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.fields import ProposalInvalid
 from actions.models import (
@@ -41,7 +42,6 @@ from actions.models import (
 )
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.providers.base import validate_idempotency_key
-from actions.refusals import Refused
 from actions.services import (
     ProposalConflict,
     payload_hash,
@@ -234,86 +234,12 @@ def discrepancy_compensate(*, discrepancy_pk: int, user: Any, note: str, now: da
         linked = discrepancy.details.get("compensating_action")
         if linked:
             return Action.objects.get(action_id=linked)
-        if discrepancy.kind != DiscrepancyKind.DUPLICATE_EFFECT:
-            raise CorrectionRefused(
-                f"Only a duplicate effect is compensated; this is {discrepancy.get_kind_display().lower()}.",
-                code="not_a_duplicate",
-            )
-        if discrepancy.status not in (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS):
-            raise CorrectionRefused(
-                f"This discrepancy is {discrepancy.get_status_display().lower()} already.", code="closed"
-            )
-        if discrepancy.action_id is None:
-            raise CorrectionRefused("The discrepancy names no action.", code="no_action")
+        _refuse_unless_compensable(discrepancy)
         original = Action.objects.select_related("order").get(pk=discrepancy.action_id)
         duplicates = _duplicate_references(discrepancy, original)
-        action_id = compensation_action_id(duplicate_reference=duplicates[0])
-        try:
-            validate_idempotency_key(action_id)
-        except ValueError as error:
-            raise CorrectionRefused(f"Cannot name the compensation: {error}.", code="invalid_reference") from error
-
-        # The original payload's amount keeps the currency's own decimals ("500" for JPY).
-        amount = Decimal(original.payload.get("amount", original.amount)) * len(duplicates)
-        payload = {
-            "kind": ActionKind.COMPENSATION.value,
-            "compensates": original.action_id,
-            "duplicate_refunds": duplicates,
-            "discrepancy": discrepancy.pk,
-            "order": original.order.number if original.order is not None else None,
-            "amount": str(amount),
-            "currency": original.currency,
-            "reason_code": ReasonCode.DUPLICATE_CHARGE.value,
-        }
-        digest = payload_hash(payload)
-
-        action = Action.objects.filter(action_id=action_id).first()
-        if action is not None and action.payload_hash != digest:
-            raise CorrectionRefused(
-                f"{action_id} already exists for another discrepancy or amount. Nothing was changed.",
-                code="conflict",
-            )
-        if action is None:
-            action = Action(
-                action_id=action_id,
-                kind=ActionKind.COMPENSATION,
-                idempotency_key=action_id,
-                payload=payload,
-                payload_hash=digest,
-                order=original.order,
-                amount=amount,
-                currency=original.currency,
-                reason_code=ReasonCode.DUPLICATE_CHARGE,
-                evidence=(
-                    f"The receiver paid {original.action_id} out {len(duplicates) + 1} times "
-                    f"(recorded {original.provider_reference}; duplicate {', '.join(duplicates)}). "
-                    f"This recovers {amount} {original.currency} from the customer, e.g. by an invoice: "
-                    f"finance records the recovery, nothing is sent to the refund provider. {note}"
-                ),
-                proposed_by_user=user,
-            )
-            try:
-                action = proposal_record(
-                    action=action,
-                    proposer=Actor.for_user(user),
-                    now=now,
-                    policy_reasons=[],
-                    event_evidence={
-                        "payload": payload,
-                        "payload_hash": digest,
-                        "compensates": original.action_id,
-                        "discrepancy": discrepancy.pk,
-                    },
-                    # Four eyes apply as to any proposal; no auto-approval policy applies.
-                    auto_policy=False,
-                    reason=note,
-                ).action
-            except ProposalConflict as conflict:
-                raise CorrectionRefused(
-                    f"{action_id} was created at the same time for another discrepancy or amount. Nothing was changed.",
-                    code="conflict",
-                ) from conflict
-
+        action = _compensation_proposed(
+            discrepancy=discrepancy, original=original, duplicates=duplicates, user=user, note=note, now=now
+        )
         # The owner stays as it is: finance, not the admin, recovers the money and closes the item.
         discrepancy.status = DiscrepancyStatus.IN_PROGRESS
         discrepancy.details = {**discrepancy.details, "compensating_action": action.action_id}
@@ -323,6 +249,96 @@ def discrepancy_compensate(*, discrepancy_pk: int, user: Any, note: str, now: da
         )
         discrepancy.note = f"{discrepancy.note.rstrip()}\n{line}".strip()
         discrepancy.save(update_fields=["status", "details", "note", "updated_at"])
+    return action
+
+
+
+
+def _refuse_unless_compensable(discrepancy: Discrepancy) -> None:
+    """Only an open duplicate effect of a known action is compensated."""
+    if discrepancy.kind != DiscrepancyKind.DUPLICATE_EFFECT:
+        raise CorrectionRefused(
+            f"Only a duplicate effect is compensated; this is {discrepancy.get_kind_display().lower()}.",
+            code="not_a_duplicate",
+        )
+    if discrepancy.status not in (DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS):
+        status = discrepancy.get_status_display().lower()
+        raise CorrectionRefused(f"This discrepancy is {status} already.", code="closed")
+    if discrepancy.action_id is None:
+        raise CorrectionRefused("The discrepancy names no action.", code="no_action")
+
+
+def _compensation_proposed(
+    *, discrepancy: Discrepancy, original: Action, duplicates: list[str], user: Any, note: str, now: datetime
+) -> Action:
+    """The compensation of ``duplicates``, PROPOSED for a manager: the one on record when it exists
+    with the same payload, refused when its id names another discrepancy or amount."""
+    action_id = compensation_action_id(duplicate_reference=duplicates[0])
+    try:
+        validate_idempotency_key(action_id)
+    except ValueError as error:
+        raise CorrectionRefused(f"Cannot name the compensation: {error}.", code="invalid_reference") from error
+
+    # The original payload's amount keeps the currency's own decimals ("500" for JPY).
+    amount = Decimal(original.payload.get("amount", original.amount)) * len(duplicates)
+    payload = {
+        "kind": ActionKind.COMPENSATION.value,
+        "compensates": original.action_id,
+        "duplicate_refunds": duplicates,
+        "discrepancy": discrepancy.pk,
+        "order": original.order.number if original.order is not None else None,
+        "amount": str(amount),
+        "currency": original.currency,
+        "reason_code": ReasonCode.DUPLICATE_CHARGE.value,
+    }
+    digest = payload_hash(payload)
+
+    action = Action.objects.filter(action_id=action_id).first()
+    if action is not None and action.payload_hash != digest:
+        raise CorrectionRefused(
+            f"{action_id} already exists for another discrepancy or amount. Nothing was changed.",
+            code="conflict",
+        )
+    if action is None:
+        action = Action(
+            action_id=action_id,
+            kind=ActionKind.COMPENSATION,
+            idempotency_key=action_id,
+            payload=payload,
+            payload_hash=digest,
+            order=original.order,
+            amount=amount,
+            currency=original.currency,
+            reason_code=ReasonCode.DUPLICATE_CHARGE,
+            evidence=(
+                f"The receiver paid {original.action_id} out {len(duplicates) + 1} times "
+                f"(recorded {original.provider_reference}; duplicate {', '.join(duplicates)}). "
+                f"This recovers {amount} {original.currency} from the customer, e.g. by an invoice: "
+                f"finance records the recovery, nothing is sent to the refund provider. {note}"
+            ),
+            proposed_by_user=user,
+        )
+        try:
+            action = proposal_record(
+                action=action,
+                proposer=Actor.for_user(user),
+                now=now,
+                policy_reasons=[],
+                event_evidence={
+                    "payload": payload,
+                    "payload_hash": digest,
+                    "compensates": original.action_id,
+                    "discrepancy": discrepancy.pk,
+                },
+                # Four eyes apply as to any proposal; no auto-approval policy applies.
+                auto_policy=False,
+                reason=note,
+            ).action
+        except ProposalConflict as conflict:
+            raise CorrectionRefused(
+                f"{action_id} was created at the same time for another discrepancy or amount. Nothing was changed.",
+                code="conflict",
+            ) from conflict
     return action
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actions.security import CORRECT_PERMISSION
+from actions.foundation.security import CORRECT_PERMISSION
 
 
 def is_console_admin(user: Any) -> bool:

@@ -12,7 +12,7 @@ the console's actions, the event only makes that action's reconciliation due now
 reconciler asks the provider and records its answer through the engine's normal path. A
 refund that names no action of ours was made outside the console (another system, a person in
 the provider's dashboard): its money is booked on the order as refunded outside, the order's
-version rises (so approvals bound to the old version go STALE at the claim, DESIGN.md
+version rises (so approvals bound to the old version go STALE at the claim, docs/architecture.md
 section 5), and the order's history says what happened.
 """
 
@@ -33,6 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from actions.engine.reconcile import reconcile_request_now
+from actions.foundation.publish import reconcile_enqueue_on_commit
 from actions.models import (
     Action,
     Order,
@@ -43,7 +44,6 @@ from actions.models import (
     WebhookEventOutcome,
 )
 from actions.providers.money import from_minor_units
-from actions.publish import reconcile_enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 
