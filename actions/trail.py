@@ -7,6 +7,7 @@ transaction (invariant 9).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -14,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from actions import sql
-from actions.foundation import publish
-from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Agent, Attempt
+from actions.models import Action, ActionEvent, ActorKind, Agent, Attempt
 from actions.outbox import webhook_outbox_write
 
 if TYPE_CHECKING:
@@ -199,38 +199,24 @@ def action_transition(
         now=now,
         writes=writes,
     )
-    _workflow_nudge(action, from_state)
+    for listener in _state_change_listeners:
+        listener(action, from_state)
     return event
 
 
-# The child states a workflow's coordinator acts on: an outcome (next step, pause, compensate),
-# a new decision needed, or a paused step taken up again by a retry or a person's resolution.
-_WORKFLOW_WAKING_STATES = frozenset(
-    {
-        ActionStatus.SUCCEEDED,
-        ActionStatus.FAILED_FINAL,
-        ActionStatus.UNKNOWN,
-        ActionStatus.NEEDS_REVIEW,
-        ActionStatus.STALE,
-        ActionStatus.CANCELLED,
-        ActionStatus.REJECTED,
-        ActionStatus.PROPOSED,
-    }
-)
+# Who is told of each action's state change, inside its transaction, once its event is written:
+# functions that layers above register (the workflows wake their coordinator this way), so that
+# the trail, at the bottom, needs to know none of them.
+StateChangeListener = Callable[[Action, str], None]
+_state_change_listeners: list[StateChangeListener] = []
 
 
-def _workflow_nudge(action: Action, from_state: str) -> None:
-    """A workflow's child changed: wake the coordinator once the change commits. The payload
-    names the workflow (material, set when the coordinator created the child), so no query."""
-    workflow_id = action.payload.get("workflow") if isinstance(action.payload, dict) else None
-    if not workflow_id:
-        return
-    resumed = action.status == ActionStatus.SUBMITTING and from_state in (
-        ActionStatus.UNKNOWN,
-        ActionStatus.NEEDS_REVIEW,
-    )
-    if action.status in _WORKFLOW_WAKING_STATES or resumed:
-        publish.workflow_advance_enqueue_on_commit(str(workflow_id))
+def state_change_listen(listener: StateChangeListener) -> StateChangeListener:
+    """Register ``listener(action, from_state)``, called after every state change is recorded. It
+    runs inside the change's transaction: it may publish on commit, never call out."""
+    if listener not in _state_change_listeners:
+        _state_change_listeners.append(listener)
+    return listener
 
 
 # The transition by which a person decides to send again to a receiver that can neither
