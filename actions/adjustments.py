@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from actions.foundation.trail import Actor
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.fields import (
     REFERENCE_PATTERN,
@@ -47,7 +48,6 @@ from actions.services import (
     payload_hash,
     proposal_record,
 )
-from actions.trail import Actor
 
 S = ActionStatus
 

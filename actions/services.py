@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_fsm import has_transition_perm
 
 from actions.foundation.refusals import Refused
+from actions.foundation.trail import Actor, Writes, action_transition, event_record
 from actions.kinds.fields import (
     FieldProblem,
     ProposalInvalid,
@@ -39,7 +40,6 @@ from actions.models import (
     RefundRequest,
 )
 from actions.providers.base import validate_idempotency_key
-from actions.trail import Actor, Writes, action_transition, event_record
 from approvals.policy import auto_policy_apply, auto_policy_decide
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from django.core.validators import validate_email
 from django.db import transaction
 from django.utils import timezone
 
+from actions.foundation.trail import Actor
 from actions.kinds.email_templates import MAX_PARAMETER_LENGTH, all_templates, template_for
 from actions.kinds.fields import (
     REFERENCE_PATTERN,
@@ -37,7 +38,6 @@ from actions.services import (
     payload_hash,
     proposal_record,
 )
-from actions.trail import Actor
 
 LINE_BREAK = re.compile(r"[\r\n\u2028\u2029\x85\x0b\x0c]")
 MAX_ADDRESS_LENGTH = 254

@@ -32,8 +32,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Exists, F, Func, QuerySet, Subquery
 
+from actions.foundation.trail import Actor, Writes, event_record
 from actions.models import Action, ActionEvent, Agent, Bill, Order, WorkflowState, WorkflowStep
-from actions.trail import Actor, Writes, event_record
 from approvals.models import Approval, ApprovalPolicy, AutoApprovalCap, CapScope, Decision, WorkflowApproval
 
 # The audit event the policy writes when a cap leaves a proposal to a manager; the inbox card

@@ -15,11 +15,11 @@ from typing import Any
 
 from django.conf import settings
 
-from actions import sql
+from actions.foundation import sql
 from actions.foundation.publish import dispatch_enqueue_on_commit
+from actions.foundation.trail import Actor, Writes, action_transition, event_record
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.trail import Actor, Writes, action_transition, event_record
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal, auto_approval_held_record
 from approvals.models import Approval, ApprovalGroup, ApprovalPolicy, Decision
 

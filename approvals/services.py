@@ -19,9 +19,9 @@ from django_fsm import has_transition_perm
 
 from actions.foundation import publish
 from actions.foundation.refusals import Refused
+from actions.foundation.trail import Actor, action_transition
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.trail import Actor, action_transition
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import (
     Approval,

@@ -25,8 +25,8 @@ from actions.agents.webhooks import (
     webhook_secret_rotate_by_owner,
     webhook_set_by_owner,
 )
+from actions.foundation.outbox import SIGNATURE_HEADER
 from actions.models import Agent, AgentWebhook, AgentWebhookDelivery
-from actions.outbox import SIGNATURE_HEADER
 
 
 class WebhookUrlForm(forms.Form):

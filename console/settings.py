@@ -578,7 +578,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "actions.tasks.notify_people",
         "schedule": float(NOTIFICATION_INTERVAL_SECONDS),
     },
-    # Storage tidying, not durability (actions.housekeeping).
+    # Storage tidying, not durability (actions.engine.housekeeping).
     "housekeeping-prune-attempt-bodies": {
         "task": "actions.tasks.housekeeping_prune_attempt_bodies",
         "schedule": float(HOUSEKEEPING_INTERVAL_SECONDS),

@@ -2,7 +2,7 @@
 
 - The owner of an agent sets its URL and gets a signing secret, shown once (like a token);
   rotating issues a new one. Both are written to the security trail, never the secret itself.
-- The outbox rows are written by the audit trail (actions.outbox). ``webhook_deliver`` sends
+- The outbox rows are written by the audit trail (actions.foundation.outbox). ``webhook_deliver`` sends
   one row: it claims the row (``locked_until``) so two tasks for it never send at once, posts
   the signed body, logs the attempt, and either marks it delivered or schedules the next try
   BASE * 2**(n-1) seconds later (capped), giving up once that would pass ``expires_at``
@@ -28,6 +28,13 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from actions.foundation.egress import EgressRefused, egress_check_url, egress_post
+from actions.foundation.outbox import (
+    SIGNATURE_HEADER,
+    webhook_body,
+    webhook_publish,
+    webhook_publish_on_commit,
+    webhook_sign,
+)
 from actions.foundation.security import security_event_record
 from actions.models import (
     Action,
@@ -38,7 +45,6 @@ from actions.models import (
     DeliveryStatus,
     SecurityEventKind,
 )
-from actions.outbox import SIGNATURE_HEADER, webhook_body, webhook_publish, webhook_publish_on_commit, webhook_sign
 
 SECRET_MARKER = "whsec_"  # noqa: S105 (a public marker, not a secret)
 # A retry further out than this is left to the beat sweep rather than a broker countdown:

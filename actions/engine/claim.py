@@ -18,13 +18,13 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from actions import sql
 from actions.engine.faults import fault_point
 from actions.engine.leases import lease_take
+from actions.foundation import sql
+from actions.foundation.trail import Actor, Writes, action_transition
 from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
 from actions.models import Action, ActionStatus, Attempt
-from actions.trail import Actor, Writes, action_transition
 from approvals.models import Approval
 from approvals.policy import (
     approval_redecide_by_policy,
@@ -80,7 +80,7 @@ def submission_begin(
 
     1. The kind's ``reserve`` makes its conditional UPDATE on its target (reserve only at the
        approved version and while the balance covers it, bumping the version).
-    2. The action's conditional UPDATE (``actions.sql.ACTIONS_CLAIM``: WHERE status =
+    2. The action's conditional UPDATE (``actions.foundation.sql.ACTIONS_CLAIM``: WHERE status =
        'AUTHORIZED') moves it to SUBMITTING with a fresh lease.
     The attempt row (the request the worker is about to send) is written in the same commit.
     Either UPDATE changing no row rolls everything back.
@@ -246,7 +246,7 @@ def _claim_locked(
 
 def _claims_write(claims: list[Claim], writes: Writes) -> None:
     """Write the claims made in this transaction, before it commits: the actions' rows in one
-    UPDATE, a compare-and-set on each one's status (``actions.sql.ACTIONS_CLAIM``; the rows are
+    UPDATE, a compare-and-set on each one's status (``actions.foundation.sql.ACTIONS_CLAIM``; the rows are
     locked, so another writer can only have moved one through a bug), then their events and
     attempts."""
     actions = [claim.action for claim in claims if claim.action is not None]

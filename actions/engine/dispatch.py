@@ -24,15 +24,15 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from actions import permissions as perms
-from actions import sql
 from actions.engine.claim import ClaimOutcome, submission_begin, submission_begin_batch, target_lock_order
 from actions.engine.faults import fault_point
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttling_enabled
+from actions.foundation import sql
 from actions.foundation.owners import owner_pick
+from actions.foundation.trail import Actor, Writes, action_transition, attempt_answer_write
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
-from actions.trail import Actor, Writes, action_transition, attempt_answer_write
 
 log = logging.getLogger(__name__)
 S = ActionStatus
@@ -123,7 +123,7 @@ def outcome_transition(
     (``outcome_book``) once the action's row is written.
 
     ``writes``: a record's (of a SUBMITTING action), which writes the action's row (its lease
-    fence), the events and the answers at its end (actions.trail.Writes).
+    fence), the events and the answers at its end (actions.foundation.trail.Writes).
     """
     words = kind_for(action.kind).explanations
     evidence = {"answer": answer.summary(), "source": source, **(evidence or {})}
@@ -392,7 +392,7 @@ def submission_record(
 
     ``action``: the caller's copy of the action as its claim committed it. The record then reads
     nothing: its first write is the action's UPDATE, fenced on the status and the lease token
-    (``actions.sql.ACTIONS_RECORD``: ``WHERE status = 'SUBMITTING' AND lease_token = ...``), and
+    (``actions.foundation.sql.ACTIONS_RECORD``: ``WHERE status = 'SUBMITTING' AND lease_token = ...``), and
     changing no row means the lease was lost. Without it (or when the answer hands the action
     to a person, who is picked from the current row) the action is read under a row lock first.
     """
@@ -467,7 +467,7 @@ def _records_write(records: Sequence[_Record], writes: Writes) -> None:
     """Write lease holders' records, in the caller's transaction, in this order:
 
     1. the lease fence: the actions' rows in one UPDATE, each a compare-and-set on its status
-       and the lease token its record holds (``actions.sql.actions_record``). Changing fewer rows
+       and the lease token its record holds (``actions.foundation.sql.actions_record``). Changing fewer rows
        than there are records means a lease was lost: ConcurrentTransition, and the caller's
        transaction rolls back. First, so that a lost lease has written nothing, and so that a
        record waits on the action's row before its target's, as the claim and the reconciler

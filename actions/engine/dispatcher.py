@@ -51,9 +51,9 @@ from actions.engine.claim import Claim, ClaimOutcome, submission_begin_batch
 from actions.engine.dispatch import Sent, submission_record_group, submission_send
 from actions.engine.faults import fault_point
 from actions.engine.throttle import throttle_wait, throttling_enabled
+from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
-from actions.trail import Actor
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from django.conf import settings
 
+from actions.foundation.trail import Actor, Writes, action_transition, attempt_write
 from actions.kinds import kind_for
 from actions.models import Action, Attempt, AttemptKind
-from actions.trail import Actor, Writes, action_transition, attempt_write
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def lease_take(
     """Run ``transition`` (one that takes a lease) and record the attempt about to be sent.
 
     ``writes``: the claim's, which writes the action's row, the event and the attempt at its end
-    (actions.trail.Writes); the attempt has its key once they are written."""
+    (actions.foundation.trail.Writes); the attempt has its key once they are written."""
     token = uuid.uuid4()
     expires_at = now + timedelta(seconds=settings.LEASE_SECONDS)
     action_transition(

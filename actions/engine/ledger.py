@@ -26,10 +26,10 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from actions.foundation.trail import RESEND_TRANSITION
 from actions.kinds import all_kinds
 from actions.kinds.base import Effect, EffectKind, LedgerUnavailable, Receiver
 from actions.models import Action, ActionEvent, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
-from actions.trail import RESEND_TRANSITION
 
 # Statuses in which the console holds that no effect happened, or not yet by our hand.
 NOT_SUCCEEDED_STATUSES = frozenset(

@@ -40,10 +40,10 @@ from actions.engine.dispatch import (
 )
 from actions.engine.faults import fault_point
 from actions.engine.leases import Lease, lease_take
+from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Discrepancy, DiscrepancyKind
-from actions.trail import Actor
 
 log = logging.getLogger(__name__)
 S = ActionStatus

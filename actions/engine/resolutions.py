@@ -42,11 +42,11 @@ from actions.engine.resolution_checks import (
     review_stamp,
     review_text,
 )
+from actions.foundation.trail import RESEND_TRANSITION, Actor, action_transition
 from actions.kinds import kind_for
 from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind
 from actions.review.rules import retry_evidence_from_attempt
-from actions.trail import RESEND_TRANSITION, Actor, action_transition
 
 S = ActionStatus
 

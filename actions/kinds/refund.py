@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q, Sum
 
-from actions import sql
+from actions.foundation import sql
 from actions.foundation.owners import owner_pick
 from actions.kinds.base import (
     Answer,

@@ -28,6 +28,7 @@ import requests
 from django.conf import settings
 from django.utils import timezone
 
+from actions.foundation.trail import resend_decisions
 from actions.kinds.base import (
     Answer,
     BindingFailure,
@@ -51,7 +52,6 @@ from actions.providers.mail.smtp import (
     OutgoingEmail,
     SmtpMailer,
 )
-from actions.trail import resend_decisions
 
 ACTION_ID_HEADER = "X-Console-Action-Id"
 REPEAT_HEADER = "X-Console-Possible-Repeat"

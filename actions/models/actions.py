@@ -260,7 +260,7 @@ class Action(ConcurrentTransitionMixin, models.Model):
         }
 
     def saved_elsewhere(self, update_fields: Any) -> None:
-        """These columns were written by a statement of actions.sql (an UPDATE of many actions at
+        """These columns were written by a statement of actions.foundation.sql (an UPDATE of many actions at
         once): remember them as saved, and the status as the one the next conditional save must
         find (django-fsm's ConcurrentTransitionMixin compares with it)."""
         self._remember_saved(update_fields)

@@ -27,6 +27,7 @@ from django.utils import timezone
 from actions import permissions as perms
 from actions.adjustments import discrepancy_void_duplicate
 from actions.foundation.refusals import Refused
+from actions.foundation.trail import Actor, event_record
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.fields import ProposalInvalid
 from actions.models import (
@@ -47,7 +48,6 @@ from actions.services import (
     payload_hash,
     proposal_record,
 )
-from actions.trail import Actor, event_record
 
 S = ActionStatus
 

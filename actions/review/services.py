@@ -28,6 +28,7 @@ from actions.engine.resolution_checks import (
     review_text,
 )
 from actions.foundation.separation import follow_up_admin_refusal
+from actions.foundation.trail import Actor, event_record
 from actions.kinds import owner_group_of
 from actions.models import (
     Action,
@@ -39,7 +40,6 @@ from actions.models import (
     RemedyKind,
 )
 from actions.review.rules import follow_up_kind
-from actions.trail import Actor, event_record
 
 S = ActionStatus
 

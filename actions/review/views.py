@@ -31,7 +31,7 @@ from actions.engine import resolutions
 from actions.engine.resolution_checks import ReviewRefused
 from actions.foundation.separation import follow_up_admin_refusal
 from actions.foundation.text import unsafe_characters, unsafe_characters_message
-from actions.kind_selectors import kind_cards
+from actions.kinds.five_checks import kind_cards
 from actions.models import Action, Discrepancy, Remedy, Workflow, WorkflowEvent, WorkflowState
 from actions.plain import without_status_codes
 from actions.review import services as finance

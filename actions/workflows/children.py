@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 
 from actions.engine.faults import fault_point
 from actions.foundation.owners import owner_pick
+from actions.foundation.trail import event_record
 from actions.kinds import kind_for
 from actions.models import (
     Action,
@@ -20,7 +21,6 @@ from actions.models import (
     WorkflowEvent,
     WorkflowStep,
 )
-from actions.trail import event_record
 from actions.workflows.events import COORDINATOR, FAULT_AFTER_NEXT_STEP, W, workflow_event, workflow_transition
 from actions.workflows.templates import READ, child_action, compensation_key, step_key
 from approvals.models import Decision, WorkflowApproval

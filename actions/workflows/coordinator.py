@@ -17,7 +17,7 @@ recorded states, what comes next:
   the compensation, then FAILED if it fails for good).
 
 Every workflow state change writes a WorkflowEvent in the same transaction. The coordinator is
-woken by the trail when a child changes (``actions.trail``), and by the sweep for a nudge lost
+woken by the trail when a child changes (``actions.foundation.trail``), and by the sweep for a nudge lost
 on the way; running it again is always safe: it only acts on what is recorded.
 """
 

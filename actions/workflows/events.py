@@ -8,6 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from actions.foundation.trail import Actor
 from actions.models import (
     ActionStatus,
     Workflow,
@@ -15,7 +16,6 @@ from actions.models import (
     WorkflowState,
 )
 from actions.models.actions import ActorKind
-from actions.trail import Actor
 
 S = ActionStatus
 W = WorkflowState

@@ -25,10 +25,10 @@ from django.utils import timezone
 from actions import permissions as perms
 from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.foundation.refusals import Refused
+from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
-from actions.trail import Actor
 from actions.workflows.children import latest_plan_approval
 from actions.workflows.events import workflow_event, workflow_transition
 from actions.workflows.templates import READ, all_templates, plan_actions, plan_totals, template_for

@@ -1,11 +1,11 @@
 """How a workflow hears that one of its children changed: a state-change listener registered with
-the audit trail (``actions.trail.state_change_listen``) when the app starts."""
+the audit trail (``actions.foundation.trail.state_change_listen``) when the app starts."""
 
 from __future__ import annotations
 
 from actions.foundation import publish
+from actions.foundation.trail import state_change_listen
 from actions.models import Action, ActionStatus
-from actions.trail import state_change_listen
 
 # The child states a workflow's coordinator acts on: an outcome (next step, pause, compensate),
 # a new decision needed, or a paused step taken up again by a retry or a person's resolution.

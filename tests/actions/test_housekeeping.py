@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.housekeeping import PRUNED_MARKER, attempts_prune_bodies
+from actions.engine.housekeeping import PRUNED_MARKER, attempts_prune_bodies
 from actions.models import (
     Action,
     ActionEvent,

@@ -19,6 +19,7 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from actions.engine.invariants import EffectsReport, check_effects, decider_limits_by_user, max_unknown_seconds
+from actions.foundation.trail import RESEND_TRANSITION
 from actions.kinds import all_kinds, kind_for
 from actions.kinds.base import Outcome
 from actions.models import (
@@ -33,7 +34,6 @@ from actions.models.actions import ActorKind
 from actions.models.workflows import WorkflowState
 from actions.services import Actor, action_propose_refund
 from actions.supplier_emails import supplier_email_propose
-from actions.trail import RESEND_TRANSITION
 from approvals.models import Approval, ApprovalPolicy, Decision
 from tests.actions.test_audit_effects import effect
 from tests.actions.test_reconciliation import authorized_refund

@@ -17,10 +17,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.engine.leases import lease_take
+from actions.foundation.trail import action_transition
 from actions.kinds import kind_for
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, AttemptKind
 from actions.services import Actor
-from actions.trail import action_transition
 from tests.actions.test_reconciliation import authorized_refund
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -1,7 +1,7 @@
 """What one auto-approved refund proposal sends to the database (issue 18, P-a).
 
 The auto-approval policy decides before the INSERT, so the action is inserted AUTHORIZED; its
-two events are inserted together (``actions.trail.Writes``). Its transaction is the proposal
+two events are inserted together (``actions.foundation.trail.Writes``). Its transaction is the proposal
 function's own, so the INSERT needs no savepoint: a lost race on the action id ends the
 transaction and the winner is read after it (``answers_a_lost_proposal_race``;
 tests/concurrency/test_proposal_race.py races it on PostgreSQL). Here: the statements

@@ -1,4 +1,4 @@
-"""The dispatch path's statements in plain SQL (actions.sql).
+"""The dispatch path's statements in plain SQL (actions.foundation.sql).
 
 Each named statement must write each row's own values and nothing else, hold its
 compare-and-set (a claim only on a row still AUTHORIZED, a record only on a row still
@@ -8,7 +8,7 @@ statement of one text for any number of rows.
 
 The tests not marked ``postgres`` run on whichever database the suite runs on; on PostgreSQL
 (CI), ``test_the_statements_hold_on_sqlite_too`` runs them once more on SQLite, the embedded
-default of ``make start``, where the statements differ (actions.sql._Dialect).
+default of ``make start``, where the statements differ (actions.foundation.sql._Dialect).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from actions import sql
 from actions.engine.claim import submission_begin
+from actions.foundation import sql
+from actions.foundation.trail import Writes, action_transition
 from actions.models import Action, ActionEvent, ActionStatus, AgentWebhook, Attempt, AttemptKind, Order
 from actions.models.actions import MaterialFieldChanged
 from actions.services import Actor
-from actions.trail import Writes, action_transition
 from approvals.models import Approval, Decision
 from tests.actions.test_reconciliation import AMOUNT, authorized_refund
 from tests.factories import make_order, make_user

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from actions import trail
+from actions.foundation import trail
+from actions.foundation.trail import action_transition
 from actions.models import Action
 from actions.services import Actor
-from actions.trail import action_transition
 from actions.workflows.wake import workflow_wake_on_child_change
 from tests.approvals.test_views import propose
 

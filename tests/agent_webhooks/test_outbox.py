@@ -22,10 +22,10 @@ from actions.agents.webhooks import (
     webhook_set_by_owner,
     webhook_sweep_due,
 )
+from actions.foundation.outbox import webhook_sign
+from actions.foundation.trail import action_transition, event_record
 from actions.models import Action, ActionEvent, AgentWebhookDelivery, DeliveryStatus, SecurityEvent
-from actions.outbox import webhook_sign
 from actions.services import Actor
-from actions.trail import action_transition, event_record
 from approvals.services import approval_decide
 from console_client.webhooks import SignatureInvalid, verify_signature
 from tests.agent_webhooks.receiver import Receiver
@@ -38,7 +38,9 @@ pytestmark = pytest.mark.django_db
 def published(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
     calls: list[tuple[int, Any]] = []
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.outbox.webhook_publish", lambda pk, countdown=None: calls.append((pk, countdown)))
+    monkeypatch.setattr(
+        "actions.foundation.outbox.webhook_publish", lambda pk, countdown=None: calls.append((pk, countdown))
+    )
     monkeypatch.setattr(
         "actions.agents.webhooks.webhook_publish", lambda pk, countdown=None: calls.append((pk, countdown))
     )

@@ -10,9 +10,9 @@ import pytest
 from django.test import Client
 
 from actions.adjustments import action_propose_invoice_adjustment
+from actions.foundation.trail import Actor
 from actions.models import Action, ActionStatus
 from actions.services import action_propose_refund
-from actions.trail import Actor
 from tests.approvals.test_views import shown_now
 from tests.factories import make_adjustment_request, make_bill, make_order, make_request
 

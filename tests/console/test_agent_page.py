@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 def no_publish(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.outbox.webhook_publish", lambda pk, countdown=None: None)
+    monkeypatch.setattr("actions.foundation.outbox.webhook_publish", lambda pk, countdown=None: None)
     monkeypatch.setattr("actions.agents.webhooks.webhook_publish", lambda pk, countdown=None: None)
 
 

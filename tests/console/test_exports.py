@@ -12,10 +12,10 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
+from actions.foundation.trail import event_record
 from actions.models import Action, ActionEvent
 from actions.review.exports import csv_safe
 from actions.services import Actor
-from actions.trail import event_record
 from tests.approvals.test_views import propose
 from tests.factories import PASSWORD
 

@@ -21,8 +21,8 @@ from playwright.sync_api import Page, expect
 from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.reconcile import reconcile_action
+from actions.foundation.trail import Actor
 from actions.models import Action, ActionEvent, ActionStatus, Bill
-from actions.trail import Actor
 from tests.factories import PASSWORD, make_adjustment_request, make_bill, make_user
 from tests.providers.accounting_client import AccountingSandboxClient
 

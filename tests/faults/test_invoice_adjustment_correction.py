@@ -20,10 +20,10 @@ from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import audit_effects
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action
+from actions.foundation.trail import Actor
 from actions.kinds.invoice_adjustment import credit_notes_by_bill
 from actions.kinds.registry import kind_for
 from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind
-from actions.trail import Actor
 from approvals.services import approval_decide
 from tests.factories import make_adjustment_request, make_bill, make_user
 from tests.processes import WorkerPool, wait_until

@@ -33,8 +33,8 @@ from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import audit_effects
 from actions.engine.reconcile import reconcile_action
+from actions.foundation.trail import Actor
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Bill
-from actions.trail import Actor
 from tests.factories import make_adjustment_request, make_bill, make_user
 from tests.processes import wait_until
 from tests.providers.accounting_client import AccountingSandboxClient

@@ -19,8 +19,8 @@ import pytest
 from django.core.management import call_command
 
 from actions.foundation.publish import workflow_advance_enqueue
+from actions.foundation.trail import Actor
 from actions.models import Action, ActionStatus, Supplier, SupplierContact, Workflow, WorkflowEvent, WorkflowState
-from actions.trail import Actor
 from actions.workflows.services import plan_decide, workflow_propose
 from tests.factories import make_bill
 from tests.mail import MailSandboxClient

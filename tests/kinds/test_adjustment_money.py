@@ -15,11 +15,11 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
+from actions.foundation.trail import Actor
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.invoice_adjustment import effect_from_credit_note
 from actions.models import Action, ActionStatus, Bill
 from actions.providers.base import DefinitiveError
-from actions.trail import Actor
 from approvals.services import approval_decide
 from tests.actions.test_admin_credit_note_void import credit_note
 from tests.actions.test_apply_outcome import apply

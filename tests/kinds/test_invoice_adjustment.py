@@ -18,6 +18,7 @@ from actions.adjustments import (
     adjustment_request_open,
 )
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
 from actions.kinds.fields import ProposalInvalid
@@ -31,7 +32,6 @@ from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyM
 from actions.services import (
     ProposalConflict,
 )
-from actions.trail import Actor
 from approvals.services import approval_decide
 from tests.factories import make_adjustment_request, make_bill
 

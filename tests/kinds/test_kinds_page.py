@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from actions.agents.services import agent_token_issue
-from actions.kind_selectors import kind_cards
+from actions.kinds.five_checks import kind_cards
 from actions.models import LedgerAuditRun
 from tests.actions.test_finance_services import escalated
 from tests.factories import make_user

@@ -81,7 +81,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     settings.AUTO_APPROVAL_ENABLED = False
     settings.AGENT_WEBHOOK_ALLOW_LOOPBACK = False
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
-    monkeypatch.setattr("actions.outbox.webhook_publish", lambda pk, countdown=None: None)
+    monkeypatch.setattr("actions.foundation.outbox.webhook_publish", lambda pk, countdown=None: None)
     monkeypatch.setattr("actions.agents.webhooks.webhook_publish", lambda pk, countdown=None: None)
 
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from actions.engine.dispatch import execution_dispatch
+from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome, ReceiverContract
 from actions.models import Action, ActionStatus, Bill, Order, Supplier, SupplierContact
-from actions.trail import Actor
 from actions.workflows.coordinator import workflow_advance
 from tests.factories import make_bill, make_order, make_request
 

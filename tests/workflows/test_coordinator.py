@@ -14,11 +14,11 @@ from actions.engine import dispatch
 from actions.engine.invariants import check_effects
 from actions.engine.reconcile import reconcile_action
 from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
+from actions.foundation.trail import Actor
 from actions.kinds.base import Effect, Outcome
 from actions.kinds.fields import ProposalInvalid
 from actions.models import Action, ActionStatus, Bill, Remedy, Workflow, WorkflowEvent, WorkflowState
 from actions.notifications import waiting_count_for
-from actions.trail import Actor
 from actions.workflows.services import (
     PlanDecisionRefused,
     WorkflowConflict,

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from actions.foundation.trail import Actor
 from actions.models import Workflow, WorkflowState
-from actions.trail import Actor
 from actions.workflows.services import workflow_propose
 from tests.factories import PASSWORD
 from tests.workflows.conftest import World, po_parameters

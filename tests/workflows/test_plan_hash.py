@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from actions.foundation.trail import Actor
 from actions.models import Workflow, WorkflowState
-from actions.trail import Actor
 from actions.workflows.services import PlanDecisionRefused, plan_decide, workflow_propose
 from approvals.models import WorkflowApproval
 from tests.factories import PASSWORD

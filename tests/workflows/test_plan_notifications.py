@@ -10,9 +10,9 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
+from actions.foundation.trail import Actor
 from actions.models import Workflow, WorkflowState
 from actions.notifications import notifications_send_due, waiting_count_for
-from actions.trail import Actor
 from actions.workflows.services import workflow_propose
 from tests.workflows.conftest import World, po_parameters
 

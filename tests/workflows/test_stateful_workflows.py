@@ -35,6 +35,7 @@ from actions.engine import reconcile as reconciliation
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.resolution_checks import ReviewRefused
 from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
+from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
 from actions.kinds.fields import ProposalInvalid
@@ -47,7 +48,6 @@ from actions.models import (
     Workflow,
     WorkflowStep,
 )
-from actions.trail import Actor
 from actions.workflows.coordinator import sweep_workflows, workflow_advance
 from actions.workflows.services import PlanDecisionRefused, WorkflowConflict, plan_decide, workflow_propose
 from actions.workflows.templates import READ

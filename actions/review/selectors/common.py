@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from actions import permissions as perms
+from actions.engine.housekeeping import body_pruned
 from actions.engine.resolution_checks import resolver_refusal
-from actions.housekeeping import body_pruned
 from actions.kinds import owner_groups
 from actions.models import (
     ActionStatus,

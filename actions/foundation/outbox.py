@@ -1,6 +1,6 @@
 """The outbox of agent webhooks: one row per state change of an agent's action.
 
-``webhook_outbox_write`` is called by the audit trail's writer (actions.trail.event_record),
+``webhook_outbox_write`` is called by the audit trail's writer (actions.foundation.trail.event_record),
 inside the transaction that changed the action, so the row commits or rolls back with the
 change (the same rule as the audit event itself, invariant 9). Publishing to the workers
 happens after the commit; a publish lost on the way is picked up by the beat sweep, which
@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from actions import sql
+from actions.foundation import sql
 from actions.models import ActionEvent, AgentWebhookDelivery, DeliveryStatus
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def webhook_outbox_write(
     whose agent has an active webhook. Must run in the transaction that wrote the event.
 
     ``webhooks``: each agent's active webhook's key (None: none) by the agent's key, as the
-    caller already knows them (``actions.trail.Writes``): an agent found there is not read again."""
+    caller already knows them (``actions.foundation.trail.Writes``): an agent found there is not read again."""
     action = event.action
     if event.from_state == event.to_state or action.proposed_by_agent_id is None:
         return None

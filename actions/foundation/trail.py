@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from actions import sql
+from actions.foundation import sql
+from actions.foundation.outbox import webhook_outbox_write
 from actions.models import Action, ActionEvent, ActorKind, Agent, Attempt
-from actions.outbox import webhook_outbox_write
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -64,13 +64,13 @@ class Writes:
     to the writers below (``writes=``), which then add their row here instead of writing it at
     once, and call ``write()`` before their transaction commits: all the audit events in one
     INSERT (and each one's webhook outbox row), all the attempts in one INSERT and all the
-    answers on attempts in one UPDATE (actions.sql). The rows still commit or roll back with the
+    answers on attempts in one UPDATE (actions.foundation.sql). The rows still commit or roll back with the
     changes they record (invariant 9). Nothing may read them back before ``write()``: they have
     no key until then.
 
     ``action_transition(writes=...)`` runs the transition and records its event, but does not
     write the action's row: the caller writes it, with the compare-and-set of its own (the
-    claim's ``actions.sql.actions_claim``, the record's lease fence ``actions_record``).
+    claim's ``actions.foundation.sql.actions_claim``, the record's lease fence ``actions_record``).
 
     ``webhooks``: each agent's active webhook by the agent's key (None: none), as the caller
     read it with its actions; the outbox reads an agent missing from it once, and adds it.
@@ -97,7 +97,7 @@ class Writes:
 
 def attempt_answer_write(answer: Attempt, *, writes: Writes | None = None) -> None:
     """Write what the receiver said on an attempt (``answer`` carries the attempt's pk and the
-    fields of ``actions.sql.ATTEMPT_ANSWER_FIELDS``): now, or with ``writes``."""
+    fields of ``actions.foundation.sql.ATTEMPT_ANSWER_FIELDS``): now, or with ``writes``."""
     if writes is not None:
         writes.answers.append(answer)
         return
@@ -132,7 +132,7 @@ def event_record(
     PROPOSED). By default the action's status.
 
     A state change of an agent's action also writes the agent's webhook outbox row, in the same
-    transaction (actions.outbox). With ``writes``, both are written by ``writes.write()``.
+    transaction (actions.foundation.outbox). With ``writes``, both are written by ``writes.write()``.
     """
     event = ActionEvent(
         action=action,
