@@ -101,6 +101,13 @@ def template_for(name: str) -> Template | None:
     return _TEMPLATES.get(name)
 
 
+def registered_template(name: str) -> Template:
+    """A template that registers itself when its module is imported (this package imports them)."""
+    template = template_for(name)
+    assert template is not None, f"{name} is registered when its module is imported"
+    return template
+
+
 def all_templates() -> list[Template]:
     return sorted(_TEMPLATES.values(), key=lambda template: template.name)
 

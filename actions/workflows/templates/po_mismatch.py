@@ -33,7 +33,7 @@ from actions.workflows.templates import (
     StepSpec,
     Template,
     plan_hash_of,
-    template_for,
+    registered_template,
     template_register,
 )
 from actions.workflows.templates.building import (
@@ -151,7 +151,7 @@ class _Fields:
 
 
 def _po_validate(raw_input: dict[str, Any]) -> Proposal:
-    template = _registered("po_mismatch_resolution")
+    template = registered_template("po_mismatch_resolution")
     fields = _po_fields(raw_input, template)
     bill, supplier = _po_records(fields)
     workflow_id, case = workflow_ids("po-mismatch", f"bill-{bill.number}", fields.case_ref)
@@ -331,9 +331,3 @@ template_register(
         validate=_po_validate,
     )
 )
-
-
-def _registered(name: str) -> Template:
-    template = template_for(name)
-    assert template is not None, f"{name} is registered when its module is imported"
-    return template

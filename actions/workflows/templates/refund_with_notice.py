@@ -26,7 +26,14 @@ from actions.models import (
     ReasonCode,
     RefundRequest,
 )
-from actions.workflows.templates import Proposal, StepSpec, Template, plan_hash_of, template_for, template_register
+from actions.workflows.templates import (
+    Proposal,
+    StepSpec,
+    Template,
+    plan_hash_of,
+    registered_template,
+    template_register,
+)
 from actions.workflows.templates.building import (
     email_payload,
     parameter_problems,
@@ -83,7 +90,7 @@ class _Fields:
 
 
 def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
-    template = _registered("refund_with_notice")
+    template = registered_template("refund_with_notice")
     fields = _refund_fields(raw_input, template)
     request = _refund_request(fields)
     order: Order = request.order
@@ -256,9 +263,3 @@ template_register(
         validate=_refund_validate,
     )
 )
-
-
-def _registered(name: str) -> Template:
-    template = template_for(name)
-    assert template is not None, f"{name} is registered when its module is imported"
-    return template
