@@ -56,6 +56,6 @@ def test_a_child_of_a_workflow_wakes_it_and_a_lone_action_does_not(monkeypatch: 
 
 
 def test_the_trail_reads_no_workflow_key_and_wakes_no_coordinator_itself() -> None:
-    text = (REPO_ROOT / "actions" / "trail.py").read_text()
+    text = (REPO_ROOT / "actions" / "foundation" / "trail.py").read_text()
     assert '"workflow"' not in text
     assert "workflow_advance" not in text
