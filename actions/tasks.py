@@ -21,6 +21,7 @@ from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
 from actions.engine.throttle import dispatch_wait, reconcile_wait, republish_delay
 from actions.foundation.publish import queue_backlog
+from actions.foundation.schedule import once_per_period
 from actions.notifications import notifications_send_due
 from actions.workflows.coordinator import sweep_workflows as sweep_workflows_run
 from actions.workflows.coordinator import workflow_advance as workflow_advance_run
@@ -40,11 +41,13 @@ def dispatch(action_pk: int) -> str:
 
 
 @shared_task(name="actions.tasks.sweep_authorized")
+@once_per_period("sweep-authorized")
 def sweep_authorized() -> int:
     return sweep_authorized_run()
 
 
 @shared_task(name="actions.tasks.sweep_expired_leases")
+@once_per_period("sweep-expired-leases")
 def sweep_expired_leases() -> int:
     return sweep_expired_leases_run()
 
@@ -63,6 +66,7 @@ def reconcile(action_pk: int, published_mark: str | None = None) -> str:
 
 
 @shared_task(name="actions.tasks.sweep_reconcile")
+@once_per_period("sweep-reconcile")
 def sweep_reconcile() -> int:
     """Publish one reconcile task per due UNKNOWN or SETTLING action, once per lease.
 
@@ -86,11 +90,13 @@ def sweep_reconcile() -> int:
 
 
 @shared_task(name="actions.tasks.ledger_audit")
+@once_per_period("ledger-audit")
 def ledger_audit() -> int:
     return ledger_audit_run().discrepancies_found
 
 
 @shared_task(name="actions.tasks.housekeeping_prune_attempt_bodies")
+@once_per_period("housekeeping-prune-attempt-bodies")
 def housekeeping_prune_attempt_bodies() -> int:
     return attempts_prune_bodies().pruned
 
@@ -102,6 +108,7 @@ def rejection_commit(action_pk: int) -> bool:
 
 
 @shared_task(name="actions.tasks.sweep_rejections")
+@once_per_period("sweep-rejections")
 def sweep_rejections() -> int:
     return rejections_commit_due()
 
@@ -112,11 +119,13 @@ def deliver_agent_webhook(delivery_pk: int) -> str:
 
 
 @shared_task(name="actions.tasks.sweep_agent_webhooks")
+@once_per_period("sweep-agent-webhooks")
 def sweep_agent_webhooks() -> int:
     return len(webhook_sweep_due())
 
 
 @shared_task(name="actions.tasks.notify_people")
+@once_per_period("notify-people")
 def notify_people() -> int:
     return notifications_send_due().sent
 
@@ -127,6 +136,7 @@ def workflow_advance(workflow_id: str) -> str:
 
 
 @shared_task(name="actions.tasks.sweep_workflows")
+@once_per_period("sweep-workflows")
 def sweep_workflows() -> int:
     """Advance workflows whose next move was never made (a nudge lost, a worker killed)."""
     return sweep_workflows_run()

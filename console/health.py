@@ -5,7 +5,11 @@
 - ``/readyz``: this process can serve: the database answers, every migration is applied, and
   the broker accepts connections. 503 otherwise, naming the failing check, so that a load
   balancer sends no traffic to a process that would fail it (or to a new release whose
-  migrations have not run yet).
+  migrations have not run yet). Its body also says when each periodic task (the sweeps, the
+  audit) last finished and whether that is stale; a stale schedule does not make the process
+  unready, because a web process serves well without beat, and taking every web process out of
+  the load balancer would turn a lost scheduler into a full outage. Alert on it instead
+  (console_schedule_stale in /metrics).
 
 Both are answered by the first middleware, before host validation and the HTTPS redirect: a
 probe addresses the process by its IP over plain HTTP, and neither is a page anyone browses.
@@ -24,6 +28,8 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse
 from kombu import Connection
+
+from actions.foundation.schedule import liveness
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +116,26 @@ def health_response(request: HttpRequest) -> HttpResponse:
     ready, checks = readiness()
     if not ready:
         logger.warning("not ready: %s", json.dumps(checks))
-    return _json({"status": "ready" if ready else "not ready", "checks": checks}, 200 if ready else 503)
+    body: dict[str, Any] = {"status": "ready" if ready else "not ready", "checks": checks}
+    if checks["database"]["ok"] and checks["migrations"]["ok"]:
+        body["schedule"] = schedule_report()
+    return _json(body, 200 if ready else 503)
+
+
+def schedule_report() -> dict[str, Any]:
+    """When each periodic task last finished ("the sweeps last ran N s ago"), and which are stale."""
+    try:
+        rows = liveness()
+    except DatabaseError as exc:
+        return {"status": "unknown", "error": type(exc).__name__}
+    stale = [row.entry for row in rows if row.stale]
+    return {
+        "status": "stale" if stale else "ok",
+        "stale": stale,
+        "last_finished_seconds_ago": {
+            row.entry: round(row.age_seconds, 1) if row.age_seconds is not None else None for row in rows
+        },
+    }
 
 
 class HealthCheckMiddleware:

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from actions.foundation.schedule import liveness
 from actions.models import Action, ActionStatus, Discrepancy, Remedy
 
 WATCHED = (ActionStatus.SUBMITTING, ActionStatus.UNKNOWN, ActionStatus.SETTLING, ActionStatus.NEEDS_REVIEW)
@@ -50,6 +51,22 @@ class ConsoleCollector(Collector):
         open_items.add_metric(["remedy"], Remedy.objects.exclude(status="done").count())
         open_items.add_metric(["discrepancy"], Discrepancy.objects.filter(status__in=["open", "in_progress"]).count())
         yield open_items
+        ages = GaugeMetricFamily(
+            "console_schedule_last_finished_age_seconds",
+            "Seconds since each periodic task (sweeps, audit, housekeeping) last finished, on the database's clock; "
+            "-1 if it never did.",
+            labels=["task"],
+        )
+        stale = GaugeMetricFamily(
+            "console_schedule_stale",
+            "1 when a periodic task has not finished for SCHEDULE_STALE_PERIODS of its intervals: no beat runs it.",
+            labels=["task"],
+        )
+        for row in liveness():
+            ages.add_metric([row.entry], row.age_seconds if row.age_seconds is not None else -1)
+            stale.add_metric([row.entry], 1 if row.stale else 0)
+        yield ages
+        yield stale
 
 
 @require_GET

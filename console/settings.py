@@ -589,3 +589,9 @@ CELERY_BEAT_SCHEDULE = {
 # after an outage) does not also fill with sweeps.
 for _entry in CELERY_BEAT_SCHEDULE.values():
     _entry.setdefault("options", {"expires": _entry["schedule"]})
+    # Every host runs beat; the task claims its period first and runs once per period, on one
+    # host only (actions.foundation.schedule).
+    _entry.setdefault("kwargs", {"scheduled": True})
+# A periodic task that has not finished for this many of its own intervals is stale: /readyz
+# says so and the metrics' console_schedule_stale is 1 (alert on it; console/deploy).
+SCHEDULE_STALE_PERIODS: int = env_int("SCHEDULE_STALE_PERIODS", 3)

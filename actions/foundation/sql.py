@@ -28,6 +28,9 @@ The statements, each run by the function of the same name in lower case:
 - ``ORDER_RESERVE``, ``ORDER_BOOK`` and ``ORDER_RELEASE``: a refund's money on its order. The
   reservation is a compare-and-set too: only at the approved version, and only while the
   refundable balance covers the amount.
+- ``database_now``: the database server's clock (the dialect's ``now``). Every host asks the
+  same clock where a decision must not depend on which host makes it (the periodic tasks'
+  periods, actions.foundation.schedule).
 
 Values are prepared as the model's field prepares them for a save (``get_db_prep_save``: a
 JSON column's value, an aware datetime on SQLite, a UUID on SQLite), so a row written here
@@ -54,7 +57,7 @@ import functools
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -81,6 +84,7 @@ class _Dialect:
 
     lock = ""  # after a SELECT that locks its rows
     lock_skip_locked = ""
+    now = ""  # the server clock's time, read by database_now
 
     def rows(self, connection: Any, columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
         """``rows`` (each a tuple of prepared values in the order of ``columns``) as a FROM item
@@ -91,6 +95,8 @@ class _Dialect:
 class _PostgreSQL(_Dialect):
     lock = " FOR UPDATE"
     lock_skip_locked = " FOR UPDATE SKIP LOCKED"
+    # The time of this statement, not of the transaction's start (now()).
+    now = "SELECT statement_timestamp()"
 
     def rows(self, connection: Any, columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
         binary = connection.settings_dict["OPTIONS"].get("server_side_binding") is True
@@ -101,6 +107,9 @@ class _PostgreSQL(_Dialect):
 
 
 class _SQLite(_Dialect):
+    # A text in UTC with milliseconds; database_now makes it an aware datetime.
+    now = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
     def rows(self, connection: Any, columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
         row = "(" + ", ".join(["%s"] * len(columns)) + ")"
         names = ", ".join(f'column{position} AS "{column.name}"' for position, column in enumerate(columns, 1))
@@ -531,3 +540,19 @@ def order_release(*, order_pk: int, amount: Decimal) -> int:
 
 def _money(amount: Decimal) -> Any:
     return Order._meta.get_field("reserved_amount").get_db_prep_save(amount, _connection(Order))
+
+
+# --- the one clock ----------------------------------------------------------------------------
+
+
+def database_now() -> datetime:
+    """The database server's clock, as an aware datetime in UTC."""
+    connection = _connection(Action, write=False)
+    with connection.cursor() as cursor:
+        cursor.execute(_dialect(connection).now)
+        (value,) = cursor.fetchone()
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)

@@ -30,6 +30,7 @@ from actions.models.followups import (
 )
 from actions.models.orders import Order, OrderEvent, OrderEventKind, OutsideRefund, RefundRequest, RequestSource
 from actions.models.people import UserSettings
+from actions.models.schedule import SchedulePeriod
 from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 from actions.models.suppliers import Supplier, SupplierContact
 from actions.models.webhooks import WebhookEvent, WebhookEventOutcome
@@ -77,6 +78,7 @@ __all__ = [
     "Remedy",
     "RemedyKind",
     "RequestSource",
+    "SchedulePeriod",
     "SecurityEvent",
     "SecurityEventKind",
     "Supplier",
