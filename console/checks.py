@@ -121,17 +121,28 @@ def production_mode_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 
 @register()
 def receiver_rate_limits_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """A rate limit the `limits` library cannot read would leave its receiver unthrottled."""
-    from actions.engine.throttle import rate_limit_problems
+    """Limits the `limits` library cannot read, or kept per process where every process must share them."""
+    from actions.engine.throttle import rate_limit_problems, rate_limit_store_is_shared
 
-    problems = rate_limit_problems()
-    if not problems:
-        return []
-    return [
-        Error(
-            f"RECEIVER_RATE_LIMITS has limits that cannot be read: {', '.join(problems)}.",
-            hint='Write each as name=N/second (or /minute, /hour), separated by ";", e.g. '
-            '"provider=100/second;accounting system=60/minute".',
-            id="console.E004",
+    messages: list[CheckMessage] = []
+    if settings.RECEIVER_RATE_LIMITS and not rate_limit_store_is_shared():
+        messages.append(
+            Error(
+                "RECEIVER_RATE_LIMITS is set but RECEIVER_RATE_LIMIT_STORAGE is a per-process store "
+                f"({settings.RECEIVER_RATE_LIMIT_STORAGE}): every worker process would get the whole limit.",
+                hint="Point RECEIVER_RATE_LIMIT_STORAGE at a shared store (redis://...), or use a Redis broker, "
+                "whose URL it then defaults to.",
+                id="console.E008",
+            )
         )
-    ]
+    problems = rate_limit_problems()
+    if problems:
+        messages.append(
+            Error(
+                f"RECEIVER_RATE_LIMITS has limits that cannot be read: {', '.join(problems)}.",
+                hint='Write each as name=N/second (or /minute, /hour), separated by ";", e.g. '
+                '"provider=100/second;accounting system=60/minute".',
+                id="console.E004",
+            )
+        )
+    return messages

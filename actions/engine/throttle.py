@@ -9,16 +9,20 @@ when the bucket refills. A 429 that says how long to wait (Retry-After) empties 
 bucket for that long, for every worker, and the action's reconciliation is not due before it.
 
 The bucket is the `limits` library's moving window (what Flask-Limiter and SlowAPI use), kept in
-Redis when the broker is Redis (shared by every worker process, updated atomically by its Lua
-scripts) and in memory otherwise (the embedded default runs one worker). Limits come from
-settings.RECEIVER_RATE_LIMITS, per receiver name (``ReceiverContract.receiver``); a receiver
-with none is never throttled, and then nothing here costs a statement or a round trip.
+a store that every worker process on every host shares (Redis: updated atomically by its Lua
+scripts). Limits come from settings.RECEIVER_RATE_LIMITS, per receiver name
+(``ReceiverContract.receiver``); a receiver with none is never throttled, and then nothing here
+costs a statement or a round trip. With limits set, the store must be shared: a per-process
+store (``memory://``) would give every process the whole limit, so `manage.py check` refuses it
+(console.E008).
 
-If the bucket's store cannot be reached, dispatch goes on unthrottled (logged): a rate limit is
-an optimisation of the receiver's load, never a reason to stop moving actions. A store that hangs
-rather than refuses costs at most one short timeout: its calls time out after
-STORE_TIMEOUT_SECONDS with no retry, and after a failure the store is left alone for
-STORE_BACKOFF_SECONDS (every dispatch in that time goes unthrottled, without waiting).
+If the store cannot be reached, dispatches to a limited receiver are held, not sent unthrottled:
+the action stays AUTHORIZED with no lease and its dispatch comes back after a short wait, as if
+its bucket were empty. A limit exists because the receiver punishes bursts (429s become UNKNOWN
+actions and reconciliations); dropping it the moment the store blinks would send the burst it
+is there to prevent. A store that hangs rather than refuses costs at most one short timeout:
+its calls time out after STORE_TIMEOUT_SECONDS with no retry, and after a failure the store is
+left alone for STORE_BACKOFF_SECONDS, every dispatch in that time held without waiting on it.
 
 Reconciliation's lookups take tokens from the same bucket, also before their claim
 (``reconcile_wait``): after an outage, hundreds of UNKNOWN actions fall due at once, and their
@@ -57,7 +61,7 @@ MIN_WAIT_SECONDS = 0.05
 # A call to the store gives up after this long, with no retry (redis-py would otherwise wait 5 s
 # and retry), and a store that failed is not tried again for a while.
 STORE_TIMEOUT_SECONDS = 0.25
-STORE_BACKOFF_SECONDS = 30.0
+STORE_BACKOFF_SECONDS = 5.0
 _store_down_until = 0.0
 _store_lock = threading.Lock()
 
@@ -83,12 +87,17 @@ def _store_available() -> bool:
     return time.monotonic() >= _store_down_until
 
 
+def _store_hold() -> float:
+    """How long a call to a limited receiver waits while the store is down."""
+    return max(_store_down_until - time.monotonic(), MIN_WAIT_SECONDS)
+
+
 def _store_failed(what: str) -> None:
     global _store_down_until
     with _store_lock:
         _store_down_until = time.monotonic() + STORE_BACKOFF_SECONDS
     log.warning(
-        "rate limit store unreachable (%s); dispatching unthrottled for %.0f s",
+        "rate limit store unreachable (%s); holding limited dispatches for %.0f s",
         what,
         STORE_BACKOFF_SECONDS,
         exc_info=True,
@@ -116,8 +125,10 @@ def throttle_wait(receiver: str) -> float:
     """Take one call's token from ``receiver``'s bucket. Returns 0 if the call may start now,
     otherwise the seconds to wait (nothing was taken)."""
     limit = settings.RECEIVER_RATE_LIMITS.get(receiver)
-    if not limit or not _store_available():
+    if not limit:
         return 0.0
+    if not _store_available():
+        return _store_hold()
     try:
         item = _rate(limit)
     except ValueError:
@@ -135,9 +146,9 @@ def throttle_wait(receiver: str) -> float:
             return 0.0
         stats = limiter.get_window_stats(item, NAMESPACE, receiver)
         return max(stats.reset_time - time.time(), MIN_WAIT_SECONDS)
-    except Exception:  # the store is down: see the module's docstring
+    except Exception:  # the store is down: hold, see the module's docstring
         _store_failed(receiver)
-        return 0.0
+        return _store_hold()
 
 
 def throttle_pause(receiver: str, seconds: float) -> None:
@@ -204,6 +215,11 @@ def republish_delay(wait: float) -> float:
     return min(wait + random.uniform(0, max(wait, MIN_WAIT_SECONDS)), float(settings.SWEEP_INTERVAL_SECONDS))
 
 
+def rate_limit_store_is_shared() -> bool:
+    """Whether the buckets' store is one every process shares (not a process's own memory)."""
+    return not settings.RECEIVER_RATE_LIMIT_STORAGE.startswith("memory://")
+
+
 def rate_limit_problems() -> list[str]:
     """Each configured limit the `limits` library cannot read (for the start-up check)."""
     problems = []
@@ -218,6 +234,7 @@ def rate_limit_problems() -> list[str]:
 __all__ = [
     "dispatch_wait",
     "rate_limit_problems",
+    "rate_limit_store_is_shared",
     "reconcile_wait",
     "republish_delay",
     "throttle_pause",

@@ -85,10 +85,34 @@ def test_a_shared_store_is_one_bucket_for_every_worker_process(settings: Any, re
     assert throttle_wait(receiver) > 1
 
 
-def test_an_unreachable_store_does_not_stop_dispatch(settings: Any, receiver: str) -> None:
-    settings.RECEIVER_RATE_LIMITS = {receiver: "1/minute"}
+def test_an_unreachable_store_holds_a_limited_receivers_calls_and_not_the_others(
+    settings: Any, receiver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit is kept while its store is down: the call waits (the action stays AUTHORIZED and
+    comes back), rather than going out unthrottled in the burst the limit exists to prevent."""
+    settings.RECEIVER_RATE_LIMITS = {receiver: "1000/second"}
     settings.RECEIVER_RATE_LIMIT_STORAGE = "redis://127.0.0.1:1/0"
+    assert 0 < throttle_wait(receiver) <= throttle.STORE_BACKOFF_SECONDS
+    assert 0 < throttle_wait(receiver) <= throttle.STORE_BACKOFF_SECONDS  # held without asking the store
+    assert throttle_wait("a receiver without a limit") == 0.0
+    # Once the backoff has passed and the store answers again, calls go through.
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "memory://"
+    monkeypatch.setattr(throttle, "_store_down_until", 0.0)
     assert throttle_wait(receiver) == 0.0
+
+
+def test_limits_on_a_per_process_store_are_refused_by_the_check(settings: Any, receiver: str) -> None:
+    from console.checks import receiver_rate_limits_check
+
+    settings.RECEIVER_RATE_LIMITS = {receiver: "5/second"}
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "memory://"
+    [error] = receiver_rate_limits_check()
+    assert error.id == "console.E008" and "memory://" in error.msg
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "redis://127.0.0.1:6379/14"
+    assert receiver_rate_limits_check() == []
+    settings.RECEIVER_RATE_LIMITS = {}
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "memory://"
+    assert receiver_rate_limits_check() == []  # no limits: a per-process store is harmless
 
 
 @pytest.mark.parametrize(
@@ -258,11 +282,11 @@ def test_a_store_that_hangs_costs_one_short_timeout_then_is_left_alone(
     settings.RECEIVER_RATE_LIMIT_STORAGE = hanging_store
     monkeypatch.setattr(throttle, "_store_down_until", 0.0)
     started = time.monotonic()
-    assert throttle_wait(receiver) == 0.0  # unthrottled, not stuck
+    assert throttle_wait(receiver) > 0  # held, not stuck
     first = time.monotonic() - started
     assert first < 2.0, f"the first call waited {first:.1f} s"
     started = time.monotonic()
-    assert [throttle_wait(receiver) for _ in range(20)] == [0.0] * 20
+    assert all(throttle_wait(receiver) > 0 for _ in range(20))
     assert time.monotonic() - started < 0.2, "the store is left alone after a failure"
 
 
@@ -304,6 +328,7 @@ def test_a_limit_that_cannot_be_read_is_named_by_the_check_and_leaves_dispatch_u
     from console.checks import receiver_rate_limits_check
 
     settings.RECEIVER_RATE_LIMITS = {receiver: "lots per second"}
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "redis://127.0.0.1:6379/14"
     [error] = receiver_rate_limits_check()
     assert error.id == "console.E004" and receiver in error.msg
     assert throttle_wait(receiver) == 0.0
