@@ -22,3 +22,9 @@ class ConsoleConfig(AppConfig):
         # the test database's. post_migrate is sent per app that has models; approvals comes
         # last in INSTALLED_APPS, so every permission exists by the time it is sent for it.
         post_migrate.connect(ensure_roles, dispatch_uid="console.ensure_roles")
+
+        # Off unless OTEL_TRACES_EXPORTER names an exporter (console.tracing). Here, before any
+        # request handler loads the middleware, so that Django's instrumentation is in it.
+        from console.tracing import install_tracing, process_role
+
+        install_tracing(service=process_role())

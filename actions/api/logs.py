@@ -18,6 +18,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from actions.foundation.tracing import current_trace_id
+
 logger = logging.getLogger("actions.api")
 
 _context: ContextVar[dict[str, Any] | None] = ContextVar("actions_api_log_context", default=None)
@@ -53,6 +55,10 @@ def log_event(event: str, *, level: int = logging.INFO, **fields: Any) -> None:
         **(_context.get() or {}),
         **fields,
     }
+    trace_id = current_trace_id()
+    if trace_id:
+        # The line and the request's trace are found from each other (console.tracing).
+        record["trace_id"] = trace_id
     # The JSON line is the message, so that it reads the same under any handler and formatter;
     # the dict rides along in ``extra`` for handlers that ship fields rather than text.
     logger.log(level, json.dumps(record, ensure_ascii=False, default=str), extra={"api": record})
