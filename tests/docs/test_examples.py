@@ -45,8 +45,6 @@ import requests
 
 from tests.processes import REPO_ROOT, SandboxProcess, wait_until
 
-pytestmark = [pytest.mark.processes, pytest.mark.postgres, pytest.mark.slow]
-
 RUNNABLE = {"bash", "sh", "console", "python"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+)(?P<info>[^`]*)$")
 NOT_RUN = re.compile(r"^\s*<!--\s*not-run:(?P<reason>.*?)-->\s*$")
@@ -279,12 +277,15 @@ def _folder(root: Path, name: str) -> Path:
 
 
 def _log(logs: Path, name: str) -> IO[bytes]:
-    return open(logs / f"{name}.log", "ab")  # noqa: SIM115 (the child process holds it open)
+    # Left open: the child process writes to it until the stack stops.
+    return open(logs / f"{name}.log", "ab")
 
 
 def _spawn(command: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     # A session of its own, so that stopping it also stops the worker's embedded beat.
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -382,6 +383,9 @@ def _run_shell(example: Example, code: str, stack: Stack) -> tuple[bool, str]:
     return done.returncode == 0, f"exit {done.returncode}\n{done.stdout}{done.stderr}"
 
 
+@pytest.mark.processes
+@pytest.mark.postgres
+@pytest.mark.slow
 @pytest.mark.parametrize("page", pages_with_runnable_examples())
 def test_the_examples_of_a_page_run(page: str, stack: Stack) -> None:
     """Each example of the page runs to success, in the page's order."""
