@@ -379,7 +379,11 @@ def _run_shell(example: Example, code: str, stack: Stack) -> tuple[bool, str]:
             capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_SECONDS,
         )
     except subprocess.TimeoutExpired as timeout:
-        return False, f"timed out after {EXAMPLE_TIMEOUT_SECONDS}s\n{timeout.stdout or ''}{timeout.stderr or ''}"
+        # What the example printed before the deadline; Python hands it over as bytes here.
+        printed = b"".join(
+            part if isinstance(part, bytes) else (part or "").encode() for part in (timeout.stdout, timeout.stderr)
+        )
+        return False, f"timed out after {EXAMPLE_TIMEOUT_SECONDS}s\n{printed.decode(errors='replace')}"
     return done.returncode == 0, f"exit {done.returncode}\n{done.stdout}{done.stderr}"
 
 
