@@ -1,4 +1,4 @@
-"""A typed Python client for the effect console's agent API (README: "The Python client").
+"""A typed Python client for the effect console's agent API (docs/agents/python-client.md).
 
 It needs only ``requests``, not Django: copy the folder into an agent's project, or put this
 repository on its path.

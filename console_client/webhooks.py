@@ -1,4 +1,4 @@
-"""Checking the signature of a webhook event from the console (README: "Webhooks for agents").
+"""Checking the signature of a webhook event from the console (docs/agents/webhooks.md).
 
 The console signs each event like Stripe does: the ``Console-Signature`` header is
 ``t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<raw body>" with the secret>``. Check it over the

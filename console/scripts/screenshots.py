@@ -1,8 +1,8 @@
-"""Take the README's screenshots of a running console at 1366 px (and 390 px for the phone).
+"""Take the documentation's screenshots of a running console at 1366 px (and 390 px for the phone).
 
 Start the console with its demo data first (``make start``), then:
 
-    .venv/bin/python console/scripts/screenshots.py --url http://127.0.0.1:8000 --out console/docs/screenshots
+    .venv/bin/python console/scripts/screenshots.py --url http://127.0.0.1:8000 --out docs/img/screenshots
 
 Each page is opened as the demo user whose page it is (password ``demo-password``). Pages the
 console does not have (an older version without the order page) are skipped and named.
@@ -56,7 +56,7 @@ def _order_path(page: Page, url: str, number: str) -> str | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--out", type=Path, default=Path("console/docs/screenshots"))
+    parser.add_argument("--out", type=Path, default=Path("docs/img/screenshots"))
     parser.add_argument("--suffix", default="", help="added to each file name, e.g. -before")
     parser.add_argument("--order", default="4902", help="the order whose page is shown")
     options = parser.parse_args()

@@ -43,7 +43,7 @@ sandbox and PostgreSQL server (``tests/bench/bench_dbos.py``; it needs
 
 ``--latency-ms`` makes the sandbox answer every measured refund after that delay (its ``slow``
 fault), as a real provider would; ``--pool threads --concurrency C`` is the worker profile for
-that case (README, "Worker profiles"): the database pool of each worker is sized to C + 2, as
+that case (docs/operators/scaling.md, "Worker profiles"): the database pool of each worker is sized to C + 2, as
 every call in flight holds a pooled connection until its task ends.
 
 The benchmark sets itself up and cleans up: it creates its own database with Django's test

@@ -1,6 +1,6 @@
 """A small chaos run in CI: real processes, kills, faults, a PostgreSQL restart, a Redis flush.
 
-The large run (5,000+ actions) is `manage.py chaos_run --actions 5000`; see README.md.
+The large run (5,000+ actions) is `manage.py chaos_run --actions 5000`; see docs/proving.md.
 """
 
 from __future__ import annotations

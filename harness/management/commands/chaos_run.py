@@ -1,7 +1,7 @@
 """Run the chaos test against the configured PostgreSQL and Redis and print its report.
 
 A dedicated database is strongly advised: the run restarts PostgreSQL (all its clients see
-the restart) and flushes the Redis broker database. See README.md, "The chaos run".
+the restart) and flushes the Redis broker database. See docs/proving.md.
 
 The restart is ``pg_ctlcluster --skip-systemctl-redirect <version> $CHAOS_POSTGRES_CLUSTER restart``
 (CHAOS_POSTGRES_CLUSTER defaults to "main"): point the run's DATABASE_URL at a cluster of its own
