@@ -116,7 +116,7 @@ def sandbox_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbo
 @pytest.fixture
 def live_sandbox(sandbox_process: SandboxProcess, settings: Any) -> Iterator[SandboxClient]:
     """A reset sandbox, with this process's provider settings pointed at it."""
-    from actions.kinds.refund import provider_from_settings
+    from actions.kinds.refund.contract import provider_from_settings
 
     settings.PROVIDER_API_BASE = sandbox_process.url
     settings.PROVIDER_TIMEOUT_SECONDS = 2

@@ -10,7 +10,7 @@ from actions.kinds.base import DuplicateCorrection, EffectKind, ReceiverContract
 from actions.kinds.compensation import CompensationKind
 from actions.kinds.customer_email import CustomerEmailKind
 from actions.kinds.invoice_adjustment import CreditNoteVoidKind, InvoiceAdjustmentKind
-from actions.kinds.refund import RefundKind
+from actions.kinds.refund.contract import RefundKind
 from actions.kinds.registry import all_kinds, kind_for, owner_group_of, owner_groups, register, unregister
 from actions.kinds.supplier_email import SupplierEmailKind
 
