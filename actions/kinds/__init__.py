@@ -9,7 +9,8 @@ from __future__ import annotations
 from actions.kinds.base import DuplicateCorrection, EffectKind, ReceiverContract, StepClass
 from actions.kinds.compensation import CompensationKind
 from actions.kinds.customer_email import CustomerEmailKind
-from actions.kinds.invoice_adjustment import CreditNoteVoidKind, InvoiceAdjustmentKind
+from actions.kinds.invoice_adjustment.contract import InvoiceAdjustmentKind
+from actions.kinds.invoice_adjustment.void import CreditNoteVoidKind
 from actions.kinds.refund.contract import RefundKind
 from actions.kinds.registry import all_kinds, kind_for, owner_group_of, owner_groups, register, unregister
 from actions.kinds.supplier_email import SupplierEmailKind

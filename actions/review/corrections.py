@@ -25,11 +25,11 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from actions import permissions as perms
-from actions.adjustments import discrepancy_void_duplicate
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor, event_record
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.fields import ProposalInvalid
+from actions.kinds.invoice_adjustment.corrections import discrepancy_void_duplicate
 from actions.models import (
     Action,
     ActionKind,

@@ -78,7 +78,7 @@ from actions.engine.resolutions import (
     action_resolve_succeeded,
 )
 from actions.kinds.base import Effect, LookupVerdict, Outcome, Receiver
-from actions.kinds.invoice_adjustment import AdjustmentReceiver, accounting_from_settings
+from actions.kinds.invoice_adjustment.contract import AdjustmentReceiver, accounting_from_settings
 from actions.kinds.refund.contract import RefundReceiver
 from actions.kinds.supplier_email import MailRelay, message_reference
 from actions.models import (

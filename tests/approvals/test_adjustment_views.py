@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.foundation.trail import Actor
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus
 from tests.approvals.test_views import shown_now

@@ -18,13 +18,13 @@ import requests
 
 from actions.kinds import supplier_email
 from actions.kinds.base import Answer, Effect, LedgerUnavailable, Outcome, ReceiverContract, StepClass
-from actions.kinds.invoice_adjustment import (
-    VoidReceiver,
+from actions.kinds.invoice_adjustment.contract import (
     answer_from_create_error,
     credit_notes_by_bill,
     effect_from_credit_note,
     outcome_of_credit_note_status,
 )
+from actions.kinds.invoice_adjustment.void import VoidReceiver
 from actions.kinds.supplier_email import (
     MailRelay,
     answer_from_mail_error,
