@@ -13,7 +13,7 @@ from actions.kinds.invoice_adjustment.contract import InvoiceAdjustmentKind
 from actions.kinds.invoice_adjustment.void import CreditNoteVoidKind
 from actions.kinds.refund.contract import RefundKind
 from actions.kinds.registry import all_kinds, kind_for, owner_group_of, owner_groups, register, unregister
-from actions.kinds.supplier_email import SupplierEmailKind
+from actions.kinds.supplier_email.contract import SupplierEmailKind
 
 register(RefundKind())
 register(CompensationKind())
