@@ -5,7 +5,8 @@ section 10).
   answer table, its reservation hooks on the order and its remedy on a final failure.
 - ``explanations``: what changed on an order, in a clerk's words.
 - ``checks``: the proposal's checks, each a named step that reads and never writes.
-- ``proposal``: the proposal service (``action_propose_refund``), in the services layer.
+- ``requests``, ``proposal`` (services layer): opening a refund request on an order, and the
+  proposal service (``action_propose_refund``).
 
 Nothing is imported here: the contract sits in the kinds layer, below the engine, and the
 proposal service above it (pyproject.toml, ``[tool.importlinter]``).
