@@ -173,7 +173,7 @@ def proposal_record(
     ``savepoint``: the INSERT runs in a savepoint, so that a lost race leaves the caller's
     transaction usable for reading the winner. A caller whose transaction holds nothing else
     (a proposal function decorated with ``answers_a_lost_proposal_race``) passes False and saves
-    the SAVEPOINT and RELEASE statements of every proposal (issue 18): a lost race then raises
+    the SAVEPOINT and RELEASE statements of every proposal: a lost race then raises
     ProposalRaceLost, which ends the transaction, and the winner is read after it.
     """
     proposal_state_set(action, policy_reasons=policy_reasons, now=now)
@@ -217,7 +217,7 @@ def auto_policy_decide_before_insert(
 ) -> AutoPolicyDecision | None:
     """The auto-approval policy decides before the INSERT (it locks the target and the agent
     and reads the caps, writing nothing), so that an approved proposal is inserted AUTHORIZED:
-    no UPDATE after it (issue 18). A lost race on the action id then finds the winner after the
+    no UPDATE after it. A lost race on the action id then finds the winner after the
     same locks. None when the policy does not decide this proposal."""
     if not auto_policy or action.status != S.PROPOSED:
         return None
