@@ -1,6 +1,11 @@
-"""Writes to the intent log. Every state change goes through a function here (or in
-``approvals.services`` / ``actions.execution``), runs in one transaction and writes its audit
-event in that same transaction."""
+"""Recording a proposal of any kind, and cancelling an action (docs/architecture.md section 3).
+
+Each kind's proposal service (``actions.kinds.<kind>.proposal``) checks its own fields and
+composes its id and payload, then records the proposal here, in steps every kind shares: the
+payload's hash, the identical retry or the conflict, the auto-approval policy's decision, the
+INSERT that a race on the UNIQUE action id may lose, and the "propose" event, all in the
+proposal's one transaction.
+"""
 
 from __future__ import annotations
 
@@ -10,40 +15,17 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec
+from typing import Any, ParamSpec
 
-from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 from django_fsm import has_transition_perm
 
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor, Writes, action_transition, event_record
-from actions.kinds.fields import (
-    FieldProblem,
-    ProposalInvalid,
-    check_currency,
-    check_evidence,
-    check_reason_code,
-    check_reference,
-    check_request_number,
-    parse_amount,
-)
-from actions.kinds.refund import refund_action_id
-from actions.models import (
-    Action,
-    ActionKind,
-    ActionStatus,
-    ActorKind,
-    Order,
-    RefundRequest,
-)
-from actions.providers.base import validate_idempotency_key
-from approvals.policy import auto_policy_apply, auto_policy_decide
-
-if TYPE_CHECKING:
-    pass
+from actions.kinds.fields import FieldProblem
+from actions.models import Action, ActionStatus, ActorKind
+from approvals.policy import AutoPolicyDecision, auto_policy_apply, auto_policy_decide
 
 S = ActionStatus
 
@@ -93,11 +75,39 @@ def existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) -
     raise ProposalConflict(action, _differing_fields(action.payload, payload))
 
 
-def _race_winner(action_id: str, payload: dict[str, Any], digest: str) -> ProposalResult | None:
-    """After a proposal's INSERT met the UNIQUE action id: the row that holds it (same payload)
-    or ProposalConflict; None when no row holds it, i.e. the IntegrityError was not that race."""
-    winner = Action.objects.filter(action_id=action_id).first()
-    return None if winner is None else existing_or_conflict(winner, payload, digest)
+def existing_proposal(action_id: str, payload: dict[str, Any], digest: str) -> ProposalResult | None:
+    """The action that holds ``action_id`` when its payload is the same (an identical retry,
+    ``created`` False), or ProposalConflict naming the differing fields; None when no action
+    holds it. After a proposal's INSERT met the UNIQUE action id, None means the IntegrityError
+    was not that race."""
+    existing = Action.objects.filter(action_id=action_id).first()
+    return None if existing is None else existing_or_conflict(existing, payload, digest)
+
+
+def action_new(
+    *,
+    kind: str,
+    action_id: str,
+    payload: dict[str, Any],
+    digest: str,
+    proposer: Actor,
+    evidence: str,
+    **target: Any,
+) -> Action:
+    """An unsaved proposal of ``kind`` by ``proposer``: its id is its idempotency key (section 3).
+    ``target`` holds the kind's own columns (its target, amount, currency, reason code)."""
+    actor_user = proposer.accountable_user
+    return Action(
+        action_id=action_id,
+        kind=kind,
+        idempotency_key=action_id,
+        payload=payload,
+        payload_hash=digest,
+        evidence=evidence,
+        proposed_by_agent=proposer.agent,
+        proposed_by_user=actor_user if getattr(actor_user, "pk", None) else None,
+        **target,
+    )
 
 
 class ProposalRaceLost(Exception):
@@ -116,7 +126,7 @@ class ProposalRaceLost(Exception):
     def result(self) -> ProposalResult:
         """The winner (same payload) or ProposalConflict; the original IntegrityError when no
         row holds the action id, i.e. when a race on the id was not what failed."""
-        result = _race_winner(self.action_id, self.payload, self.payload_hash)
+        result = existing_proposal(self.action_id, self.payload, self.payload_hash)
         if result is None:
             raise self.__cause__ or self
         return result
@@ -142,147 +152,6 @@ def answers_a_lost_proposal_race(
     return propose_or_read_the_winner
 
 
-@answers_a_lost_proposal_race
-def action_propose_refund(
-    *,
-    order_number: object,
-    request_number: object,
-    amount: object,
-    currency: object,
-    reason_code: object,
-    evidence: object = "",
-    proposer: Actor,
-    now: datetime | None = None,
-) -> ProposalResult:
-    """Validate a refund proposal deterministically and record it.
-
-    - Bad input raises ProposalInvalid and writes nothing (invariant 11).
-    - The same action id with the same payload returns the existing action (``created`` False).
-    - The same action id with another payload raises ProposalConflict naming the fields.
-    - A proposal that is well-formed but against policy (refund window past) is recorded as
-      REJECTED with its reasons.
-    - An auto-approvable proposal is authorized in the same transaction (one commit).
-    """
-    now = now or timezone.now()
-    problems: list[FieldProblem] = []
-    order_ref = check_reference("order_number", order_number, problems)
-    number = check_request_number(request_number, problems)
-    currency_code = check_currency(currency, problems)
-    money = parse_amount(amount, currency_code, problems)
-    reason = check_reason_code(reason_code, problems)
-    evidence_text = check_evidence(evidence, problems)
-    if problems:
-        raise ProposalInvalid(problems)
-    assert order_ref is not None and number is not None and currency_code is not None
-    assert money is not None and reason is not None
-
-    with transaction.atomic(durable=True):
-        # The request and its order in one read; which of the two is missing is asked only
-        # when one is. An agent proposing against another agent's request finds no request,
-        # with the same answer as for a number that does not exist.
-        request = (
-            RefundRequest.objects.visible_to(proposer.agent)
-            .select_related("order")
-            .filter(order__number=order_ref, number=number)
-            .first()
-        )
-        if request is None and not Order.objects.filter(number=order_ref).exists():
-            raise ProposalInvalid([FieldProblem("order_number", "not_found", f"There is no order {order_ref}.")])
-        if request is None:
-            raise ProposalInvalid(
-                [FieldProblem("request_number", "not_found", f"Order {order_ref} has no refund request {number}.")]
-            )
-        order = request.order
-        if not order.charge_reference:
-            raise ProposalInvalid(
-                [
-                    FieldProblem(
-                        "order_number",
-                        "no_charge",
-                        f"Order {order_ref} has no payment at the provider to refund.",
-                    )
-                ]
-            )
-        if currency_code != order.currency:
-            raise ProposalInvalid(
-                [
-                    FieldProblem(
-                        "currency",
-                        "currency_mismatch",
-                        f"Order {order_ref} was paid in {order.currency}, not {currency_code}.",
-                    )
-                ]
-            )
-
-        action_id = refund_action_id(order_number=order.number, request_number=request.number)
-        validate_idempotency_key(action_id)
-        payload = {
-            "kind": ActionKind.REFUND.value,
-            "order": order.number,
-            "request": request.number,
-            "charge": order.charge_reference,
-            "amount": str(money),
-            "currency": currency_code,
-            "reason_code": reason,
-        }
-        digest = payload_hash(payload)
-
-        if money > order.refundable_amount:
-            # An identical retry returns what exists, even when the first proposal's own
-            # reservation is what now leaves too little (a new proposal meets the UNIQUE action
-            # id in proposal_record instead, without a read first).
-            existing = Action.objects.filter(action_id=action_id).first()
-            if existing is not None:
-                return existing_or_conflict(existing, payload, digest)
-            raise ProposalInvalid(
-                [
-                    FieldProblem(
-                        "amount",
-                        "over_refundable_balance",
-                        f"{money} {currency_code} is more than the refundable balance of order {order_ref} "
-                        f"({order.refundable_amount} {currency_code}: captured {order.captured_amount}, "
-                        f"refunded {order.refunded_amount}, reserved {order.reserved_amount}).",
-                    )
-                ]
-            )
-
-        policy_reasons: list[dict[str, str]] = []
-        window = timedelta(days=settings.REFUND_WINDOW_DAYS)
-        if order.paid_at + window < now:
-            policy_reasons.append(
-                {
-                    "code": "refund_window_past",
-                    "message": f"The refund window of {window.days} days ended on {(order.paid_at + window):%Y-%m-%d}.",
-                }
-            )
-
-        actor_user = proposer.accountable_user
-        action = Action(
-            action_id=action_id,
-            kind=ActionKind.REFUND,
-            idempotency_key=action_id,
-            payload=payload,
-            payload_hash=digest,
-            order=order,
-            refund_request=request,
-            amount=money,
-            currency=currency_code,
-            reason_code=reason,
-            evidence=evidence_text,
-            proposed_by_agent=proposer.agent,
-            proposed_by_user=actor_user if getattr(actor_user, "pk", None) else None,
-        )
-        return proposal_record(
-            action=action,
-            proposer=proposer,
-            now=now,
-            policy_reasons=policy_reasons,
-            event_evidence={"payload": payload, "payload_hash": digest, "evidence": evidence_text},
-            auto_policy=True,
-            savepoint=False,
-        )
-
-
 def proposal_record(
     *,
     action: Action,
@@ -304,53 +173,19 @@ def proposal_record(
     ``savepoint``: the INSERT runs in a savepoint, so that a lost race leaves the caller's
     transaction usable for reading the winner. A caller whose transaction holds nothing else
     (a proposal function decorated with ``answers_a_lost_proposal_race``) passes False and saves
-    the SAVEPOINT and RELEASE statements of every proposal (issue 18): a lost race then raises
+    the SAVEPOINT and RELEASE statements of every proposal: a lost race then raises
     ProposalRaceLost, which ends the transaction, and the winner is read after it.
     """
-    if policy_reasons:
-        action.reject_proposal(reasons=policy_reasons)
-    else:
-        action.propose()
-    action.status_changed_at = now
-
+    proposal_state_set(action, policy_reasons=policy_reasons, now=now)
     # The proposal's event and the policy's approval event are two state changes of one agent's
     # action in one transaction: its webhook is read once for both, and the events (with a
     # cap's hold, if one holds it) are inserted together, in order, at the end.
     writes = Writes()
-    # The auto-approval policy decides before the INSERT (it locks the target and the agent
-    # and reads the caps, writing nothing), so that an approved proposal is inserted
-    # AUTHORIZED: no UPDATE after it (issue 18). A lost race on the action id below then
-    # finds the winner after the same locks.
-    decision = (
-        auto_policy_decide(action=action, now=now, writes=writes)
-        if auto_policy and action.status == S.PROPOSED
-        else None
-    )
-    if decision is not None and decision.held is None:
-        action.approve()
-    if not savepoint:
-        try:
-            action.save()
-        except IntegrityError as lost:
-            raise ProposalRaceLost(action) from lost
-    else:
-        try:
-            # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
-            # transaction usable for reading the winner's row.
-            with transaction.atomic():
-                action.save()
-        except IntegrityError:
-            result = _race_winner(action.action_id, action.payload, action.payload_hash)
-            if result is None:
-                raise  # not a race on the action id
-            return result
-    if abs(action.created_at - now) > timedelta(seconds=1):
-        # ``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded
-        # with its own time (an import, the demo's history) would show "a minute ago" on its
-        # card and "2 days ago" in its trail. The card and the trail read the same time.
-        Action.objects.filter(pk=action.pk).update(created_at=now)
-        action.created_at = now
-
+    decision = auto_policy_decide_before_insert(action, auto_policy=auto_policy, now=now, writes=writes)
+    winner = proposal_insert(action, savepoint=savepoint)
+    if winner is not None:
+        return winner
+    created_at_set_to_proposal_time(action, now=now)
     event_record(
         action=action,
         transition="propose" if not policy_reasons else "reject_proposal",
@@ -366,6 +201,63 @@ def proposal_record(
         auto_policy_apply(action=action, decision=decision, now=now, transitioned=True, writes=writes)
     writes.write()
     return ProposalResult(action=action, created=True)
+
+
+def proposal_state_set(action: Action, *, policy_reasons: list[dict[str, str]], now: datetime) -> None:
+    """PROPOSED, or REJECTED with the policy's reasons: a proposal against policy is still recorded."""
+    if policy_reasons:
+        action.reject_proposal(reasons=policy_reasons)
+    else:
+        action.propose()
+    action.status_changed_at = now
+
+
+def auto_policy_decide_before_insert(
+    action: Action, *, auto_policy: bool, now: datetime, writes: Writes
+) -> AutoPolicyDecision | None:
+    """The auto-approval policy decides before the INSERT (it locks the target and the agent
+    and reads the caps, writing nothing), so that an approved proposal is inserted AUTHORIZED:
+    no UPDATE after it. A lost race on the action id then finds the winner after the
+    same locks. None when the policy does not decide this proposal."""
+    if not auto_policy or action.status != S.PROPOSED:
+        return None
+    decision = auto_policy_decide(action=action, now=now, writes=writes)
+    if decision is not None and decision.held is None:
+        action.approve()
+    return decision
+
+
+def proposal_insert(action: Action, *, savepoint: bool) -> ProposalResult | None:
+    """INSERT the proposal; None when it went in. A lost race on the UNIQUE action id returns
+    the winner (same payload) or raises ProposalConflict, through a savepoint; without one it
+    raises ProposalRaceLost (``answers_a_lost_proposal_race`` reads the winner after the
+    transaction). Any other IntegrityError is raised as it is."""
+    if not savepoint:
+        try:
+            action.save()
+        except IntegrityError as lost:
+            raise ProposalRaceLost(action) from lost
+        return None
+    try:
+        # A savepoint, so that losing the race on the UNIQUE action id leaves the outer
+        # transaction usable for reading the winner's row.
+        with transaction.atomic():
+            action.save()
+    except IntegrityError:
+        result = existing_proposal(action.action_id, action.payload, action.payload_hash)
+        if result is None:
+            raise  # not a race on the action id
+        return result
+    return None
+
+
+def created_at_set_to_proposal_time(action: Action, *, now: datetime) -> None:
+    """``auto_now_add`` stamps the clock, not the proposal's time: a proposal recorded with its
+    own time (an import, the demo's history) would show "a minute ago" on its card and "2 days
+    ago" in its trail. The card and the trail read the same time."""
+    if abs(action.created_at - now) > timedelta(seconds=1):
+        Action.objects.filter(pk=action.pk).update(created_at=now)
+        action.created_at = now
 
 
 class ActionRefused(Refused, PermissionDenied):

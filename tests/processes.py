@@ -116,7 +116,7 @@ def sandbox_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbo
 @pytest.fixture
 def live_sandbox(sandbox_process: SandboxProcess, settings: Any) -> Iterator[SandboxClient]:
     """A reset sandbox, with this process's provider settings pointed at it."""
-    from actions.kinds.refund import provider_from_settings
+    from actions.kinds.refund.contract import provider_from_settings
 
     settings.PROVIDER_API_BASE = sandbox_process.url
     settings.PROVIDER_TIMEOUT_SECONDS = 2
@@ -141,7 +141,7 @@ def accounting_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[San
 def live_accounting(accounting_process: SandboxProcess, settings: Any) -> Iterator[AccountingSandboxClient]:
     """A reset accounting sandbox, with this process's accounting settings pointed at it. Its
     lookup lag and the console's visibility delay are both 0 unless a test sets them."""
-    from actions.kinds.invoice_adjustment import accounting_from_settings
+    from actions.kinds.invoice_adjustment.contract import accounting_from_settings
 
     settings.ACCOUNTING_API_BASE = accounting_process.url
     settings.ACCOUNTING_TIMEOUT_SECONDS = 2

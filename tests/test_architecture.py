@@ -28,8 +28,8 @@ LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
     "modules over 600 lines": 1,
-    "functions over 80 lines": 8,
-    "modules loose at the top of actions/": 12,
+    "functions over 80 lines": 4,
+    "modules loose at the top of actions/": 9,
     "app modules in no import-linter layer": 0,
     "private names imported across modules": 0,
     "kind branches outside actions/kinds": 0,

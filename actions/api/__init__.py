@@ -5,7 +5,7 @@ pydantic schemas, and the same schemas both validate every request and generate 
 document served at ``/api/v1/openapi.json``, so the contract and the code cannot drift apart.
 For four operations it is also much lighter than DRF: no serializers, viewsets or routers
 beside the models, and function views that stay thin interfaces over the services in
-``actions.services``, ``actions.requests`` and ``actions.selectors``.
+``actions.proposals`` (the kinds' proposal services in ``actions.kinds``) and ``actions.selectors``.
 
 What sits in front of django-ninja (``actions.api.gateway``): authentication by bearer token,
 the per-token rate limit, the body size cap and the JSON-only rule run before ninja parses

@@ -1,8 +1,9 @@
 """The kinds registry: a kind's name maps to the object that knows everything about it.
 
 Shaped like healthchecks' transport map: the engine asks ``kind_for(action.kind)`` and never
-branches on a name. A new kind is one module under ``actions.kinds`` that calls ``register``;
-``actions.kinds`` imports the shipped ones, and tests may register their own.
+branches on a name. A new kind is one package under ``actions.kinds`` and one ``register``
+line in ``actions.kinds``, which registers the shipped ones; tests may register their own
+(``tests/kinds/memo/``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class ActionKind(models.TextChoices):
     COMPENSATION = "compensation", "Compensation"
     # Tells a supplier about a change, by email: a receiver with no keys and no lookup.
     SUPPLIER_EMAIL = "supplier_email", "Supplier email"
-    # A credit note against a supplier bill in the accounting system (actions.kinds.invoice_adjustment).
+    # A credit note against a supplier bill in the accounting system (actions.kinds.invoice_adjustment.contract).
     INVOICE_ADJUSTMENT = "invoice-adjustment", "Invoice adjustment"
     # The correction of a duplicate credit note: void it, through the same engine.
     CREDIT_NOTE_VOID = "credit-note-void", "Credit note void"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from actions.adjustments import (
+from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
+from actions.kinds.fields import ProposalInvalid
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
+from actions.kinds.invoice_adjustment.requests import (
     AdjustmentRequestConflict,
     AdjustmentRequestResult,
     AdjustmentRequestTaken,
-    action_propose_invoice_adjustment,
     adjustment_request_open,
 )
-from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
-from actions.kinds.fields import ProposalInvalid
 from actions.models import Agent
 from actions.proposals.outcomes import Conflict, invalid
 from actions.proposals.rules import proposal_for_agent, reference_taken, scope_require

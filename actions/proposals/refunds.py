@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from actions.kinds.fields import FieldProblem, ProposalInvalid
+from actions.kinds.refund.proposal import action_propose_refund
+from actions.kinds.refund.requests import (
+    RefundRequestConflict,
+    RefundRequestResult,
+    RefundRequestTaken,
+    refund_request_open,
+)
 from actions.models import ActionKind, Agent, RequestSource
 from actions.proposals.outcomes import Conflict, invalid
 from actions.proposals.rules import proposal_for_agent, reference_taken, scope_require
-from actions.requests import RefundRequestConflict, RefundRequestResult, RefundRequestTaken, refund_request_open
 from actions.selectors import refund_request_by_reference
-from actions.services import (
-    Actor,
-    ProposalResult,
-    action_propose_refund,
-)
+from actions.services import Actor, ProposalResult
 
 _DOING = "propose refund actions"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import ActionKind, Agent
 from actions.proposals.rules import proposal_for_agent, scope_require
 from actions.services import Actor, ProposalConflict, ProposalResult
-from actions.supplier_emails import supplier_email_propose
 
 
 def _conflict_detail(conflict: ProposalConflict) -> str:

@@ -25,11 +25,12 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from actions import permissions as perms
-from actions.adjustments import discrepancy_void_duplicate
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor, event_record
 from actions.kinds import DuplicateCorrection, kind_for
+from actions.kinds.compensation.contract import compensation_action_id
 from actions.kinds.fields import ProposalInvalid
+from actions.kinds.invoice_adjustment.corrections import discrepancy_void_duplicate
 from actions.models import (
     Action,
     ActionKind,
@@ -183,11 +184,6 @@ def followup_owner_assign(
 
 
 # --- compensating a duplicate effect -------------------------------------------------------
-
-
-def compensation_action_id(*, duplicate_reference: str) -> str:
-    """The compensation names the refund it recovers: one duplicate refund, one compensation."""
-    return f"{ActionKind.COMPENSATION}:{duplicate_reference}"
 
 
 def _duplicate_references(discrepancy: Discrepancy, original: Action) -> list[str]:

@@ -78,9 +78,9 @@ from actions.engine.resolutions import (
     action_resolve_succeeded,
 )
 from actions.kinds.base import Effect, LookupVerdict, Outcome, Receiver
-from actions.kinds.invoice_adjustment import AdjustmentReceiver, accounting_from_settings
-from actions.kinds.refund import RefundReceiver
-from actions.kinds.supplier_email import MailRelay, message_reference
+from actions.kinds.invoice_adjustment.contract import AdjustmentReceiver, accounting_from_settings
+from actions.kinds.refund.contract import RefundReceiver
+from actions.kinds.supplier_email.contract import MailRelay, message_reference
 from actions.models import (
     Action,
     ActionEvent,

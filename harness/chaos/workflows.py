@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from actions.engine.resolution_checks import ReviewRefused
 from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.kinds.base import Effect
-from actions.kinds.supplier_email import message_reference
+from actions.kinds.supplier_email.contract import message_reference
 from actions.models import (
     Action,
     ActionEvent,

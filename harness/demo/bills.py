@@ -15,7 +15,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from actions.adjustments import action_propose_invoice_adjustment
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import AdjustmentRequest, Agent, Bill
 from actions.services import Actor
 

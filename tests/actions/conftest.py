@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, Order, RefundRequest
-from actions.services import Actor, ProposalResult, action_propose_refund
+from actions.services import Actor, ProposalResult
 from approvals.models import Approval
 from tests.factories import make_order, make_request
 

@@ -16,12 +16,12 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import submission_record
 from actions.engine.ledger import ledger_audit_run
 from actions.kinds.base import Answer, Effect
-from actions.kinds.invoice_adjustment import adjustment_contract, effect_from_credit_note
+from actions.kinds.invoice_adjustment.contract import adjustment_contract, effect_from_credit_note
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import Action, ActionEvent, ActionKind, ActionStatus, Discrepancy, DiscrepancyKind
 from actions.providers.accounting.client import CreditNote
 from actions.services import Actor

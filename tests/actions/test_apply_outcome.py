@@ -23,7 +23,7 @@ from actions.engine import dispatch
 from actions.engine.dispatch import apply_outcome, submission_record
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import answer_from_refund
+from actions.kinds.refund.contract import answer_from_refund
 from actions.models import Action, ActionEvent, ActionStatus, Remedy
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError, RefundStatus
 from actions.review import services as finance_services

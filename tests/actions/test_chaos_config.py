@@ -13,7 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from actions.engine.invariants import EffectsReport, check_effects
-from actions.kinds.invoice_adjustment import effect_from_credit_note
+from actions.kinds.invoice_adjustment.contract import effect_from_credit_note
 from actions.services import Actor
 from harness.chaos import run as chaos
 from harness.chaos.run import ChaosConfig, ChaosReport, postgres_restart_command

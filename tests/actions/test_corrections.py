@@ -23,7 +23,8 @@ from actions.engine.invariants import check_effects
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.resolutions import action_resolve_succeeded
 from actions.kinds.base import Answer
-from actions.kinds.refund import RefundReceiver, answer_from_refund
+from actions.kinds.refund.contract import RefundReceiver, answer_from_refund
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import (
     Action,
     ActionEvent,
@@ -37,7 +38,7 @@ from actions.models import (
 )
 from actions.providers.base import ProviderGuarantees, ProviderRefund, RefundStatus
 from actions.review.corrections import CorrectionRefused, action_owner_assign, discrepancy_compensate
-from actions.services import Actor, action_propose_refund, payload_hash
+from actions.services import Actor, payload_hash
 from approvals.models import Decision
 from approvals.services import DecisionRefused, approval_decide
 from tests.factories import make_order, make_request, make_user
@@ -247,7 +248,7 @@ def test_an_approved_compensation_is_never_sent_to_the_refund_provider(
     def refund_send(self: Any, action: Action) -> Answer:
         raise AssertionError(f"{action.action_id} was sent to the refund provider")
 
-    monkeypatch.setattr("actions.kinds.refund.RefundReceiver.send", refund_send)
+    monkeypatch.setattr("actions.kinds.refund.contract.RefundReceiver.send", refund_send)
     compensation = discrepancy_compensate(discrepancy_pk=duplicate.pk, user=admin_user, note="Invoice it.")
     approval_decide(action_pk=compensation.pk, user=manager, decision=Decision.APPROVE)
     order = Order.objects.filter(actions=compensation)

@@ -25,7 +25,7 @@ from actions.engine.dispatch import (
     submission_send_and_record,
 )
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import RefundReceiver, refund_contract
+from actions.kinds.refund.contract import RefundReceiver, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus
 from actions.providers.base import AmbiguousError, IdempotencyMismatchError
 from actions.services import Actor

@@ -100,7 +100,7 @@ def test_the_dispatcher_holds_many_calls_in_flight_each_under_its_own_committed_
     receiver at the same time, each action ends SUCCEEDED with exactly one refund, and each
     order's money moved once."""
     receiver = GatedReceiver(gate=4)
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", lambda: receiver)
     actions = [authorized_refund(agent_actor) for _ in range(8)]
 
     dispatcher = Dispatcher(concurrency=4, batch_size=4, idle_seconds=0.01)
@@ -148,7 +148,7 @@ def test_the_dispatcher_claims_at_most_one_batch_ahead_of_its_threads_and_only_w
             return super().create_refund(req)
 
     receiver = Slow(guarantees=guarantees(keys=True, lookup=True, authoritative=True))
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", lambda: receiver)
     actions = [authorized_refund(agent_actor) for _ in range(6)]
     dispatcher = Dispatcher(concurrency=2, batch_size=16, idle_seconds=0.01)
     thread = in_a_thread(dispatcher)
@@ -178,7 +178,7 @@ def test_a_dispatcher_whose_claim_fails_claims_nothing_and_carries_on(
     """A claim that fails (a deadlock with another batch, a restart of the database) rolls back
     whole; the dispatcher logs it and claims the same actions again later (invariant 8)."""
     receiver = FakeReceiver(guarantees=guarantees(keys=True, lookup=True, authoritative=True))
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", lambda: receiver)
     actions = [authorized_refund(agent_actor) for _ in range(2)]
     real = module.submission_begin_batch
     failures = iter([RuntimeError("deadlock detected")])

@@ -491,7 +491,7 @@ def test_a_call_not_made_for_a_lease_about_to_expire_records_nothing(monkeypatch
 def receiver(monkeypatch: pytest.MonkeyPatch) -> FakeReceiver:
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     fake = FakeReceiver(guarantees=guarantees(keys=True, lookup=True, authoritative=True))
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: fake)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", lambda: fake)
     return fake
 
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 from actions.engine.dispatch import submission_record, sweep_expired_leases
 from actions.engine.reconcile import reconcile_claim
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import answer_from_refund, refund_contract
+from actions.kinds.refund.contract import answer_from_refund, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order, OwnerGroup, Remedy
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError, RefundStatus
 from actions.services import Actor

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group
 
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund.contract import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus
 from actions.services import Actor
 from tests.actions.test_reconciliation import NO_LOOKUP_NO_KEYS, FakeReceiver, unknown_without_receiver

@@ -15,8 +15,9 @@ from actions.engine import dispatch
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import submission_send_and_record, sweep_expired_leases
 from actions.kinds.base import Answer, Effect, Outcome
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Attempt
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.actions.test_reconciliation import authorized_refund
 from tests.factories import make_order, make_request
 

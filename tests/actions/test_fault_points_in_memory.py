@@ -16,7 +16,7 @@ from actions.engine.claim import submission_begin
 from actions.engine.dispatch import submission_send_and_record
 from actions.engine.dispatcher import RecordGroups, _send_and_record
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund.contract import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import claimed

@@ -26,7 +26,7 @@ from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import action_escalate, submission_record
 from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import answer_from_refund, provider_from_settings
+from actions.kinds.refund.contract import answer_from_refund, provider_from_settings
 from actions.models import (
     Action,
     ActionEvent,
@@ -408,7 +408,7 @@ def test_a_retry_without_a_recent_not_found_lookup_is_refused_before_the_provide
     agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 7: no retry without evidence. Nothing is sent, nothing is written."""
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", _provider_must_not_be_called)
     action = escalated(agent_actor, owner=finance)
     before = snapshot(action)
 
@@ -526,7 +526,7 @@ def test_a_manager_cannot_resolve_look_up_or_take_an_action(
     call: Any, agent_actor: Actor, manager: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 10: only finance resolves. The service refuses by itself, before asking anyone."""
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", _provider_must_not_be_called)
     action = escalated(agent_actor)
     before = snapshot(action)
 
@@ -559,7 +559,7 @@ def test_bad_resolution_input_is_refused_naming_the_field_before_anything_is_ask
     arguments: dict[str, Any], field: str, agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 11: a clear error naming the field; the provider is not asked, nothing is written."""
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", _provider_must_not_be_called)
     action = escalated(agent_actor, owner=finance)
     before = snapshot(action)
     arguments = dict(arguments)
@@ -581,7 +581,7 @@ def test_an_action_that_is_not_waiting_for_review_cannot_be_resolved(
     agent_actor: Actor, finance: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant 7: an UNKNOWN action belongs to reconciliation; finance resolves only NEEDS_REVIEW."""
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", _provider_must_not_be_called)
     action = unknown(agent_actor)
     before = snapshot(action)
 
@@ -652,7 +652,7 @@ def test_with_review_owners_only_finance_cannot_act_on_a_colleagues_action(
 ) -> None:
     """Invariant 10 (and issue 6's REVIEW_OWNERS_ONLY): another owner's item is refused, nothing written."""
     settings.REVIEW_OWNERS_ONLY = True
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", _provider_must_not_be_called)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", _provider_must_not_be_called)
     theirs = escalated(agent_actor, owner=felix)
     before = snapshot(theirs)
 

@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.housekeeping import PRUNED_MARKER, attempts_prune_bodies
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import (
     Action,
     ActionEvent,
@@ -25,7 +26,7 @@ from actions.models import (
     RemedyKind,
 )
 from actions.review.selectors.common import attempt_summary
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db

@@ -22,6 +22,8 @@ from actions.engine.invariants import EffectsReport, check_effects, decider_limi
 from actions.foundation.trail import RESEND_TRANSITION
 from actions.kinds import all_kinds, kind_for
 from actions.kinds.base import Outcome
+from actions.kinds.refund.proposal import action_propose_refund
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import (
     Action,
     ActionEvent,
@@ -32,8 +34,7 @@ from actions.models import (
 )
 from actions.models.actions import ActorKind
 from actions.models.workflows import WorkflowState
-from actions.services import Actor, action_propose_refund
-from actions.supplier_emails import supplier_email_propose
+from actions.services import Actor
 from approvals.models import Approval, ApprovalPolicy, Decision
 from tests.actions.test_audit_effects import effect
 from tests.actions.test_reconciliation import authorized_refund

@@ -22,7 +22,7 @@ from django.utils import timezone
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import submission_record
 from actions.engine.ledger import ledger_audit_run
-from actions.kinds.refund import RefundReceiver, answer_from_refund, provider_from_settings
+from actions.kinds.refund.contract import RefundReceiver, answer_from_refund, provider_from_settings
 from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
 from actions.providers.base import ProviderRefund, RefundStatus
 from actions.services import Actor

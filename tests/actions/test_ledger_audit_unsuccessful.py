@@ -11,10 +11,11 @@ from django.utils import timezone
 
 from actions.engine.ledger import ledger_compare
 from actions.kinds import kind_for
-from actions.kinds.refund import effect_from_refund
+from actions.kinds.refund.contract import effect_from_refund
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, DiscrepancyKind
 from actions.providers.base import ProviderRefund, RefundStatus
-from actions.services import Actor, action_propose_refund, action_transition
+from actions.services import Actor, action_transition
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db

@@ -9,9 +9,10 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.invariants import check_effects
+from actions.kinds.refund.proposal import action_propose_refund
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import Action, ActionStatus, Supplier, SupplierContact
-from actions.services import Actor, action_propose_refund
-from actions.supplier_emails import supplier_email_propose
+from actions.services import Actor
 from approvals.models import Approval, ApprovalPolicy, Decision
 from tests.factories import make_order, make_request, make_user
 from tests.mail import BILL_PARAMETERS

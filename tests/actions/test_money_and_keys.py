@@ -19,15 +19,13 @@ from hypothesis import strategies as st
 
 from actions.engine.dispatch import execution_dispatch
 from actions.kinds.fields import REFERENCE_PATTERN, ProposalInvalid
-from actions.kinds.refund import refund_action_id
+from actions.kinds.refund.contract import refund_action_id
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus
 from actions.providers.base import IDEMPOTENCY_KEY_MAX_LENGTH, CreateRefund, validate_idempotency_key
 from actions.providers.money import from_minor_units, to_minor_units
 from actions.providers.stripe_adapter import StripeProvider
-from actions.services import (
-    Actor,
-    action_propose_refund,
-)
+from actions.services import Actor
 from tests.factories import make_order, make_request
 from tests.providers.sandbox_client import API_KEY, SandboxClient
 

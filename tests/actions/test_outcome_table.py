@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import answer_from_refund, answer_from_submission_error, outcome_of_refund_status
+from actions.kinds.refund.contract import answer_from_refund, answer_from_submission_error, outcome_of_refund_status
 from actions.providers.base import (
     AmbiguousError,
     ConfigurationError,

@@ -11,8 +11,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import ActionEvent, ActionStatus, AgentWebhook, AgentWebhookDelivery
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import AutoApprovalCap, CapScope
 from tests.factories import make_order, make_request
 

@@ -17,8 +17,9 @@ import pytest
 from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Approval
 from tests.factories import make_order, make_request
 

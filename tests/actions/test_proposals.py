@@ -1,5 +1,5 @@
 """Proposing a refund: identity, idempotency, conflicts, the auto-approval policy and the
-refund window, through ``actions.services.action_propose_refund``."""
+refund window, through ``actions.kinds.refund.proposal.action_propose_refund``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Order
-from actions.services import Actor, ProposalConflict, ProposalResult, action_propose_refund, payload_hash
+from actions.services import Actor, ProposalConflict, ProposalResult, payload_hash
 from approvals.models import Approval, ApprovalPolicy, Decision
 from tests.factories import make_order, make_request
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict
-from actions.kinds.refund import RefundReceiver, refund_contract
+from actions.kinds.refund.contract import RefundReceiver, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.providers.base import LookupFailed
 from actions.services import Actor

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from actions.engine.reconcile import _record, reconcile_action, reconcile_claim
 from actions.kinds.base import Lookup, LookupVerdict, Outcome
-from actions.kinds.refund import refund_contract
+from actions.kinds.refund.contract import refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Discrepancy, DiscrepancyKind
 from actions.providers.base import LookupFailed
 from actions.services import Actor

@@ -18,9 +18,10 @@ from actions.engine.claim import submission_begin
 from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_claim, reconcile_due, reconcile_publish_due
 from actions.kinds.base import Answer, Outcome
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus
 from actions.providers.base import AmbiguousError
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.actions.test_reconciliation import authorized_refund
 from tests.approvals.test_policy_pins import other_session  # noqa: F401 -- a fixture
 from tests.factories import make_order, make_request

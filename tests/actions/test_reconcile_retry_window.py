@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.base import Outcome
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund.contract import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.services import Actor
 from tests.actions.test_reconciliation import FakeReceiver, guarantees, unknown_without_receiver

@@ -28,7 +28,8 @@ from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import execution_dispatch, submission_record
 from actions.engine.reconcile import reconcile_action, reconcile_due
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import RefundReceiver, provider_from_settings
+from actions.kinds.refund.contract import RefundReceiver, provider_from_settings
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order
 from actions.providers.base import (
     AmbiguousError,
@@ -41,7 +42,7 @@ from actions.providers.base import (
     RefundStatus,
 )
 from actions.providers.stripe_adapter import StripeProvider
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
 from tests.providers.sandbox_client import SandboxClient
@@ -506,7 +507,7 @@ def test_a_timeout_from_a_receiver_with_no_lookup_and_no_keys_goes_straight_to_a
     receiver = FakeReceiver(
         guarantees=NO_LOOKUP_NO_KEYS, create_error=AmbiguousError("read timed out", code="connection_error")
     )
-    monkeypatch.setattr("actions.kinds.refund.provider_from_settings", lambda: receiver)
+    monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", lambda: receiver)
     action = authorized_refund(agent_actor)
 
     execution_dispatch(action_pk=action.pk)

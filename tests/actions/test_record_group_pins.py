@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from actions.engine.dispatch import Sent, submission_record_group
 from actions.engine.dispatcher import RecordGroups
 from actions.kinds import kind_for
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund.contract import RefundReceiver
 from actions.models import Action, ActionStatus, Attempt
 from actions.services import Actor
 from tests.actions.test_dispatcher_fence import LATE_ANSWERS, Snapshot, claimed

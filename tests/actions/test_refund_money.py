@@ -20,7 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from actions.kinds import kind_for
-from actions.kinds.refund import RefundKind, remedy_open
+from actions.kinds.refund.contract import RefundKind, remedy_open
 from actions.models import Action, ActionKind, ActionStatus, Order, OutsideRefund, Remedy, RemedyKind
 from actions.provider_events.services import outside_refund_record
 from actions.services import Actor

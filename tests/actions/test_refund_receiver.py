@@ -19,7 +19,7 @@ import pytest
 
 from actions.kinds import kind_for
 from actions.kinds.base import Effect, LedgerUnavailable, LookupVerdict, Outcome, StepClass
-from actions.kinds.refund import (
+from actions.kinds.refund.contract import (
     RefundReceiver,
     configured_guarantees,
     effect_from_refund,

@@ -25,7 +25,7 @@ from django.utils import timezone
 from actions.engine import resolution_checks, resolutions
 from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds import kind_for
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund.contract import RefundReceiver
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order, Remedy
 from actions.providers.base import ProviderError, ProviderGuarantees, ProviderRefund, RefundStatus
 from actions.services import Actor
@@ -824,7 +824,7 @@ def test_a_not_found_proves_failure_only_once_the_last_attempt_can_no_longer_arr
 ) -> None:
     """Quiet from last send + lease + visibility delay, to the microsecond; the *last* send counts."""
     settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS = 30
-    from actions.kinds.refund import provider_from_settings
+    from actions.kinds.refund.contract import provider_from_settings
 
     provider_from_settings.cache_clear()
     delay = timedelta(seconds=30)

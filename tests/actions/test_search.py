@@ -16,10 +16,11 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.management.commands.search_bench import bulk_build, sample_terms
 from actions.models import Action, ActionStatus
 from actions.search import SECTION_LIMIT, exact_orders, found, lookup_containing, matching_orders, search_actions
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.services import approval_decide
 from tests.actions.test_finance_services import escalated, succeeded
 from tests.factories import make_agent, make_bill, make_order, make_request, make_user

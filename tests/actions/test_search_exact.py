@@ -18,6 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.management.commands.search_bench import bulk_build, sample_terms
 from actions.models import Action, Order
 from actions.search import (
@@ -30,7 +31,7 @@ from actions.search import (
     lookup_exact,
     search,
 )
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.actions.test_finance_services import succeeded
 from tests.factories import make_agent, make_bill, make_order, make_request, make_user
 

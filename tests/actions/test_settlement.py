@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.refund import RefundReceiver, provider_from_settings
+from actions.kinds.refund.contract import RefundReceiver, provider_from_settings
 from actions.models import Action, ActionStatus, Remedy, RemedyKind
 from actions.services import Actor
 from tests.actions.test_reconciliation import (

@@ -22,7 +22,7 @@ from django.utils import timezone
 from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_action
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
-from actions.kinds.refund import refund_contract
+from actions.kinds.refund.contract import refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind
 from actions.providers.base import LookupFailed
 from actions.services import Actor

@@ -36,7 +36,8 @@ from actions.engine import dispatch as execution
 from actions.engine import reconcile as reconciliation
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.kinds.fields import ProposalInvalid
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund.contract import RefundReceiver
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, Order
 from actions.models.actions import RESERVING_STATUSES
 from actions.providers.base import (
@@ -50,11 +51,7 @@ from actions.providers.base import (
     ProviderRefund,
     RefundStatus,
 )
-from actions.services import (
-    Actor,
-    ProposalConflict,
-    action_propose_refund,
-)
+from actions.services import Actor, ProposalConflict
 from approvals.models import Approval, Decision
 from approvals.services import DecisionRefused, approval_decide
 from tests.factories import make_agent, make_order, make_request, make_user

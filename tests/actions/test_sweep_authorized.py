@@ -27,7 +27,7 @@ from django.utils import timezone
 from actions.engine import dispatch
 from actions.engine.dispatch import action_escalate, sweep_authorized, sweep_batch_size
 from actions.kinds import kind_for
-from actions.kinds.refund import RefundReceiver
+from actions.kinds.refund.contract import RefundReceiver
 from actions.models import Action, ActionStatus, Attempt
 from actions.providers.base import CreateRefund, ProviderRefund
 from actions.services import Actor

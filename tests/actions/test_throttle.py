@@ -20,7 +20,7 @@ from actions.engine.dispatch import submission_record, sweep_authorized
 from actions.engine.reconcile import reconcile_action
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttle_wait
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
-from actions.kinds.refund import refund_contract
+from actions.kinds.refund.contract import refund_contract
 from actions.models import Action, ActionStatus, Attempt
 from actions.providers.accounting.client import AccountingClient
 from actions.providers.base import AmbiguousError, LookupFailed, retry_after_seconds

@@ -14,9 +14,10 @@ import pytest
 
 from actions.agents.services import agent_token_issue
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.kinds.refund.proposal import action_propose_refund
+from actions.kinds.refund.requests import refund_request_open
 from actions.models import Action, ActionStatus, Order
-from actions.requests import refund_request_open
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Decision
 from approvals.services import approval_decide
 from tests.api.conftest import ApiClient, assert_problem

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from actions.kinds.fields import ProposalInvalid
+from actions.kinds.refund.requests import RefundRequestConflict, refund_request_open
 from actions.models import Order, RefundRequest, RequestSource
-from actions.requests import RefundRequestConflict, refund_request_open
 from tests.api.conftest import ApiClient, assert_problem
 from tests.factories import make_order
 from tests.threads import run_at_once

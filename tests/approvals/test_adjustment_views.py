@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.foundation.trail import Actor
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus
-from actions.services import action_propose_refund
 from tests.approvals.test_views import shown_now
 from tests.factories import make_adjustment_request, make_bill, make_order, make_request
 

@@ -18,8 +18,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, ActorKind, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Approval, ApprovalLimit, ApprovalPolicy, Decision
 from approvals.services import DecisionRefused, action_reopen, approval_decide
 from tests.factories import make_order, make_request

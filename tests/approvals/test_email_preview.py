@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import ActionStatus
-from actions.supplier_emails import supplier_email_propose
 from approvals.models import Decision
 from approvals.services import approval_decide
 from tests.mail import BILL_PARAMETERS

@@ -15,8 +15,9 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Approval, ApprovalGroup, ApprovalPolicy, Decision
 from approvals.policy import group_chain_advance, latest_approval_with_locked_action
 from tests.factories import make_order, make_request

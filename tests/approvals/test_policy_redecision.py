@@ -8,8 +8,9 @@ import pytest
 from django.db.models import F
 
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Approval, ApprovalPolicy, Decision
 from approvals.services import approval_decide
 from tests.factories import make_order, make_request

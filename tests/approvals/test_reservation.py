@@ -19,8 +19,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Approval, Decision
 from approvals.policy import approval_record
 from approvals.services import DecisionRefused, action_reopen, approval_decide

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import Action, ActionStatus, Order
 from actions.provider_events.services import outside_refund_record
 from actions.services import Actor

@@ -23,8 +23,9 @@ from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.kinds import kind_for
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, Order
-from actions.services import Actor, action_propose_refund, action_transition
+from actions.services import Actor, action_transition
 from approvals.models import Approval, ApprovalLimit, PendingRejection
 from approvals.services import approval_decide
 from tests.factories import PASSWORD, make_agent, make_order, make_request, make_user

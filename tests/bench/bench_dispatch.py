@@ -501,8 +501,8 @@ def seed(*, count: int, sandbox: Any, label: str) -> Fixture:
 
 def propose_all(fixture: Fixture) -> None:
     """Propose one auto-approved refund per order; each commit publishes its dispatch."""
+    from actions.kinds.refund.proposal import action_propose_refund
     from actions.models import ActionStatus
-    from actions.services import action_propose_refund
 
     for order in fixture.orders:
         result = action_propose_refund(

@@ -19,8 +19,9 @@ import pytest
 from django.test import Client
 
 from actions.agents.services import agent_token_issue
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Order, Workflow, WorkflowState
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import WorkflowApproval
 from tests.factories import make_agent, make_order, make_request, make_user
 from tests.threads import run_at_once

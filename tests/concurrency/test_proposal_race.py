@@ -24,8 +24,9 @@ import pytest
 from django.db import connection
 
 import actions.services
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, Agent, Order
-from actions.services import Actor, ProposalConflict, ProposalResult, action_propose_refund
+from actions.services import Actor, ProposalConflict, ProposalResult
 from approvals.models import Approval
 from tests.factories import make_agent, make_order, make_request, make_user
 

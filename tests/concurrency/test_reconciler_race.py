@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.refund import RefundReceiver, provider_from_settings
+from actions.kinds.refund.contract import RefundReceiver, provider_from_settings
 from actions.models import Action, ActionStatus, Order
 from actions.providers.base import CreateRefund, ProviderRefund
 from actions.services import Actor

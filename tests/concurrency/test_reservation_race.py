@@ -19,8 +19,9 @@ import pytest
 
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
 from actions.kinds import kind_for
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Approval, Decision
 from approvals.services import approval_decide
 from tests.approvals.test_reservation import assert_order_money_adds_up

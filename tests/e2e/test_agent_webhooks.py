@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, AgentWebhookDelivery
-from actions.services import action_propose_refund
 from approvals.services import approval_decide
 from console_client.webhooks import verify_signature
 from tests.agent_webhooks.receiver import Receiver

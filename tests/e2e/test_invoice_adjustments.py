@@ -18,10 +18,10 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.reconcile import reconcile_action
 from actions.foundation.trail import Actor
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import Action, ActionEvent, ActionStatus, Bill
 from tests.factories import PASSWORD, make_adjustment_request, make_bill, make_user
 from tests.providers.accounting_client import AccountingSandboxClient

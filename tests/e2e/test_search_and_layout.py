@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.actions.test_finance_services import escalated, succeeded, unknown
 from tests.factories import PASSWORD, make_order, make_request
 

@@ -13,8 +13,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from actions.engine.dispatch import execution_dispatch
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import Action, ActionEvent, ActionStatus
-from actions.supplier_emails import supplier_email_propose
 from tests.e2e.test_manager_inbox import as_someone_else
 from tests.factories import PASSWORD
 from tests.mail import BILL_PARAMETERS, MailSandboxClient

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus
-from actions.services import action_propose_refund
 from tests.factories import make_order, make_request
 from tests.processes import WorkerPool, wait_until
 

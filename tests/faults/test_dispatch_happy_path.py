@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus
-from actions.services import action_propose_refund
 from tests.factories import make_order, make_request
 from tests.processes import wait_until
 

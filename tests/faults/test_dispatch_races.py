@@ -16,8 +16,9 @@ import pytest
 from django.db import connection
 
 from actions.engine.dispatch import execution_dispatch
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
 from tests.processes import WorkerPool, wait_until

@@ -19,8 +19,8 @@ import pytest
 from django.core.management import call_command
 
 from actions.engine.resolutions import action_resolve_resend
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import Action, ActionStatus
-from actions.supplier_emails import supplier_email_propose
 from approvals.models import Decision
 from approvals.services import approval_decide
 from tests.mail import BILL_PARAMETERS, MailSandboxClient

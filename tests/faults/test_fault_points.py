@@ -22,8 +22,9 @@ import redis
 from django.utils import timezone
 from kombu import Connection
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
 from tests.processes import WorkerPool, wait_until

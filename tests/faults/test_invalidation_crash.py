@@ -20,10 +20,11 @@ from django.conf import settings
 
 from actions.engine.invariants import check_effects
 from actions.foundation.publish import dispatch_enqueue
-from actions.kinds.refund import RefundReceiver, provider_from_settings
+from actions.kinds.refund.contract import RefundReceiver, provider_from_settings
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Order
 from actions.provider_events.services import webhook_receive
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Approval, ApprovalPolicy, Decision
 from harness.sandboxes.payment.webhooks import sign
 from tests.factories import make_order, make_request

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.adjustments import action_propose_invoice_adjustment, discrepancy_void_duplicate
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import audit_effects
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action
 from actions.foundation.trail import Actor
-from actions.kinds.invoice_adjustment import credit_notes_by_bill
+from actions.kinds.invoice_adjustment.contract import credit_notes_by_bill
+from actions.kinds.invoice_adjustment.corrections import discrepancy_void_duplicate
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.kinds.registry import kind_for
 from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind
 from approvals.services import approval_decide

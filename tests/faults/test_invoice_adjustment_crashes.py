@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from actions.adjustments import action_propose_invoice_adjustment
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import Action, ActionStatus, Bill
 from tests.factories import make_adjustment_request, make_bill
 from tests.processes import WorkerPool, wait_until

@@ -29,11 +29,11 @@ import pytest
 import requests
 from django.utils import timezone
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import audit_effects
 from actions.engine.reconcile import reconcile_action
 from actions.foundation.trail import Actor
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Bill
 from tests.factories import make_adjustment_request, make_bill, make_user
 from tests.processes import wait_until

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import redis
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, ActionStatus, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.services import approval_decide
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request

@@ -28,10 +28,11 @@ import requests
 
 from actions.engine.dispatch import execution_dispatch
 from actions.engine.reconcile import reconcile_action
-from actions.kinds.refund import provider_from_settings
+from actions.kinds.refund.contract import provider_from_settings
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Order, Remedy
 from actions.providers.money import to_minor_units
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.approvals.test_reservation import assert_order_money_adds_up
 from tests.factories import make_order, make_request
 from tests.providers.sandbox_client import SandboxClient

@@ -1,31 +1,35 @@
 """A new kind goes through the whole engine by the registry alone (issue: effect kinds).
 
 propose -> approve -> dispatch -> crash after the receiver answered -> lease sweep -> reconcile
--> SUCCEEDED, with one effect at the receiver. The kind is ``tests.kinds.memory``: one module,
-registered by name; no engine module was touched for it.
+-> SUCCEEDED, with one effect at the receiver. The kind is ``tests/kinds/memo/``: one package
+shaped like a shipped kind's, added by one registry line; no app module was touched for it,
+and no app module names it (the last tests here grep for it).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import timedelta
-from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import transaction
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import execution_dispatch, receiver_send, sweep_expired_leases
 from actions.engine.invariants import check_effects
 from actions.engine.reconcile import reconcile_action
+from actions.foundation.trail import Actor
 from actions.kinds import kind_for, register, unregister
+from actions.kinds.fields import ProposalInvalid
 from actions.models import Action, ActionEvent, ActionStatus, Attempt
-from actions.services import Actor, payload_hash, proposal_record
 from approvals.models import Decision
 from approvals.services import approval_decide
-from tests.kinds.memory import MEMO, MemoKind, memo_payload
+from tests.kinds.memo.contract import MEMO, MemoKind
+from tests.kinds.memo.proposal import memo_propose
+from tests.test_architecture import measure
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ActionStatus
@@ -34,35 +38,14 @@ S = ActionStatus
 @pytest.fixture
 def memo_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoKind]:
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
-    kind = MemoKind()
-    register(kind)
+    kind = register(MemoKind())  # the one registry line a new kind needs
+    assert isinstance(kind, MemoKind)
     yield kind
     unregister(MEMO)
 
 
 def propose_memo(proposer: Actor, *, number: int = 1) -> Action:
-    payload = memo_payload(topic="launch", number=number, text="Ship it on Monday.")
-    action_id = f"memo:launch:{number}"
-    with transaction.atomic(durable=True):
-        return proposal_record(
-            action=Action(
-                action_id=action_id,
-                kind=MEMO,
-                idempotency_key=action_id,
-                payload=payload,
-                payload_hash=payload_hash(payload),
-                amount=Decimal(payload["amount"]),
-                currency=payload["currency"],
-                reason_code="goodwill",
-                proposed_by_agent=proposer.agent,
-                proposed_by_user=proposer.accountable_user,
-            ),
-            proposer=proposer,
-            now=timezone.now(),
-            policy_reasons=[],
-            event_evidence={"payload": payload},
-            auto_policy=False,
-        ).action
+    return memo_propose(topic="launch", number=number, text="Ship it on Monday.", proposer=proposer).action
 
 
 def test_a_kind_registered_in_one_module_goes_through_the_engine_crash_included(
@@ -117,3 +100,46 @@ def test_a_new_kind_answers_the_five_checks_from_its_contract(memo_kind: MemoKin
     assert 'id="kind-memo"' in page
     assert "memo board" in page
     assert "memo:launch:1" in page
+
+
+def test_the_new_kinds_own_checks_refuse_bad_input_through_the_shared_recording(agent_actor: Actor) -> None:
+    """Invariant 11 for a kind the services have never heard of: its package's checks name every
+    bad field at once, and nothing is written."""
+    with pytest.raises(ProposalInvalid) as refused:
+        memo_propose(topic="no spaces", number="first", text="", proposer=agent_actor)
+    assert [problem.field for problem in refused.value.problems] == ["topic", "request_number", "text"]
+    assert not Action.objects.exists()
+
+
+# --- the app does not know the test kind -----------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+APP_DIRECTORIES = ("actions", "approvals", "console", "templates")
+APP_SUFFIXES = (".py", ".html", ".txt", ".js", ".json", ".css")
+TEST_KIND_NAMES = re.compile(rf"\b{MEMO}\b|{MemoKind.__name__}|tests[./]kinds[./]{MEMO}", re.IGNORECASE)
+
+
+def app_files_naming(pattern: re.Pattern[str]) -> list[str]:
+    """Every app file (without migrations) with a line that matches ``pattern``, as path:line."""
+    found: list[str] = []
+    for directory in APP_DIRECTORIES:
+        for path in sorted((REPO_ROOT / directory).rglob("*")):
+            if not path.is_file() or path.suffix not in APP_SUFFIXES or "migrations" in path.parts:
+                continue
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if pattern.search(line):
+                    found.append(f"{path.relative_to(REPO_ROOT)}:{number}")
+    return found
+
+
+def test_no_app_file_names_the_test_kind() -> None:
+    """The kind lives in its own package and one registry line; the app code (actions/,
+    approvals/, console/ and the templates, migrations aside) never names it, so everything the
+    end-to-end test above saw came from the registry."""
+    assert app_files_naming(TEST_KIND_NAMES) == []
+
+
+def test_no_app_module_branches_on_a_kinds_name_outside_actions_kinds() -> None:
+    """No ``kind == "refund"`` nor ``kind in ("refund", ...)`` outside ``actions/kinds/``: the
+    engine and the services ask the kind (the detector is tests/test_architecture.py's)."""
+    assert measure().kind_branches == []

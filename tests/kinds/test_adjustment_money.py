@@ -17,7 +17,7 @@ from django.utils import timezone
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
 from actions.foundation.trail import Actor
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.invoice_adjustment import effect_from_credit_note
+from actions.kinds.invoice_adjustment.contract import effect_from_credit_note
 from actions.models import Action, ActionStatus, Bill
 from actions.providers.base import DefinitiveError
 from approvals.services import approval_decide

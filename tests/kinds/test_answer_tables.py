@@ -16,16 +16,16 @@ from decimal import Decimal
 import pytest
 import requests
 
-from actions.kinds import supplier_email
 from actions.kinds.base import Answer, Effect, LedgerUnavailable, Outcome, ReceiverContract, StepClass
-from actions.kinds.invoice_adjustment import (
-    VoidReceiver,
+from actions.kinds.invoice_adjustment.contract import (
     answer_from_create_error,
     credit_notes_by_bill,
     effect_from_credit_note,
     outcome_of_credit_note_status,
 )
-from actions.kinds.supplier_email import (
+from actions.kinds.invoice_adjustment.void import VoidReceiver
+from actions.kinds.supplier_email import contract as supplier_email
+from actions.kinds.supplier_email.contract import (
     MailRelay,
     answer_from_mail_error,
     effect_from_accepted,

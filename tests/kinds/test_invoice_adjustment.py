@@ -12,21 +12,18 @@ from typing import Any
 
 import pytest
 
-from actions.adjustments import (
-    AdjustmentRequestConflict,
-    action_propose_invoice_adjustment,
-    adjustment_request_open,
-)
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
 from actions.kinds.fields import ProposalInvalid
-from actions.kinds.invoice_adjustment import (
+from actions.kinds.invoice_adjustment.contract import (
     answer_from_create_error,
     invoice_adjustment_action_id,
     outcome_of_credit_note_status,
 )
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
+from actions.kinds.invoice_adjustment.requests import AdjustmentRequestConflict, adjustment_request_open
 from actions.models import Action, ActionStatus, Bill
 from actions.providers.base import AmbiguousError, DefinitiveError, IdempotencyMismatchError
 from actions.services import (

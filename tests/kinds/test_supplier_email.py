@@ -21,8 +21,8 @@ from django.utils import timezone
 from actions.engine.dispatch import execution_dispatch, sweep_authorized
 from actions.engine.invariants import check_effects
 from actions.kinds import kind_for
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import Action, ActionEvent, ActionStatus, Attempt
-from actions.supplier_emails import supplier_email_propose
 from approvals.models import Decision
 from approvals.services import approval_decide
 from tests.mail import BILL_PARAMETERS, MailSandboxClient

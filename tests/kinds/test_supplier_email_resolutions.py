@@ -22,7 +22,7 @@ from actions.engine.resolutions import (
     action_resolve_succeeded,
 )
 from actions.kinds import kind_for
-from actions.kinds.supplier_email import outgoing_email
+from actions.kinds.supplier_email.contract import outgoing_email
 from actions.models import Action, ActionEvent, ActionStatus, Discrepancy, DiscrepancyKind
 from actions.providers.mail.smtp import SmtpMailer
 from tests.kinds.test_supplier_email import approved_email

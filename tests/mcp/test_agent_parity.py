@@ -38,6 +38,8 @@ from django.db.models import Sum
 import actions.api.urls  # noqa: F401 (registers the adjustments' and workflows' operations on the API)
 from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE, ORDERS_SCOPE, agent_token_issue
 from actions.api.views import api as ninja_api
+from actions.kinds.refund.proposal import action_propose_refund
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.mcp.server import mcp_server
 from actions.models import (
     Action,
@@ -50,8 +52,7 @@ from actions.models import (
     SupplierContact,
     Workflow,
 )
-from actions.services import Actor, action_propose_refund
-from actions.supplier_emails import supplier_email_propose
+from actions.services import Actor
 from actions.workflows.services import workflow_propose
 from tests.api.conftest import ApiClient
 from tests.factories import make_adjustment_request, make_agent, make_bill, make_order, make_request, make_user

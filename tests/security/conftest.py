@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, Order
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from tests.factories import make_order, make_request
 
 

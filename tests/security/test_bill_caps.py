@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from actions.adjustments import action_propose_invoice_adjustment
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import Action, ActionEvent, ActionStatus, Bill
 from actions.services import Actor
 from approvals.caps import AUTO_APPROVAL_HELD

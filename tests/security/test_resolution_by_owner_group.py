@@ -48,11 +48,11 @@ from django.contrib.auth.models import Group
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from actions.adjustments import action_propose_invoice_adjustment
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.dispatch import submission_record
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome, ReceiverContract
+from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import (
     Action,
     ActionEvent,

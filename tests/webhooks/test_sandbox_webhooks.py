@@ -18,8 +18,9 @@ import requests
 from django.test import Client
 
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import ActionStatus, Order, OrderEvent, OutsideRefund, WebhookEvent
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Decision
 from approvals.services import approval_decide
 from tests.factories import make_order, make_request

@@ -15,7 +15,8 @@ from django.utils import timezone
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.invariants import check_effects
 from actions.kinds.base import Effect, Outcome
-from actions.kinds.refund import RefundKind
+from actions.kinds.refund.contract import RefundKind
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import (
     Action,
     ActionStatus,
@@ -26,7 +27,7 @@ from actions.models import (
     WebhookEvent,
     WebhookEventOutcome,
 )
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from approvals.models import Decision
 from approvals.services import approval_decide
 from harness.sandboxes.payment.webhooks import sign

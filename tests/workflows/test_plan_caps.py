@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Order, Workflow, WorkflowState
-from actions.services import Actor, action_propose_refund
+from actions.services import Actor
 from actions.workflows.coordinator import workflow_advance
 from actions.workflows.services import workflow_propose
 from approvals.models import Approval, ApprovalPolicy

@@ -2,7 +2,7 @@
 
 Every outside call has the same shape: the attempt is on record before this runs, the send
 happens outside any transaction, and what the relay said comes back as a result or a typed
-error whose type says what it proves. The kind's answer table (``actions.kinds.supplier_email``)
+error whose type says what it proves. The kind's answer table (``actions.kinds.supplier_email.contract``)
 maps those types to outcomes; this module knows nothing of actions.
 """
 

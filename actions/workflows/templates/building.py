@@ -15,7 +15,7 @@ from actions.kinds.fields import (
     FieldProblem,
     ProposalInvalid,
 )
-from actions.kinds.supplier_email import message_id_for
+from actions.kinds.supplier_email.contract import message_id_for
 from actions.workflows.templates import MAX_ACTION_ID, READ, StepSpec, Template
 
 

@@ -19,7 +19,7 @@ from actions.kinds.fields import (
     check_reference,
     parse_amount,
 )
-from actions.kinds.invoice_adjustment import accounting_from_settings
+from actions.kinds.invoice_adjustment.contract import accounting_from_settings
 from actions.models import (
     ActionKind,
     AdjustmentReason,

@@ -50,7 +50,9 @@ from actions.engine.dispatch import action_escalate, apply_outcome, submission_s
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
-from actions.kinds.refund import RefundReceiver, answer_from_refund, refund_action_id
+from actions.kinds.refund.contract import RefundReceiver, answer_from_refund, refund_action_id
+from actions.kinds.refund.proposal import action_propose_refund
+from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import (
     Action,
     ActionStatus,
@@ -66,8 +68,7 @@ from actions.providers.base import AmbiguousError, DefinitiveError
 from actions.providers.money import to_minor_units
 from actions.providers.stripe_adapter import StripeProvider, refund_from_stripe_json
 from actions.review.services import action_assign
-from actions.services import Actor, action_cancel, action_propose_refund
-from actions.supplier_emails import supplier_email_propose
+from actions.services import Actor, action_cancel
 from approvals.models import ApprovalLimit
 from approvals.services import approval_decide
 from console.roles import ensure_roles

@@ -1,4 +1,4 @@
-"""The refund kind: money back to a customer through the payment provider.
+"""The refund kind's contract with the engine: money back to a customer through the payment provider.
 
 Its target is the order: an approval binds the order's version, the claim reserves the amount
 on the order's refundable balance (captured - refunded - reserved), a success books it as
@@ -34,14 +34,12 @@ from actions.kinds.base import (
     StepClass,
     lookup_from_effects,
 )
+from actions.kinds.refund.explanations import order_changes_since, outside_refunds_since
 from actions.models import (
     Action,
-    ActionEvent,
     ActionKind,
     ActionStatus,
     Order,
-    OrderEvent,
-    OrderEventKind,
     OutsideRefund,
     RefundRequest,
     Remedy,
@@ -280,7 +278,7 @@ class RefundKind(EffectKind):
     def target_changed_words(self, action: Action, *, shown_version: int | None) -> str:
         order = action.order
         assert order is not None, "a refund always targets an order"
-        changes = _order_changes_since(order, shown_version) if shown_version is not None else []
+        changes = order_changes_since(order, shown_version) if shown_version is not None else []
         return (
             f"The order changed since you opened this page: "
             f"{'; '.join(changes or ['its details were changed'])}. "
@@ -318,7 +316,7 @@ class RefundKind(EffectKind):
                 BindingFailure(
                     "order_version",
                     f"The order changed since the approval (approved at version {approved_version}, "
-                    f"now {order.version}).{_outside_refunds_since(order, approved_version)}",
+                    f"now {order.version}).{outside_refunds_since(order, approved_version)}",
                 )
             ]
         return [
@@ -407,43 +405,6 @@ class RefundKind(EffectKind):
 def _order_pk(action: Action) -> int:
     assert action.order_id is not None, "a refund always targets an order"
     return action.order_id
-
-
-def _order_changes_since(order: Order, version: int) -> list[str]:
-    """What raised ``order``'s version past ``version``, in a clerk's words: each refund reserved
-    on it (its reservation's event records the version it found, and raised it by one), each
-    refund made or reversed outside the console, and whatever else changed the order."""
-    reserved = list(
-        ActionEvent.objects.filter(
-            action__order_id=order.pk, transition="begin_submission", evidence__order_version__gte=version
-        )
-        .select_related("action")
-        .order_by("created_at", "pk")
-    )
-    outside = list(OrderEvent.objects.filter(order=order, version_after__gt=version).order_by("created_at", "pk"))
-    changes = [f"another refund of {event.action.amount} {event.action.currency} went ahead" for event in reserved]
-    for change in outside:
-        if change.kind == OrderEventKind.OUTSIDE_REFUND:
-            changes.append(f"a refund of {change.amount} {change.currency} was made outside the console")
-        else:
-            changes.append(f"a refund of {change.amount} {change.currency} made outside the console was reversed")
-    if order.version - version > len(reserved) + len(outside):
-        changes.append("its details were changed (by the shop or a correction)")
-    return changes
-
-
-def _outside_refunds_since(order: Order, version: int) -> str:
-    """Plain words for the outside refunds booked on ``order`` after ``version``, if any."""
-    events = OrderEvent.objects.filter(
-        order=order, kind=OrderEventKind.OUTSIDE_REFUND, version_after__gt=version
-    ).order_by("created_at", "pk")
-    if not events:
-        return ""
-    made = "; ".join(f"{event.amount} {event.currency} ({event.reference})" for event in events)
-    return (
-        f" A refund was made outside the console, at the payment provider: {made}. "
-        f"The order now has {order.refundable_amount} {order.currency} left to refund."
-    )
 
 
 def remedy_open(action: Action) -> Remedy:

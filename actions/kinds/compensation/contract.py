@@ -84,3 +84,8 @@ class CompensationKind(EffectKind):
 
     def target_label(self, action: Action) -> str:
         return f"duplicate of {action.payload.get('compensates', '-')}"
+
+
+def compensation_action_id(*, duplicate_reference: str) -> str:
+    """The compensation names the refund it recovers: one duplicate refund, one compensation."""
+    return f"{ActionKind.COMPENSATION}:{duplicate_reference}"

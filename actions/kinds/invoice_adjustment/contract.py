@@ -1,4 +1,5 @@
-"""The invoice-adjustment kind: a supplier credit note against a bill in the accounting system.
+"""The invoice-adjustment kind's contract with the engine: a supplier credit note against a bill
+in the accounting system.
 
 An agent matches supplier bills against purchase orders; where a bill fails the match it proposes
 an adjustment, which the console posts as a credit note (ACCPAYCREDIT) allocated to the bill. The
@@ -6,8 +7,8 @@ target is the bill: an approval binds the bill's version, the claim reserves the
 bill's adjustable balance (amount due - adjusted - reserved), a success books it as adjusted, and
 a final failure releases it (nobody is owed money, so no remedy opens).
 
-The second kind in this module, ``credit-note-void``, is the correction path: a duplicate credit
-note is voided through the same engine, as an action of its own.
+The correction path, ``credit-note-void``, is a kind of its own in ``void.py``: a duplicate
+credit note is voided through the same engine, as an action of its own.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from actions.kinds.base import (
     StepClass,
     lookup_from_effects,
 )
-from actions.models import Action, ActionEvent, ActionKind, ActionStatus, AdjustmentReason, Bill
+from actions.kinds.invoice_adjustment.explanations import bill_changes_since
+from actions.models import Action, ActionKind, ActionStatus, Bill
 from actions.models.actions import RESERVING_STATUSES
 from actions.providers.accounting.client import (
     AccountingClient,
@@ -282,7 +284,7 @@ class InvoiceAdjustmentKind(EffectKind):
     def target_changed_words(self, action: Action, *, shown_version: int | None) -> str:
         bill = action.bill
         assert bill is not None, "an invoice adjustment always targets a bill"
-        changes = _bill_changes_since(bill, shown_version) if shown_version is not None else []
+        changes = bill_changes_since(bill, shown_version) if shown_version is not None else []
         return (
             f"Bill {bill.number} changed since you opened this page: "
             f"{'; '.join(changes or ['its details were changed'])}. "
@@ -382,126 +384,3 @@ class InvoiceAdjustmentKind(EffectKind):
 def _bill_pk(action: Action) -> int:
     assert action.bill_id is not None, "an invoice adjustment always targets a bill"
     return action.bill_id
-
-
-def _bill_changes_since(bill: Bill, version: int) -> list[str]:
-    """What raised ``bill``'s version past ``version``, in a clerk's words: each adjustment
-    reserved on it (its reservation's event records the version it found, and raised it by
-    one), and whatever else changed the bill."""
-    reserved = list(
-        ActionEvent.objects.filter(
-            action__bill_id=bill.pk, transition="begin_submission", evidence__order_version__gte=version
-        )
-        .select_related("action")
-        .order_by("created_at", "pk")
-    )
-    changes = [f"another adjustment of {event.action.amount} {event.action.currency} went ahead" for event in reserved]
-    if bill.voided:
-        changes.append("it was voided")
-    elif bill.version - version > len(reserved):
-        changes.append("its details were changed")
-    return changes
-
-
-# --- the correction: void a credit note, through the same engine -------------------------------
-
-
-def credit_note_void_action_id(*, credit_note_id: str) -> str:
-    return f"{ActionKind.CREDIT_NOTE_VOID}:{credit_note_id}"
-
-
-class VoidReceiver:
-    """Voiding is a "set" step: VOIDED is a declared state, and setting it twice changes nothing,
-    so a lookup by the credit note's id is all reconciliation needs."""
-
-    def __init__(self, client: AccountingClient) -> None:
-        self.client = client
-        self.contract = ReceiverContract(
-            receiver="accounting system",
-            # The void carries no key the accounting system keeps: it needs none, the state is
-            # the evidence.
-            honours_keys=False,
-            key_retention=None,
-            supports_lookup=True,
-            lookup_authoritative=True,
-            lookup_visibility_delay=timedelta(0),
-            can_settle_later=False,
-            step_class=StepClass.SET,
-            correction_path="A person re-issues the credit note if a void was wrong.",
-        )
-
-    def _effect(self, note: CreditNote, action: Action) -> Effect:
-        return Effect(
-            reference=note.id,
-            status=note.status,
-            outcome=Outcome.SUCCEEDED if note.status == CreditNoteStatus.VOIDED else Outcome.NEEDS_REVIEW,
-            amount_minor=to_minor_units(note.total, note.currency) if note.currency else None,
-            currency=note.currency,
-            action_id=action.action_id,
-            raw=dict(note.raw),
-        )
-
-    def send(self, action: Action) -> Answer:
-        try:
-            note = self.client.void_credit_note(
-                credit_note_id=action.payload["credit_note"], idempotency_key=action.idempotency_key
-            )
-        except ProviderError as error:
-            if isinstance(error, AmbiguousError):
-                return Answer(outcome=Outcome.UNKNOWN, error=error)
-            return Answer(outcome=Outcome.FAILED_FINAL, error=error)
-        return self._effect(note, action).answer()
-
-    def lookup(self, action: Action) -> Lookup:
-        try:
-            note = self.client.get_credit_note(action.payload["credit_note"])
-        except NotFoundError as error:
-            return Lookup(LookupVerdict.INCONCLUSIVE, error=error, target_missing=True)
-        except ProviderError as error:
-            return Lookup(LookupVerdict.INCONCLUSIVE, error=error)
-        if note.status != CreditNoteStatus.VOIDED:
-            # Authoritative: the state is read by id, with no lag. Not voided yet means the void
-            # has not happened, and setting it again is safe.
-            return Lookup(LookupVerdict.NOT_FOUND)
-        return Lookup(LookupVerdict.FOUND, [self._effect(note, action)])
-
-    def ledger(self) -> Iterator[Effect]:
-        return iter(())
-
-
-class CreditNoteVoidKind(EffectKind):
-    name = ActionKind.CREDIT_NOTE_VOID.value
-    label = "Credit note void"
-    correction_followup = "The engine then voids the duplicate credit note."
-    owner_group = ACCOUNTS_PAYABLE
-    explanations = Explanations(
-        noun="void",
-        succeeded="The accounting system voided the credit note.",
-        pending="The accounting system is voiding the credit note.",
-        failed="The accounting system's answer proves the credit note cannot be voided",
-        on_failure="The duplicate credit note stays on record as a discrepancy for accounts payable.",
-    )
-    id_pattern = "credit-note-void:<the duplicate credit note's id>"
-    example_action_id = "credit-note-void:7d2c9a4e-0b1f-4c55-9a43-1f2e3d4c5b6a"
-    binds = "amount, currency, payload hash and expiry (it draws on no balance)"
-    # Its effect is a status on a credit note the adjustment kind's ledger already lists.
-    has_ledger = False
-
-    def receiver(self) -> VoidReceiver:
-        return VoidReceiver(accounting_from_settings())
-
-    def contract(self) -> ReceiverContract:
-        return VoidReceiver(accounting_from_settings()).contract
-
-    def request_body(self, action: Action) -> dict[str, Any]:
-        return {"credit_note": action.payload.get("credit_note"), "Status": CreditNoteStatus.VOIDED}
-
-    def auto_approval_threshold(self, currency: str) -> Decimal | None:
-        return None  # a correction is always a person's decision
-
-    def target_label(self, action: Action) -> str:
-        return f"credit note {action.payload.get('credit_note', '-')} (bill {action.payload.get('bill', '-')})"
-
-    def bind_target(self, action: Action, payload: dict[str, Any]) -> None:
-        # A void walks back a credit note posted by mistake or as a compensation: always this reason.
-        action.reason_code = AdjustmentReason.DUPLICATE_CREDIT_NOTE

@@ -1,4 +1,4 @@
-"""The supplier-email kind: telling a supplier about a change, by email.
+"""The supplier-email kind's contract with the engine: telling a supplier about a change, by email.
 
 Email is the hardest receiver there is: SMTP has no idempotency key, nobody can ask the
 supplier's mailbox whether a message arrived, and a message cannot be taken back. The contract

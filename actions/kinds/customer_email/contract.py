@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from actions.kinds.base import BindingFailure, EffectKind, Explanations, ReceiverContract
-from actions.kinds.supplier_email import CONTRACT, MailRelay, SupplierEmailKind, message_reference
+from actions.kinds.supplier_email.contract import CONTRACT, MailRelay, SupplierEmailKind, message_reference
 from actions.models import Action, ActionKind, Order
 
 

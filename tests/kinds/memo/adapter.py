@@ -1,32 +1,14 @@
-"""A kind that exists only in tests: notes pinned on an in-memory board.
-
-It shows what adding a kind costs: this one module (a receiver and an ``EffectKind``),
-registered by name. Nothing in the engine knows it. The board keeps keys for ever and can be
-looked up, like a well-behaved receiver; it has no target and reserves nothing.
-"""
+"""The memo's receiver: an in-memory board that pins a note once per key and says which it has."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
-from actions.kinds.base import (
-    Answer,
-    Effect,
-    EffectKind,
-    Explanations,
-    Lookup,
-    LookupVerdict,
-    Outcome,
-    ReceiverContract,
-    StepClass,
-)
+from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome, ReceiverContract, StepClass
 from actions.models import Action
 from actions.providers.money import to_minor_units
-
-MEMO = "memo"
 
 
 class Board:
@@ -73,33 +55,3 @@ class Board:
 
     def ledger(self) -> Iterator[Effect]:
         return iter(list(self.notes.values()))
-
-
-class MemoKind(EffectKind):
-    name = MEMO
-    label = "Memo"
-    explanations = Explanations(
-        noun="note",
-        succeeded="The board pinned the note.",
-        pending="The board is pinning the note.",
-        failed="The board refused the note",
-        on_failure="Nothing to follow up.",
-    )
-    id_pattern = "memo:<topic>:<n>"
-    example_action_id = "memo:launch:1"
-
-    def __init__(self) -> None:
-        self.board = Board()
-
-    def receiver(self) -> Board:
-        return self.board
-
-    def expected_amount_minor(self, action: Action) -> int | None:
-        return to_minor_units(action.amount, action.currency)
-
-    def target_label(self, action: Action) -> str:
-        return f"topic {action.payload.get('topic', '-')}"
-
-
-def memo_payload(*, topic: str, number: int, text: str, amount: str = "1.00", currency: str = "EUR") -> dict[str, Any]:
-    return {"kind": MEMO, "topic": topic, "n": number, "text": text, "amount": amount, "currency": currency}

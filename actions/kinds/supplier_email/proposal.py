@@ -1,0 +1,85 @@
+"""The supplier email's proposal service: validate, render the template, record
+(docs/architecture.md section 3).
+
+The checks and the rendering are in ``actions.kinds.supplier_email.checks``; the recording,
+shared by every kind, is ``actions.services.proposal_record``. Bad input raises ProposalInvalid
+naming the field and writes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from actions.foundation.trail import Actor
+from actions.kinds.supplier_email.checks import email_fields_check, email_payload, supplier_contact_resolve
+from actions.kinds.supplier_email.contract import supplier_email_action_id
+from actions.models import ActionKind
+from actions.providers.base import validate_idempotency_key
+from actions.services import (
+    ProposalResult,
+    action_new,
+    answers_a_lost_proposal_race,
+    existing_proposal,
+    payload_hash,
+    proposal_record,
+)
+
+
+@answers_a_lost_proposal_race
+def supplier_email_propose(
+    *,
+    supplier: object,
+    reference: object,
+    template: object,
+    parameters: object,
+    to: object,
+    evidence: object = "",
+    proposer: Actor,
+    now: datetime | None = None,
+) -> ProposalResult:
+    """Validate a supplier email deterministically, render it and record the proposal.
+
+    The same action id with the same rendered message returns the existing action; with a
+    different one (other parameters, another template version, another address) it is a
+    conflict. A manager always decides: an email moves no money, and no policy reads it.
+    """
+    now = now or timezone.now()
+    fields = email_fields_check(
+        supplier=supplier, reference=reference, template=template, parameters=parameters, to=to, evidence=evidence
+    )
+    with transaction.atomic(durable=True):
+        target = supplier_contact_resolve(fields)
+        action_id = supplier_email_action_id(
+            supplier=target.code, reference=fields.reference, template=fields.template.name
+        )
+        validate_idempotency_key(action_id)
+        payload = email_payload(target, fields, action_id=action_id)
+        digest = payload_hash(payload)
+        existing = existing_proposal(action_id, payload, digest)
+        if existing is not None:
+            return existing
+        action = action_new(
+            kind=ActionKind.SUPPLIER_EMAIL,
+            action_id=action_id,
+            payload=payload,
+            digest=digest,
+            proposer=proposer,
+            evidence=fields.evidence,
+            amount=Decimal("0"),
+            currency="",
+            reason_code="",
+        )
+        return proposal_record(
+            action=action,
+            proposer=proposer,
+            now=now,
+            policy_reasons=[],
+            event_evidence={"payload": payload, "payload_hash": digest, "evidence": fields.evidence},
+            auto_policy=True,
+            reason=f"Rendered from template {fields.template.name} version {fields.template.version}.",
+            savepoint=False,
+        )
