@@ -17,9 +17,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import execution_dispatch, receiver_send, sweep_expired_leases
+from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import check_effects
 from actions.engine.reconcile import reconcile_action
+from actions.engine.send import receiver_send
+from actions.engine.sweeps import sweep_expired_leases
 from actions.kinds import kind_for, register, unregister
 from actions.models import Action, ActionEvent, ActionStatus, Attempt
 from actions.services import Actor, payload_hash, proposal_record
