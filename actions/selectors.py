@@ -130,19 +130,38 @@ def _when(moment: datetime | None) -> str:
     return f"{moment:%Y-%m-%d %H:%M} UTC" if moment else "soon"
 
 
-def action_explain_status(action: Action) -> StatusExplanation:
-    """A plain-language explanation of ``action.status``: what happens next and who holds it."""
-    status = action.status
-    money = f"{action.amount} {action.currency}"
-    final = status in TERMINAL_STATUSES
-    never_again = "Do not propose it again: a new proposal for the same request returns this action."
+_NEVER_AGAIN = "Do not propose it again: a new proposal for the same request returns this action."
 
+
+def action_explain_status(action: Action) -> StatusExplanation:
+    """A plain-language explanation of ``action.status``: what happens next and who holds it.
+
+    Each stage of the action's life explains its own statuses: before anything is sent, while a
+    send's outcome is open, and once it is final.
+    """
+    money = f"{action.amount} {action.currency}"
+    for explain in (_explain_before_sending, _explain_while_open, _explain_final):
+        explanation = explain(action, money)
+        if explanation is not None:
+            return explanation
+    return StatusExplanation(
+        summary=f"The action is {action.get_status_display().lower()}.",
+        next_step="Poll this action.",
+        held_by="the console",
+        final=action.status in TERMINAL_STATUSES,
+        needs_person=False,
+    )
+
+
+def _explain_before_sending(action: Action, money: str) -> StatusExplanation | None:
+    """Proposed, approved or stale: nothing was sent to the receiver."""
+    status = action.status
     if status == S.PROPOSED:
         return StatusExplanation(
             summary=f"The refund of {money} is proposed and waits for a decision. Nothing was sent to the payment "
             "provider.",
             next_step="A manager whose approval limit covers the amount approves or rejects it. Poll this action. "
-            + never_again,
+            + _NEVER_AGAIN,
             held_by="a manager",
             final=False,
             needs_person=True,
@@ -151,7 +170,7 @@ def action_explain_status(action: Action) -> StatusExplanation:
         return StatusExplanation(
             summary=f"The refund of {money} is approved. Nothing was sent to the payment provider yet.",
             next_step="A console worker reserves the amount on the order and sends the refund, usually within "
-            f"{settings.SWEEP_INTERVAL_SECONDS} seconds. Poll this action. {never_again}",
+            f"{settings.SWEEP_INTERVAL_SECONDS} seconds. Poll this action. {_NEVER_AGAIN}",
             held_by="the console's workers",
             final=False,
             needs_person=False,
@@ -161,17 +180,23 @@ def action_explain_status(action: Action) -> StatusExplanation:
             summary="The approval no longer holds: the order changed since it was given, or it expired. Nothing was "
             "sent to the payment provider.",
             next_step="A manager asks for a new decision on the same action, or cancels it. Poll this action. "
-            + never_again,
+            + _NEVER_AGAIN,
             held_by="a manager",
             final=False,
             needs_person=True,
         )
+    return None
+
+
+def _explain_while_open(action: Action, money: str) -> StatusExplanation | None:
+    """Being sent, or sent with its final outcome not yet known: the console or a person holds it."""
+    status = action.status
     if status == S.SUBMITTING:
         return StatusExplanation(
             summary=f"The refund of {money} is being sent to the payment provider; the amount is reserved on the "
             "order.",
             next_step="The worker records the provider's answer. If the answer is unclear, the console asks the "
-            f"provider what happened before anything else. Poll this action. {never_again}",
+            f"provider what happened before anything else. Poll this action. {_NEVER_AGAIN}",
             held_by="the console's workers",
             final=False,
             needs_person=False,
@@ -207,6 +232,12 @@ def action_explain_status(action: Action) -> StatusExplanation:
             final=False,
             needs_person=True,
         )
+    return None
+
+
+def _explain_final(action: Action, money: str) -> StatusExplanation | None:
+    """Succeeded, failed, rejected or cancelled: nothing changes any more."""
+    status = action.status
     if status == S.SUCCEEDED:
         reference = f" (provider reference {action.provider_reference})" if action.provider_reference else ""
         return StatusExplanation(
@@ -244,13 +275,7 @@ def action_explain_status(action: Action) -> StatusExplanation:
             final=True,
             needs_person=False,
         )
-    return StatusExplanation(
-        summary=f"The action is {action.get_status_display().lower()}.",
-        next_step="Poll this action.",
-        held_by="the console",
-        final=final,
-        needs_person=False,
-    )
+    return None
 
 
 def refund_request_by_reference(

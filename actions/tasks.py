@@ -14,11 +14,11 @@ from django.utils import timezone
 
 from actions.agents.webhooks import webhook_deliver, webhook_sweep_due
 from actions.engine.dispatch import execution_dispatch
-from actions.engine.dispatch import sweep_authorized as sweep_authorized_run
-from actions.engine.dispatch import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.housekeeping import attempts_prune_bodies
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
+from actions.engine.sweeps import sweep_authorized as sweep_authorized_run
+from actions.engine.sweeps import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.throttle import dispatch_wait, reconcile_wait, republish_delay
 from actions.foundation.publish import queue_backlog
 from actions.foundation.schedule import once_per_period

@@ -2,7 +2,7 @@
 
 Only the agent's owner sees it; anyone else (admins included) gets the same 404 as for an
 agent that does not exist. Token issue, rotation and revocation post to the views in
-console.account (issue 15), which keep the security trail; the webhook's URL and secret
+console.account, which keep the security trail (one place for the token's rules); the webhook's URL and secret
 changes are written to the same trail (actions.agents.webhooks).
 """
 

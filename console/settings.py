@@ -363,7 +363,7 @@ SWEEP_INTERVAL_SECONDS: int = env_int("SWEEP_INTERVAL_SECONDS", 10)
 # How many AUTHORIZED actions one claim transaction takes (the AUTHORIZED sweep and the
 # dispatcher process, actions.engine.dispatcher): one commit for the batch, each action with its
 # own lease. The sweep sends its batch one call after another, so it also keeps the batch small
-# enough for the last lease to outlast the calls before it (actions.engine.dispatch).
+# enough for the last lease to outlast the calls before it (actions.engine.sweeps).
 DISPATCH_BATCH_SIZE: int = env_int("DISPATCH_BATCH_SIZE", 16)
 # Off where the dispatcher process runs (`manage.py dispatcher`): approvals then publish no
 # Celery dispatch per action, the dispatcher claims them from the table (actions.foundation.publish).

@@ -27,8 +27,8 @@ LONG_FUNCTION_LINES = 80
 LONG_MODULE_EXCEPTIONS: frozenset[str] = frozenset()
 
 CEILINGS = {
-    "modules over 600 lines": 1,
-    "functions over 80 lines": 4,
+    "modules over 600 lines": 0,
+    "functions over 80 lines": 0,
     "modules loose at the top of actions/": 9,
     "app modules in no import-linter layer": 0,
     "private names imported across modules": 0,

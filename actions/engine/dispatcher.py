@@ -48,8 +48,9 @@ from django.conf import settings
 from django.db import connection
 
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin_batch
-from actions.engine.dispatch import Sent, submission_record_group, submission_send
 from actions.engine.faults import fault_point
+from actions.engine.record import submission_record_group
+from actions.engine.send import Sent, submission_send
 from actions.engine.throttle import throttle_wait, throttling_enabled
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for

@@ -30,16 +30,12 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from actions.engine.dispatch import (
-    action_escalate,
-    apply_outcome,
-    next_reconcile_time,
-    not_before_retry_after,
-    receiver_for,
-    submission_send_and_record,
-)
+from actions.engine.dispatch import submission_send_and_record
+from actions.engine.escalation import action_escalate
 from actions.engine.faults import fault_point
 from actions.engine.leases import Lease, lease_take
+from actions.engine.outcomes import apply_outcome, next_reconcile_time, not_before_retry_after
+from actions.engine.send import receiver_for
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
@@ -192,7 +188,11 @@ def _record(
 ) -> str | Lease:
     """Record one pass. ``now`` is the time of the claim, so the lookup started no earlier: every
     decision (visibility delay, key retention, the failure window) is taken as of that instant,
-    never as of the later moment the answer is recorded."""
+    never as of the later moment the answer is recorded.
+
+    The lookup goes on its attempt whether or not the pass still holds the lease; then, for the
+    holder, each verdict has its step: found (``apply_outcome``), duplicate, not found,
+    inconclusive, and a settling action's poll (``_record_settling``)."""
     with transaction.atomic(durable=True):
         action = Action.objects.select_for_update().get(pk=action_pk)
         holds = action.status in (S.UNKNOWN, S.SETTLING) and action.lease_token == token
@@ -233,65 +233,82 @@ def _record(
                 evidence=evidence,
             )
         if lookup.verdict == LookupVerdict.DUPLICATE:
-            references = [effect.reference for effect in lookup.effects]
-            Discrepancy.objects.create(
-                kind=DiscrepancyKind.DUPLICATE_EFFECT,
-                action=action,
-                provider_reference=references[0],
-                details={"effects": references, "found_by": "reconciliation"},
-            )
-            action_escalate(
-                action=action,
-                actor=ACTOR,
-                now=now,
-                reason=f"The receiver has {len(references)} effects for this action ({', '.join(references)}).",
-                evidence={**evidence, "effects": references},
-            )
-            return action.status
+            return _record_duplicate(action=action, lookup=lookup, now=now, evidence=evidence)
         if lookup.verdict == LookupVerdict.NOT_FOUND:
-            if action.attempt_count >= settings.RECONCILE_MAX_FAILURES:
-                # Every send so far was answered ambiguously and left no effect: sending again
-                # would only repeat that, so the escalation policy applies to retries too.
-                action_escalate(
-                    action=action,
-                    actor=ACTOR,
-                    now=now,
-                    reason=f"Sent {action.attempt_count} times with the same key and still nothing at the "
-                    f"receiver (policy: {settings.RECONCILE_MAX_FAILURES}).",
-                    evidence=evidence,
-                )
-                return action.status
-            allowed, why = retry_allowed(action=action, contract=contract, now=now)
-            if allowed:
-                return _retry(action=action, now=now, reason=why, evidence=evidence)
-            if not contract.lookup_authoritative:
-                # No later lookup can turn this not-found into evidence for a retry.
-                action_escalate(action=action, actor=ACTOR, now=now, reason=why, evidence=evidence)
-                return action.status
-            action.next_reconcile_at = next_reconcile_time(action=action, now=now)
-            action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at"])
-            return "too_early"
+            return _record_not_found(action=action, contract=contract, now=now, evidence=evidence)
+        return _record_inconclusive(action=action, lookup=lookup, now=now, evidence=evidence)
 
-        # Inconclusive: count it against the escalation policy.
-        failures = _failures_in_window(action, now)
-        action.reconcile_failures = failures
-        if failures >= settings.RECONCILE_MAX_FAILURES:
-            action_escalate(
-                action=action,
-                actor=ACTOR,
-                now=now,
-                reason=f"{failures} reconciliation attempts in a row could not reach a conclusion "
-                f"(policy: {settings.RECONCILE_MAX_FAILURES} within {settings.RECONCILE_WINDOW_SECONDS // 3600} h). "
-                f"Last error: {lookup.error}.",
-                evidence=evidence,
-            )
-            return action.status
-        # A rate-limited lookup (429 with Retry-After) is not asked again before the receiver said.
-        action.next_reconcile_at = not_before_retry_after(
-            action=action, error=lookup.error, due=next_reconcile_time(action=action, now=now), now=now
+
+def _record_duplicate(*, action: Action, lookup: Lookup, now: datetime, evidence: dict[str, Any]) -> str:
+    """The receiver holds more than one effect for the action: a discrepancy, and a person."""
+    references = [effect.reference for effect in lookup.effects]
+    Discrepancy.objects.create(
+        kind=DiscrepancyKind.DUPLICATE_EFFECT,
+        action=action,
+        provider_reference=references[0],
+        details={"effects": references, "found_by": "reconciliation"},
+    )
+    action_escalate(
+        action=action,
+        actor=ACTOR,
+        now=now,
+        reason=f"The receiver has {len(references)} effects for this action ({', '.join(references)}).",
+        evidence={**evidence, "effects": references},
+    )
+    return action.status
+
+
+def _record_not_found(
+    *, action: Action, contract: ReceiverContract, now: datetime, evidence: dict[str, Any]
+) -> str | Lease:
+    """Nothing at the receiver: a retry with the same key where the contract allows it, a person
+    where no later lookup could allow it, otherwise another lookup later."""
+    if action.attempt_count >= settings.RECONCILE_MAX_FAILURES:
+        # Every send so far was answered ambiguously and left no effect: sending again
+        # would only repeat that, so the escalation policy applies to retries too.
+        action_escalate(
+            action=action,
+            actor=ACTOR,
+            now=now,
+            reason=f"Sent {action.attempt_count} times with the same key and still nothing at the "
+            f"receiver (policy: {settings.RECONCILE_MAX_FAILURES}).",
+            evidence=evidence,
         )
-        action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at", "reconcile_failures"])
-        return "inconclusive"
+        return action.status
+    allowed, why = retry_allowed(action=action, contract=contract, now=now)
+    if allowed:
+        return _retry(action=action, now=now, reason=why, evidence=evidence)
+    if not contract.lookup_authoritative:
+        # No later lookup can turn this not-found into evidence for a retry.
+        action_escalate(action=action, actor=ACTOR, now=now, reason=why, evidence=evidence)
+        return action.status
+    action.next_reconcile_at = next_reconcile_time(action=action, now=now)
+    action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at"])
+    return "too_early"
+
+
+def _record_inconclusive(*, action: Action, lookup: Lookup, now: datetime, evidence: dict[str, Any]) -> str:
+    """The lookup reached no conclusion: it counts against the escalation policy, and the
+    receiver is asked again later."""
+    failures = _failures_in_window(action, now)
+    action.reconcile_failures = failures
+    if failures >= settings.RECONCILE_MAX_FAILURES:
+        action_escalate(
+            action=action,
+            actor=ACTOR,
+            now=now,
+            reason=f"{failures} reconciliation attempts in a row could not reach a conclusion "
+            f"(policy: {settings.RECONCILE_MAX_FAILURES} within {settings.RECONCILE_WINDOW_SECONDS // 3600} h). "
+            f"Last error: {lookup.error}.",
+            evidence=evidence,
+        )
+        return action.status
+    # A rate-limited lookup (429 with Retry-After) is not asked again before the receiver said.
+    action.next_reconcile_at = not_before_retry_after(
+        action=action, error=lookup.error, due=next_reconcile_time(action=action, now=now), now=now
+    )
+    action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at", "reconcile_failures"])
+    return "inconclusive"
 
 
 def _record_settling(*, action: Action, lookup: Lookup, now: datetime, evidence: dict[str, Any]) -> str:

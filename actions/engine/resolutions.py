@@ -22,8 +22,9 @@ from django.utils import timezone
 from django_fsm import has_transition_perm
 
 from actions import permissions as perms
-from actions.engine.dispatch import outcome_book, receiver_for, submission_send_and_record
+from actions.engine.dispatch import submission_send_and_record
 from actions.engine.leases import Lease, lease_take
+from actions.engine.outcomes import outcome_book
 from actions.engine.reconcile import receiver_lookup
 from actions.engine.resolution_checks import (
     ReviewRefused,
@@ -42,6 +43,7 @@ from actions.engine.resolution_checks import (
     review_stamp,
     review_text,
 )
+from actions.engine.send import receiver_for
 from actions.foundation.trail import RESEND_TRANSITION, Actor, action_transition
 from actions.kinds import kind_for
 from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract

@@ -76,9 +76,10 @@ class _PoolPerThreadClient(stripe.HTTPClient):
     urllib3 is what ``requests`` sends through. Calling it directly skips what ``requests`` does
     around each call (the request prepared and hooked, cookies, settings merged, the response
     wrapped): measured on this machine, 1.35 ms of client CPU per refund call through a
-    ``requests.Session`` against 0.76 ms through urllib3, on a P-a budget of 5 ms per action
-    (issue 18). Everything above the transport (headers, idempotency keys, errors by status) is
-    still the SDK's. Used when no proxy applies to the receiver (``_http_client_for``).
+    ``requests.Session`` against 0.76 ms through urllib3, on a P-a budget of 5 ms per action (the
+    dispatcher's CPU per action, README "Benchmark"). Everything above the transport (headers,
+    idempotency keys, errors by status) is still the SDK's. Used when no proxy applies to the
+    receiver (``_http_client_for``).
 
     Errors are the SDK's ``APIConnectionError``, as its own clients raise them, and the adapter
     maps every one to ambiguous: a timeout or a dropped connection may follow an executed

@@ -3,7 +3,7 @@ and ``{% age time %}``. Built into every template (settings.TEMPLATES' ``builtin
 
 These were two ``{% include %}`` templates. A search or a queue page shows a hundred rows with
 two or three of them each, and an include costs far more than a call (a new context, a template
-lookup, a node walk): at 102 rows they were about half of the search page's time (issue 18, P-e;
+lookup, a node walk): at 102 rows they were about half of the search page's time (P-e,
 ``tests/bench/bench_scale.py``). The output is the same markup the includes wrote.
 """
 

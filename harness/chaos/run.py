@@ -18,19 +18,19 @@ while they flow it:
 Then it drains (faults off, no more kills) until every action is terminal or in NEEDS_REVIEW,
 with a deadline, and checks invariants 1, 2, 5 and 8 against the sandbox's own ledger.
 
-Invoice adjustments go through the same run (issue 12): a share of the actions (at least a third
-by default) are credit notes against supplier bills in the accounting sandbox, a second receiver
-with its own faults, outage and ledger. The report gives duplicates and lost per kind, and audits
-the accounting sandbox's own ledger on its own terms: at most one live credit note per action,
-exactly one for every SUCCEEDED adjustment, and per bill no more credited than its original
-amount due.
+Invoice adjustments go through the same run, so that a second receiver's faults are proven too:
+a share of the actions (at least a third by default) are credit notes against supplier bills in
+the accounting sandbox, a second receiver with its own faults, outage and ledger. The report
+gives duplicates and lost per kind, and audits the accounting sandbox's own ledger on its own
+terms: at most one live credit note per action, exactly one for every SUCCEEDED adjustment, and
+per bill no more credited than its original amount due.
 
-Supplier emails go through the same run (issue 13): the agent proposes them through the API, the
-scripted manager approves them, and the mail sandbox refuses some before DATA, rejects some,
-and stores some and drops the connection. Every ambiguous send must end in NEEDS_REVIEW with an
-owner; after the drain a scripted member of finance resolves each one (confirm delivered when
-the relay's list has the message, else send again, a recorded decision), and the audit checks
-that no email reached the relay twice without such a decision.
+Supplier emails go through the same run, for a receiver with no lookup and no keys: the agent
+proposes them through the API, the scripted manager approves them, and the mail sandbox refuses
+some before DATA, rejects some, and stores some and drops the connection. Every ambiguous send
+must end in NEEDS_REVIEW with an owner; after the drain a scripted member of finance resolves
+each one (confirm delivered when the relay's list has the message, else send again, a recorded
+decision), and the audit checks that no email reached the relay twice without such a decision.
 
 Used by ``manage.py chaos_run`` (large runs) and by tests/chaos (a small run in CI).
 """
@@ -144,8 +144,8 @@ class ChaosConfig:
     """Defaults sized for a 2-core machine: a few hundred actions in a few minutes."""
 
     actions: int = 300  # refunds and invoice adjustments together (the emails come on top)
-    # The share of ``actions`` that are invoice adjustments (issue 12 asks for at least a third);
-    # 0 runs refunds only and starts no accounting sandbox.
+    # The share of ``actions`` that are invoice adjustments (at least a third, so that the second
+    # receiver's faults are exercised as often as the first's); 0 runs refunds only and starts no accounting sandbox.
     adjustment_share: float = 0.4
     workers: int = 3
     # The concurrent profile: this many dispatcher processes (manage.py dispatcher) beside the
@@ -188,7 +188,7 @@ class ChaosConfig:
     outage_creates_seconds: float = 20.0  # creates fail for this first part of the outage, lookups for all of it
     finance_resolves: bool = True
     # Workflows (po_mismatch_resolution) as a share of the run's work: single actions, emails and
-    # workflows together (issue 14 asks for at least 10%). Needs the accounting sandbox.
+    # workflows together (at least 10%, enough coordinators to crash mid-step). Needs the accounting sandbox.
     workflow_share: float = 0.12
 
     @property
@@ -546,7 +546,7 @@ class ChaosRun:
         )
 
     def start_accounting_sandbox(self) -> None:
-        """The accounting sandbox (issue 12), with the run's key retention and lookup lag; this
+        """The accounting sandbox (the invoice adjustments' receiver), with the run's key retention and lookup lag; this
         process's accounting settings point at it too (finance's lookups, the audit's ledger)."""
         port = _free_port()
         self.accounting_url = f"http://127.0.0.1:{port}"

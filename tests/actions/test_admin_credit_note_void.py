@@ -17,8 +17,8 @@ from django.test import Client
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import submission_record
 from actions.engine.ledger import ledger_audit_run
+from actions.engine.record import submission_record
 from actions.kinds.base import Answer, Effect
 from actions.kinds.invoice_adjustment.contract import adjustment_contract, effect_from_credit_note
 from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
@@ -183,9 +183,7 @@ def test_the_void_is_offered_only_for_a_succeeded_adjustment(
 
 
 @pytest.mark.parametrize("role", ["manager", "finance", "accounts payable"])
-def test_staff_without_the_admin_role_cannot_void(
-    client: Client, role: str, agent_actor: Actor, manager: Any
-) -> None:
+def test_staff_without_the_admin_role_cannot_void(client: Client, role: str, agent_actor: Actor, manager: Any) -> None:
     """Invariant 10: only admins correct."""
     original = succeeded_adjustment(agent_actor, manager)
     duplicate_credit_note_found(original)

@@ -19,8 +19,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from actions.engine import dispatch
-from actions.engine.dispatch import apply_outcome, submission_record
+from actions.engine import outcomes
+from actions.engine.outcomes import apply_outcome
+from actions.engine.record import submission_record
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.contract import answer_from_refund
@@ -170,7 +171,7 @@ def test_an_answer_recorded_from_the_claims_copy_keeps_the_owner_finance_gave_it
 def test_submitting_and_inconclusive_is_unknown_and_reconciled_after_the_backoff(
     agent_actor: Actor, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "random", SimpleNamespace(uniform=lambda low, high: 0.0))
+    monkeypatch.setattr(outcomes, "random", SimpleNamespace(uniform=lambda low, high: 0.0))
     action = submitting(agent_actor)
     answer, now = Answer(Outcome.UNKNOWN, error=AmbiguousError("read timed out", code="timeout")), timezone.now()
 
@@ -193,7 +194,7 @@ def test_an_inconclusive_answer_without_a_retry_after_is_reconciled_after_the_us
     providers' errors carry a Retry-After. Any other inconclusive answer is reconciled after
     the usual backoff, rather than failing the record (the action would then wait for its lease
     to run out before anyone asked the receiver)."""
-    monkeypatch.setattr(dispatch, "random", SimpleNamespace(uniform=lambda low, high: 0.0))
+    monkeypatch.setattr(outcomes, "random", SimpleNamespace(uniform=lambda low, high: 0.0))
     action = submitting(agent_actor)
     now = timezone.now()
 

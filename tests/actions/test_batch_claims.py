@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from actions.engine import leases
 from actions.engine.claim import ClaimOutcome, submission_begin_batch
-from actions.engine.dispatch import sweep_authorized, sweep_batch_size
+from actions.engine.sweeps import sweep_authorized, sweep_batch_size
 from actions.kinds import kind_for
 from actions.models import Action, ActionEvent, ActionStatus, AgentWebhook, AgentWebhookDelivery, Attempt, Order
 from actions.services import Actor
@@ -305,8 +305,8 @@ def test_the_sweep_sends_every_lost_publish_through_batched_claims(
         sent.append((action.pk, lease_token))
         return "sent"
 
-    monkeypatch.setattr("actions.engine.dispatch.submission_begin_batch", counting_batch)
-    monkeypatch.setattr("actions.engine.dispatch.submission_send_and_record", send)
+    monkeypatch.setattr("actions.engine.sweeps.submission_begin_batch", counting_batch)
+    monkeypatch.setattr("actions.engine.sweeps.submission_send_and_record", send)
 
     assert sweep_authorized(now=timezone.now() + timedelta(minutes=1)) == 5
 

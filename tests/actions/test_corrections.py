@@ -18,9 +18,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import action_escalate, execution_dispatch, submission_record
+from actions.engine.dispatch import execution_dispatch
+from actions.engine.escalation import action_escalate
 from actions.engine.invariants import check_effects
 from actions.engine.ledger import ledger_audit_run
+from actions.engine.record import submission_record
 from actions.engine.resolutions import action_resolve_succeeded
 from actions.kinds.base import Answer
 from actions.kinds.refund.contract import RefundReceiver, answer_from_refund

@@ -16,14 +16,11 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions.engine import dispatch
-from actions.engine.dispatch import (
-    execution_dispatch,
-    next_reconcile_time,
-    receiver_send,
-    submission_record,
-    submission_send_and_record,
-)
+from actions.engine import outcomes, send
+from actions.engine.dispatch import execution_dispatch, submission_send_and_record
+from actions.engine.outcomes import next_reconcile_time
+from actions.engine.record import submission_record
+from actions.engine.send import receiver_send
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.contract import RefundReceiver, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus
@@ -72,7 +69,7 @@ def test_without_a_receiver_the_actions_own_kind_sends_it(
         asked_for.append(of)
         return receiver
 
-    monkeypatch.setattr(dispatch, "receiver_for", receiver_for)
+    monkeypatch.setattr(send, "receiver_for", receiver_for)
 
     answer = receiver_send(action=action)
 
@@ -141,7 +138,7 @@ def test_reconciliation_backs_off_by_doubling_up_to_64_times_with_a_quarter_of_j
         drawn.append((low, high))
         return high
 
-    monkeypatch.setattr(dispatch, "random", SimpleNamespace(uniform=uniform))
+    monkeypatch.setattr(outcomes, "random", SimpleNamespace(uniform=uniform))
     now = timezone.now()
     contract = refund_contract(guarantees(keys=True, lookup=True, authoritative=True, visibility=timedelta(seconds=5)))
     action = SimpleNamespace(reconcile_failures=failures, kind="refund")
@@ -155,7 +152,7 @@ def test_reconciliation_backs_off_by_doubling_up_to_64_times_with_a_quarter_of_j
 
 def test_a_negative_visibility_delay_counts_as_none(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     settings.RECONCILE_BASE_BACKOFF_SECONDS = 10
-    monkeypatch.setattr(dispatch, "random", SimpleNamespace(uniform=lambda low, high: low))
+    monkeypatch.setattr(outcomes, "random", SimpleNamespace(uniform=lambda low, high: low))
     now = timezone.now()
     early = guarantees(keys=True, lookup=True, authoritative=True, visibility=timedelta(seconds=-30))
     action = SimpleNamespace(reconcile_failures=0)
@@ -177,7 +174,7 @@ def test_a_dispatch_message_waits_for_a_row_lock_rather_than_dropping_the_action
     worker is already on it.)"""
     action = authorized_refund(agent_actor)
     fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
-    monkeypatch.setattr(dispatch, "receiver_for", lambda of: RefundReceiver(fake))
+    monkeypatch.setattr(send, "receiver_for", lambda of: RefundReceiver(fake))
     other_session.execute("SELECT id FROM actions_action WHERE id = %s FOR UPDATE", [action.pk])
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")

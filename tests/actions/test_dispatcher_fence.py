@@ -24,8 +24,9 @@ import pytest
 from django.conf import settings
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import submission_record, sweep_expired_leases
 from actions.engine.reconcile import reconcile_action, reconcile_claim
+from actions.engine.record import submission_record
+from actions.engine.sweeps import sweep_expired_leases
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.contract import RefundReceiver, answer_from_refund
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind, Order, Remedy

@@ -21,8 +21,9 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.utils import timezone
 
-from actions.engine.dispatch import submission_record, sweep_expired_leases
 from actions.engine.reconcile import reconcile_claim
+from actions.engine.record import submission_record
+from actions.engine.sweeps import sweep_expired_leases
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.contract import answer_from_refund, refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order, OwnerGroup, Remedy

@@ -1,4 +1,4 @@
-"""Guards around the receiver call in actions.engine.dispatch."""
+"""Guards around the receiver call in actions.engine.send."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.engine import dispatch
+from actions.engine import send
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import submission_send_and_record, sweep_expired_leases
+from actions.engine.dispatch import submission_send_and_record
+from actions.engine.sweeps import sweep_expired_leases
 from actions.kinds.base import Answer, Effect, Outcome
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Attempt
@@ -163,7 +164,7 @@ def test_a_call_is_made_when_the_lease_outlasts_it_by_exactly_the_provider_timeo
     margin = timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
 
     def send_at(claim: Any, now: Any) -> str:
-        monkeypatch.setattr(dispatch, "timezone", SimpleNamespace(now=lambda: now))
+        monkeypatch.setattr(send, "timezone", SimpleNamespace(now=lambda: now))
         return submission_send_and_record(
             action=claim.action,
             attempt=claim.attempt,

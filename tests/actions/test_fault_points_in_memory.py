@@ -179,7 +179,7 @@ def test_the_dispatcher_process_passes_the_same_points_in_the_same_order(
     claim = submission_begin(action_pk=authorized_refund(agent_actor).pk)
     assert claim.action is not None and claim.attempt is not None
     fake = FakeReceiver(guarantees(keys=True, lookup=True, authoritative=True))
-    monkeypatch.setattr("actions.engine.dispatch.receiver_for", lambda action: RefundReceiver(fake))
+    monkeypatch.setattr("actions.engine.send.receiver_for", lambda action: RefundReceiver(fake))
 
     with pytest.raises(Killed):
         _send_and_record(claim, RecordGroups())

@@ -23,7 +23,8 @@ from django.utils import timezone
 
 from actions.engine import resolutions
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import action_escalate, submission_record
+from actions.engine.escalation import action_escalate
+from actions.engine.record import submission_record
 from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.contract import answer_from_refund, provider_from_settings
@@ -141,8 +142,7 @@ def escalated(proposer: Actor, *, owner: Any = None, due_at: datetime | None = N
 def settling(proposer: Actor) -> Action:
     action = answered(
         proposer,
-        lambda a: answer_from_refund(provider_refund(a, reference=f"re_pending_{a.pk}", status=RefundStatus.PENDING)
-        ),
+        lambda a: answer_from_refund(provider_refund(a, reference=f"re_pending_{a.pk}", status=RefundStatus.PENDING)),
     )
     assert action.status == S.SETTLING
     return action
@@ -151,8 +151,7 @@ def settling(proposer: Actor) -> Action:
 def succeeded(proposer: Actor) -> Action:
     action = answered(
         proposer,
-        lambda a: answer_from_refund(provider_refund(a, reference=f"re_done_{a.pk}", status=RefundStatus.SUCCEEDED)
-        ),
+        lambda a: answer_from_refund(provider_refund(a, reference=f"re_done_{a.pk}", status=RefundStatus.SUCCEEDED)),
     )
     assert action.status == S.SUCCEEDED
     return action
@@ -385,9 +384,7 @@ def test_a_retry_after_a_fresh_not_found_sends_once_more_with_the_same_key_and_s
     looked = resolutions.action_lookup(action_pk=action.pk, user=finance)
     assert looked.attempt.outcome == "not_found"
 
-    result = resolutions.action_resolve_retry(
-        action_pk=action.pk, user=finance, reason="Not at the provider; resend."
-    )
+    result = resolutions.action_resolve_retry(action_pk=action.pk, user=finance, reason="Not at the provider; resend.")
 
     action = Action.objects.get(pk=action.pk)
     assert result.outcome == S.SUCCEEDED
@@ -513,9 +510,7 @@ def _provider_must_not_be_called() -> Any:
         lambda pk, user: resolutions.action_resolve_succeeded(
             action_pk=pk, user=user, provider_reference="re_1", reason="r"
         ),
-        lambda pk, user: resolutions.action_resolve_failed(
-            action_pk=pk, user=user, reason="r", remedy_kind="cheque"
-        ),
+        lambda pk, user: resolutions.action_resolve_failed(action_pk=pk, user=user, reason="r", remedy_kind="cheque"),
         lambda pk, user: resolutions.action_resolve_retry(action_pk=pk, user=user, reason="r"),
         lambda pk, user: resolutions.action_lookup(action_pk=pk, user=user),
         lambda pk, user: finance_services.action_assign(action_pk=pk, user=user),
@@ -659,9 +654,7 @@ def test_with_review_owners_only_finance_cannot_act_on_a_colleagues_action(
     attempts = [
         lambda: finance_services.action_assign(action_pk=theirs.pk, user=finance),
         lambda: resolutions.action_lookup(action_pk=theirs.pk, user=finance),
-        lambda: resolutions.action_resolve_failed(
-            action_pk=theirs.pk, user=finance, reason="r", remedy_kind="cheque"
-        ),
+        lambda: resolutions.action_resolve_failed(action_pk=theirs.pk, user=finance, reason="r", remedy_kind="cheque"),
         lambda: resolutions.action_resolve_retry(action_pk=theirs.pk, user=finance, reason="r"),
     ]
     for attempt in attempts:

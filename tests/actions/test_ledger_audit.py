@@ -20,8 +20,8 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import submission_record
 from actions.engine.ledger import ledger_audit_run
+from actions.engine.record import submission_record
 from actions.kinds.refund.contract import RefundReceiver, answer_from_refund, provider_from_settings
 from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
 from actions.providers.base import ProviderRefund, RefundStatus

@@ -15,7 +15,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import sweep_expired_leases
+from actions.engine.sweeps import sweep_expired_leases
 from actions.models import Action, ActionStatus
 from actions.services import Actor
 from tests.actions.test_reconciliation import authorized_refund

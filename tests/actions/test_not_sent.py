@@ -4,7 +4,7 @@ The lease holder's record sends the action back to AUTHORIZED under the same app
 what its claim reserved (the next claim reserves it anew); after ``NOT_SENT_MAX_ATTEMPTS`` refusals
 it goes to a named person instead of being asked for ever (invariant 8). The supplier email's
 tests (tests/kinds) reach this through a real SMTP relay; these drive the record directly with a
-refund, in memory, so the mutation subset reaches ``actions.engine.dispatch._not_sent`` (its 31
+refund, in memory, so the mutation subset reaches ``actions.engine.outcomes._not_sent`` (its 31
 mutants had no test in that subset: tests/MUTATION.md, sixth batch).
 """
 
@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import submission_record
+from actions.engine.record import submission_record
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Outcome
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, Order

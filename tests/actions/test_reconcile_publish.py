@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 
 from actions.engine.claim import submission_begin
-from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_claim, reconcile_due, reconcile_publish_due
+from actions.engine.record import submission_record
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus

@@ -25,8 +25,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import execution_dispatch, submission_record
+from actions.engine.dispatch import execution_dispatch
 from actions.engine.reconcile import reconcile_action, reconcile_due
+from actions.engine.record import submission_record
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.contract import RefundReceiver, provider_from_settings
 from actions.kinds.refund.proposal import action_propose_refund

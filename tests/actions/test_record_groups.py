@@ -19,8 +19,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from actions.engine.dispatch import Sent, submission_record_group
 from actions.engine.dispatcher import RecordGroups
+from actions.engine.record import submission_record_group
+from actions.engine.send import Sent
 from actions.kinds import kind_for
 from actions.models import Action, ActionEvent, ActionStatus, AgentWebhook, AgentWebhookDelivery, Attempt, Order
 from actions.services import Actor

@@ -19,8 +19,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions.engine.dispatch import submission_record
 from actions.engine.reconcile import reconcile_action
+from actions.engine.record import submission_record
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
 from actions.kinds.refund.contract import refund_contract
 from actions.models import Action, ActionEvent, ActionStatus, Attempt, AttemptKind

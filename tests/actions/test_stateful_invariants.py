@@ -32,9 +32,11 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from actions.engine import dispatch as execution
 from actions.engine import reconcile as reconciliation
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.record import submission_record
+from actions.engine.send import receiver_send
+from actions.engine.sweeps import sweep_expired_leases
 from actions.kinds.fields import ProposalInvalid
 from actions.kinds.refund.contract import RefundReceiver
 from actions.kinds.refund.proposal import action_propose_refund
@@ -290,15 +292,15 @@ class ServicesMachine(RuleBasedStateMachine):
         if claim.outcome != ClaimOutcome.CLAIMED or crash == "after_claim":
             return
         assert claim.action is not None and claim.attempt is not None and claim.lease_token is not None
-        answer = execution.receiver_send(action=claim.action, receiver=RefundReceiver(self.receiver))
+        answer = receiver_send(action=claim.action, receiver=RefundReceiver(self.receiver))
         if crash == "after_answer":
             return
-        execution.submission_record(
+        submission_record(
             action_pk=action.pk, attempt_pk=claim.attempt.pk, lease_token=claim.lease_token, answer=answer
         )
 
     def lease_sweeper_runs(self) -> None:
-        execution.sweep_expired_leases(now=self.now)
+        sweep_expired_leases(now=self.now)
 
     def reconciler_runs(self, index: int, mode: str, lookups_down: bool) -> None:
         action = self._pick(index, S.UNKNOWN, S.SETTLING)

@@ -1,4 +1,4 @@
-"""The AUTHORIZED sweep (``actions.engine.dispatch.sweep_authorized``), both of its paths.
+"""The AUTHORIZED sweep (``actions.engine.sweeps.sweep_authorized``), both of its paths.
 
 The sweep sends what a lost publish left AUTHORIZED (invariant 8): after a grace period that
 leaves fresh approvals to their own publish, within a time budget, at most ``limit`` actions,
@@ -24,8 +24,9 @@ from django.contrib.auth.models import Group
 from django.db import connection, transaction
 from django.utils import timezone
 
-from actions.engine import dispatch
-from actions.engine.dispatch import action_escalate, sweep_authorized, sweep_batch_size
+from actions.engine import send, sweeps
+from actions.engine.escalation import action_escalate
+from actions.engine.sweeps import sweep_authorized, sweep_batch_size
 from actions.kinds import kind_for
 from actions.kinds.refund.contract import RefundReceiver
 from actions.models import Action, ActionStatus, Attempt
@@ -68,7 +69,7 @@ class OneSecondReceiver(FakeReceiver):
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(dispatch, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(sweeps, "time", SimpleNamespace(monotonic=clock.monotonic))
     return clock
 
 
@@ -77,7 +78,7 @@ def receiver(monkeypatch: pytest.MonkeyPatch, clock: Clock, dispatched: list[int
     fake = OneSecondReceiver(
         guarantees(keys=True, lookup=True, authoritative=True, key_retention=timedelta(hours=24)), clock=clock
     )
-    monkeypatch.setattr(dispatch, "receiver_for", lambda action: RefundReceiver(fake))
+    monkeypatch.setattr(send, "receiver_for", lambda action: RefundReceiver(fake))
     return fake
 
 
@@ -94,7 +95,7 @@ def path(request: pytest.FixtureRequest, settings: Any, monkeypatch: pytest.Monk
     settings.DISPATCH_BATCH_SIZE = 1
     if request.param == "throttled":
         settings.RECEIVER_RATE_LIMITS = {"a receiver": "100/second"}
-        monkeypatch.setattr(dispatch, "dispatch_wait", lambda *, action_pk: 0.0)
+        monkeypatch.setattr(sweeps, "dispatch_wait", lambda *, action_pk: 0.0)
     else:
         settings.RECEIVER_RATE_LIMITS = {}
     return str(request.param)
@@ -206,7 +207,7 @@ def test_a_send_that_raises_is_logged_and_the_rest_of_the_batch_is_still_sent(
     assert sweep_authorized() == 2
 
     assert statuses([broken, fine]) == [S.SUBMITTING, S.SUCCEEDED]
-    failure = next(r for r in caplog.records if r.name == "actions.engine.dispatch" and r.exc_info)
+    failure = next(r for r in caplog.records if r.name == "actions.engine.sweeps" and r.exc_info)
     assert failure.getMessage() == f"action_id={broken.action_id}: its send or record failed"
     assert failure.exc_info is not None and isinstance(failure.exc_info[1], RuntimeError)
 
@@ -222,7 +223,7 @@ def test_with_rate_limits_an_action_whose_receiver_has_no_token_is_skipped_not_w
     settings.RECEIVER_RATE_LIMITS = {"a receiver": "100/second"}
     first, second, third = aged(agent_actor, 3)
     waits = {first.pk: 0.5, second.pk: 0.0, third.pk: 2.0}
-    monkeypatch.setattr(dispatch, "dispatch_wait", lambda *, action_pk: waits[action_pk])
+    monkeypatch.setattr(sweeps, "dispatch_wait", lambda *, action_pk: waits[action_pk])
 
     assert sweep_authorized() == 1
 
@@ -240,7 +241,7 @@ def test_with_rate_limits_a_row_another_worker_holds_is_skipped_and_not_counted(
     would turn a wait into an error here). Neither that row (TAKEN) nor one whose approval expired
     (STALE) counts as sent."""
     settings.RECEIVER_RATE_LIMITS = {"a receiver": "100/second"}
-    monkeypatch.setattr(dispatch, "dispatch_wait", lambda *, action_pk: 0.0)
+    monkeypatch.setattr(sweeps, "dispatch_wait", lambda *, action_pk: 0.0)
     held, expired, fine, also_fine = aged(agent_actor, 4)
     Approval.objects.filter(action=expired, decision=Decision.APPROVE).update(
         expires_at=timezone.now() - timedelta(seconds=1)

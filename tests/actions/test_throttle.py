@@ -16,8 +16,9 @@ from django.utils import timezone
 
 from actions import tasks
 from actions.engine import throttle
-from actions.engine.dispatch import submission_record, sweep_authorized
 from actions.engine.reconcile import reconcile_action
+from actions.engine.record import submission_record
+from actions.engine.sweeps import sweep_authorized
 from actions.engine.throttle import dispatch_wait, throttle_pause, throttle_wait
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome
 from actions.kinds.refund.contract import refund_contract

@@ -53,7 +53,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--actions", type=int, default=40, help="pf: actions in flight in the killed worker")
     parser.add_argument("--lease", type=int, default=10, help="LEASE_SECONDS (default 10)")
     parser.add_argument("--sweep", type=int, default=2, help="SWEEP_INTERVAL_SECONDS (default 2)")
-    parser.add_argument("--hold", type=float, default=30.0, help="pf: seconds the sandbox holds each call")
+    parser.add_argument("--hold", type=float, default=5.0, help="pf: seconds the sandbox holds each call")
     parser.add_argument("--rates", default="10,100,400", help="wait: approvals per minute, comma-separated")
     parser.add_argument("--latencies", default="0,200", help="wait: receiver latency in ms, comma-separated")
     parser.add_argument("--minutes", type=float, default=0.5, help="wait: minutes of approvals per rate")
@@ -107,8 +107,8 @@ def worker_env(args: argparse.Namespace, sandbox_url: str, *, latency_ms: int = 
         "DATABASE_POOL": "1",
         "DATABASE_POOL_MAX": str(args.concurrency + 4),
         "PROVIDER_API_BASE": sandbox_url,
-        # A held call must outlast neither the lease nor the provider timeout's own UNKNOWN.
-        "PROVIDER_TIMEOUT_SECONDS": str(int(max(args.hold + 2, 5))),
+        # The worker sends only while its lease outlasts a whole call (the timeout): well inside it.
+        "PROVIDER_TIMEOUT_SECONDS": str(max(1, args.lease // 3)),
         "CONSOLE_FAULT_POINTS": "",
     }
 
@@ -258,11 +258,13 @@ def run_wait(args: argparse.Namespace, workdir: Path, sandbox: Any, sandbox_url:
     from django.contrib.auth.models import Group, User
 
     from actions.models import Action
+    from approvals.models import ApprovalLimit
     from approvals.services import approval_decide
     from console.roles import MANAGER
 
     manager, _ = User.objects.get_or_create(username="bench.manager")
     manager.groups.add(Group.objects.get(name=MANAGER))
+    ApprovalLimit.objects.get_or_create(user=manager, currency="EUR", defaults={"max_amount": 1000})
     lines = ["The manager's wait: her approval to the action's final state (approved_at -> status_changed_at)"]
     lines.append(f"  {'approvals/min':>13} {'latency':>8} {'n':>5} {'p50':>8} {'p99':>8}")
     for latency in [int(x) for x in args.latencies.split(",")]:
@@ -289,12 +291,24 @@ def run_wait(args: argparse.Namespace, workdir: Path, sandbox: Any, sandbox_url:
                     300,
                     "every approved action final",
                 )
-                waits = []
+                waits, claims = [], []
                 for action in Action.objects.filter(pk__in=pks).prefetch_related("approvals"):
                     approved = max(a.decided_at for a in action.approvals.all() if a.decided_at)
                     waits.append((action.status_changed_at - approved).total_seconds())
+                    claimed = first_event_at(action.pk, ["SUBMITTING"], approved)
+                    if claimed is not None:
+                        claims.append((claimed - approved).total_seconds())
                 p50, p99 = percentile(waits, 0.5), percentile(waits, 0.99)
-                lines.append(f"  {rate:>13} {latency:>6}ms {len(waits):>5} {p50:>7.2f}s {p99:>7.2f}s")
+                claim50 = percentile(claims, 0.5) if claims else float("nan")
+                if os.environ.get("BENCH_TRAIL"):
+                    from actions.models import ActionEvent
+
+                    trail = ActionEvent.objects.filter(action_id=pks[0]).order_by("created_at")
+                    lines += [f"    {e.created_at:%H:%M:%S.%f} {e.from_state}->{e.to_state} {e.reason[:70]}" for e in trail]
+                lines.append(
+                    f"  {rate:>13} {latency:>6}ms {len(waits):>5} {p50:>7.2f}s {p99:>7.2f}s"
+                    f"   (claimed p50 {claim50:.2f}s)"
+                )
         finally:
             for process in workers:
                 os.killpg(process.pid, signal.SIGTERM)

@@ -18,9 +18,11 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import execution_dispatch, receiver_send, sweep_expired_leases
+from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import check_effects
 from actions.engine.reconcile import reconcile_action
+from actions.engine.send import receiver_send
+from actions.engine.sweeps import sweep_expired_leases
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for, register, unregister
 from actions.kinds.fields import ProposalInvalid

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.engine.dispatch import execution_dispatch, sweep_authorized
+from actions.engine.dispatch import execution_dispatch
 from actions.engine.invariants import check_effects
+from actions.engine.sweeps import sweep_authorized
 from actions.kinds import kind_for
 from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import Action, ActionEvent, ActionStatus, Attempt

@@ -49,7 +49,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from actions.engine.claim import ClaimOutcome, submission_begin
-from actions.engine.dispatch import submission_record
+from actions.engine.record import submission_record
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome, ReceiverContract
 from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
@@ -596,7 +596,7 @@ def test_the_reassign_list_offers_the_kinds_owner_group_and_the_service_accepts_
 def test_someone_outside_the_owner_group_cannot_take_the_item_and_then_resolve_it_as_its_owner(
     client: Client, colleagues: dict[str, Any], agent_actor: Actor
 ) -> None:
-    """"Assign to me" is working on the item too: otherwise accounts payable could take a refund
+    """ "Assign to me" is working on the item too: otherwise accounts payable could take a refund
     and then resolve it as its owner."""
     refund = needs_review(authorized_refund(agent_actor))
     client.force_login(make_user("alex.payable", "accounts payable"))

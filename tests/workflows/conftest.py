@@ -104,7 +104,7 @@ def world(transactional_db: Any, monkeypatch: pytest.MonkeyPatch, settings: Any)
             receivers[action.kind] = ScriptedReceiver(kind_for(action.kind).contract(), effects, script)
         return receivers[action.kind]
 
-    monkeypatch.setattr("actions.engine.dispatch.receiver_for", receiver_for)
+    monkeypatch.setattr("actions.engine.send.receiver_for", receiver_for)
     dispatched: list[int] = []
     nudged: list[str] = []
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", dispatched.append)

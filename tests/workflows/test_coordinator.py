@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from actions.engine import dispatch
+from actions.engine import send
 from actions.engine.invariants import check_effects
 from actions.engine.reconcile import reconcile_action
 from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
@@ -342,7 +342,7 @@ def _plan_expires_while_the_credit_note_is_unknown(
     # Reconciliation, when next due, finds the credit note at the receiver.
     note = Action.objects.get(action_id=f"{PO}:post_credit_note")
     Action.objects.filter(pk=note.pk).update(next_reconcile_at=timezone.now() - timedelta(seconds=1))
-    reconcile_action(action_pk=note.pk, receiver=dispatch.receiver_for(note))
+    reconcile_action(action_pk=note.pk, receiver=send.receiver_for(note))
     assert Action.objects.get(pk=note.pk).status == S.SUCCEEDED
     assert world.run(PO) == W.PAUSED
     email = Action.objects.get(action_id=f"{PO}:email_supplier")

@@ -30,11 +30,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from actions.engine import dispatch as execution
 from actions.engine import reconcile as reconciliation
 from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.dispatch import submission_send_and_record
 from actions.engine.resolution_checks import ReviewRefused
 from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
+from actions.engine.sweeps import sweep_expired_leases
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
@@ -167,7 +168,7 @@ class WorkflowMachine(RuleBasedStateMachine):
             if crash == "after_answer":
                 receiver.send(claim.action)  # the receiver acted; the worker died before recording
                 continue
-            execution.submission_send_and_record(
+            submission_send_and_record(
                 action=claim.action, attempt=claim.attempt, lease_token=claim.lease_token, receiver=receiver
             )
 
@@ -187,7 +188,7 @@ class WorkflowMachine(RuleBasedStateMachine):
 
     @rule()
     def lease_sweeper_runs(self) -> None:
-        execution.sweep_expired_leases(now=CLOCK[0])
+        sweep_expired_leases(now=CLOCK[0])
 
     @rule()
     def reconciler_runs(self) -> None:

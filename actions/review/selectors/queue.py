@@ -483,6 +483,31 @@ def review_queue_get(
     page_size = page_size or QUEUE_PAGE_SIZE
     now = now or timezone.now()
     filters = filters or QueueFilters()
+    sources = _queue_sources(user=user, filters=filters, now=now)
+    total = later = 0
+    for source in sources:
+        in_source, after_in_source = source.counts(after_key)
+        total += in_source
+        later += after_in_source
+    # One more row than the page, to tell whether another page follows.
+    merged = heapq.merge(*(source.page(after_key, page_size + 1) for source in sources), key=row_sort_key)
+    candidates = list(itertools.islice(merged, page_size + 1))
+    has_more = len(candidates) > page_size
+    page_rows = _with_who_may_work(_with_last_answers(candidates[:page_size]), user=user)
+    return Queue(
+        rows=page_rows,
+        total=total,
+        filters=filters,
+        owners_only=owners_only(),
+        after=after,
+        next_after=cursor_encode(row_sort_key(page_rows[-1])) if has_more and page_rows else "",
+        position=total - later,
+    )
+
+
+def _queue_sources(*, user: Any, filters: QueueFilters, now: datetime) -> list[_QueueSource]:
+    """The kinds of item the filters ask for (actions, remedies, discrepancies), each a query the
+    database sorts and counts, narrowed to the filters' state, owner and overdue."""
     owner_q = _owner_filter(filters, user)
     want = filters.kind
     state = filters.state
@@ -515,16 +540,11 @@ def review_queue_get(
 
     if filters.overdue:
         sources = [replace(source, rows=source.rows.filter(source.overdue)) for source in sources]
-    total = later = 0
-    for source in sources:
-        in_source, after_in_source = source.counts(after_key)
-        total += in_source
-        later += after_in_source
-    # One more row than the page, to tell whether another page follows.
-    merged = heapq.merge(*(source.page(after_key, page_size + 1) for source in sources), key=row_sort_key)
-    candidates = list(itertools.islice(merged, page_size + 1))
-    has_more = len(candidates) > page_size
-    page_rows = candidates[:page_size]
+    return sources
+
+
+def _with_last_answers(page_rows: list[QueueRow]) -> list[QueueRow]:
+    """The page's actions with their latest attempt's answer, read in one query for the page."""
     attempt_pks = [
         pk
         for pk in (getattr(row.item, "latest_attempt_pk", None) for row in page_rows if row.kind == ItemKind.ACTION)
@@ -538,13 +558,4 @@ def review_queue_get(
             else row
             for row in page_rows
         ]
-    page_rows = _with_who_may_work(page_rows, user=user)
-    return Queue(
-        rows=page_rows,
-        total=total,
-        filters=filters,
-        owners_only=owners_only(),
-        after=after,
-        next_after=cursor_encode(row_sort_key(page_rows[-1])) if has_more and page_rows else "",
-        position=total - later,
-    )
+    return page_rows

@@ -34,7 +34,8 @@ class Command(BaseCommand):
             "--adjustment-share",
             type=float,
             default=defaults.adjustment_share,
-            help="share of --actions that are invoice adjustments (issue 12 asks for at least 1/3; 0: refunds only)",
+            help="share of --actions that are invoice adjustments (1/3 or more exercises the second receiver; "
+            "0: refunds only)",
         )
         parser.add_argument("--workers", type=int, default=defaults.workers)
         parser.add_argument(

@@ -46,8 +46,10 @@ from django.utils import timezone
 
 from actions.agents.services import agent_token_issue
 from actions.engine.claim import Claim, ClaimOutcome, submission_begin
-from actions.engine.dispatch import action_escalate, apply_outcome, submission_send_and_record
+from actions.engine.dispatch import submission_send_and_record
+from actions.engine.escalation import action_escalate
 from actions.engine.ledger import ledger_audit_run
+from actions.engine.outcomes import apply_outcome
 from actions.engine.resolution_checks import ReviewRefused
 from actions.kinds.base import Answer, Outcome
 from actions.kinds.refund.contract import RefundReceiver, answer_from_refund, refund_action_id
