@@ -29,7 +29,7 @@ urlpatterns = [
         account.agent_token_revoke_view,
         name="agent-token-revoke",
     ),
-    # Issue 16 part C: notifications, the agent owner's page and webhooks, exports.
+    # Notifications, the agent owner's page and its webhook, exports.
     path("account/notifications", account.notification_settings_save, name="notification-settings"),
     path("account/agents/<int:pk>/", agent_pages.agent_page, name="agent-page"),
     path("account/agents/<int:pk>/webhook", agent_pages.agent_webhook_set, name="agent-webhook-set"),
