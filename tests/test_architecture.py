@@ -11,6 +11,7 @@ App code is ``actions``, ``approvals`` and ``console``, without migrations; the 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 import subprocess
@@ -165,7 +166,8 @@ def measure() -> Shape:
     return shape
 
 
-def duplicate_pairs() -> list[str]:
+@functools.cache
+def duplicate_pairs() -> tuple[str, ...]:
     """The pairs of places in the app code that share six or more lines of the same shape.
 
     Migrations are generated and never edited, so a pair with a side in one is not counted."""
@@ -196,7 +198,7 @@ def duplicate_pairs() -> list[str]:
             if any("migrations" in Path(side).parts for side in sides):
                 continue
             pairs.append(f"{package}: {line}")
-    return pairs
+    return tuple(pairs)
 
 
 def test_print_the_numbers() -> None:
