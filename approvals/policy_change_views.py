@@ -8,6 +8,9 @@ answers with the refusal's status and the page again.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -48,19 +51,31 @@ def policy_changes(request: HttpRequest) -> HttpResponse:
     return _page(request)
 
 
-@require_POST
-@login_required
-def policy_change_confirm_view(request: HttpRequest, pk: int) -> HttpResponse:
-    _finance_only(request)
+def _decided(
+    request: HttpRequest, decide: Callable[[], PolicyChange], said: Callable[[PolicyChange], str]
+) -> HttpResponse:
+    """Run the second person's decision on a change: back to the list saying what it did, or the
+    list again with the refusal."""
     try:
-        change = policy_change_confirm(change_pk=pk, user=request.user)
+        change = decide()
     except PolicyChange.DoesNotExist as missing:
         raise Http404("There is no such change.") from missing
     except PolicyChangeRefused as refused:
         messages.error(request, str(refused))
         return _page(request, status=refused.status)
-    messages.success(request, f"Confirmed: the {change.what()} is {change.after_text()} now.")
+    messages.success(request, said(change))
     return redirect("approvals-policy-changes")
+
+
+@require_POST
+@login_required
+def policy_change_confirm_view(request: HttpRequest, pk: int) -> HttpResponse:
+    _finance_only(request)
+    return _decided(
+        request,
+        functools.partial(policy_change_confirm, change_pk=pk, user=request.user),
+        lambda change: f"Confirmed: the {change.what()} is {change.after_text()} now.",
+    )
 
 
 @require_POST
@@ -71,12 +86,8 @@ def policy_change_reject_view(request: HttpRequest, pk: int) -> HttpResponse:
     if not form.is_valid():
         messages.error(request, "The note is too long: at most 1,000 characters.")
         return _page(request, status=400)
-    try:
-        change = policy_change_reject(change_pk=pk, user=request.user, note=form.cleaned_data["note"])
-    except PolicyChange.DoesNotExist as missing:
-        raise Http404("There is no such change.") from missing
-    except PolicyChangeRefused as refused:
-        messages.error(request, str(refused))
-        return _page(request, status=refused.status)
-    messages.success(request, f"Rejected: the {change.what()} stays {change.before_text()}.")
-    return redirect("approvals-policy-changes")
+    return _decided(
+        request,
+        functools.partial(policy_change_reject, change_pk=pk, user=request.user, note=form.cleaned_data["note"]),
+        lambda change: f"Rejected: the {change.what()} stays {change.before_text()}.",
+    )

@@ -90,23 +90,13 @@ def _trail_detail(change: PolicyChange) -> dict[str, Any]:
 
 
 def _change_for(*, row: PolicyRow, operation: str, proposed_by: Any, now: datetime) -> PolicyChange:
-    if isinstance(row, ApprovalLimit):
-        return PolicyChange(
-            target=PolicyTarget.APPROVAL_LIMIT,
-            operation=operation,
-            limit_user=row.user,
-            currency=row.currency,
-            proposed_by=proposed_by,
-            proposed_at=now,
-        )
-    return PolicyChange(
-        target=PolicyTarget.AUTO_APPROVAL_CAP,
-        operation=operation,
-        scope=row.scope,
-        currency=row.currency,
-        proposed_by=proposed_by,
-        proposed_at=now,
+    # A limit is named by its person, a cap by its scope; both by their currency.
+    named: dict[str, Any] = (
+        {"target": PolicyTarget.APPROVAL_LIMIT, "limit_user": row.user}
+        if isinstance(row, ApprovalLimit)
+        else {"target": PolicyTarget.AUTO_APPROVAL_CAP, "scope": row.scope}
     )
+    return PolicyChange(**named, operation=operation, currency=row.currency, proposed_by=proposed_by, proposed_at=now)
 
 
 def _waiting_refusal(change: PolicyChange) -> PolicyChangeRefused | None:

@@ -61,6 +61,13 @@ def plan_context(workflow: Workflow, user: Any) -> dict[str, Any]:
     }
 
 
+def _workflow_or_404(pk: int) -> Workflow:
+    workflow = Workflow.objects.filter(pk=pk).first()
+    if workflow is None:
+        raise Http404("There is no such workflow.")
+    return workflow
+
+
 @require_safe
 @login_required
 @permission_required(perms.DECIDE, raise_exception=True)
@@ -73,9 +80,7 @@ def plan_inbox(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required(perms.DECIDE, raise_exception=True)
 def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    workflow = Workflow.objects.filter(pk=pk).first()
-    if workflow is None:
-        raise Http404("There is no such workflow.")
+    workflow = _workflow_or_404(pk)
     return render(request, "approvals/workflow_plan.html", plan_context(workflow, request.user))
 
 
@@ -83,9 +88,7 @@ def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @permission_required(perms.DECIDE, raise_exception=True)
 def plan_decide_view(request: HttpRequest, pk: int) -> HttpResponse:
-    workflow = Workflow.objects.filter(pk=pk).first()
-    if workflow is None:
-        raise Http404("There is no such workflow.")
+    workflow = _workflow_or_404(pk)
     decision = request.POST.get("decision", "")
     note = request.POST.get("note", "")[:2000]
     if decision == Decision.APPROVE:

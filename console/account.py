@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from base64 import b32encode
+from collections.abc import Callable
 from typing import Any
 
 import segno
@@ -165,7 +167,11 @@ def two_factor_verify(request: HttpRequest) -> HttpResponse:
 # --- the owner page: tokens of one's own agents ------------------------------------------------
 
 
-def _own_agent(request: HttpRequest, pk: int) -> Agent:
+ISSUED_ONCE_PAGE = "console/token_issued.html"
+
+
+def own_agent(request: HttpRequest, pk: int) -> Agent:
+    """One of the person's own agents (the account page's tokens, the agent's own page)."""
     agent = Agent.objects.filter(pk=pk, owner_id=request.user.pk).first()
     if agent is None:
         # The same answer for someone else's agent and for none: an agent's existence is not news.
@@ -180,43 +186,54 @@ def _own_token(request: HttpRequest, agent: Agent, token_pk: int) -> AgentToken:
     return token
 
 
-def _show_once(request: HttpRequest, agent: Agent, plain: str) -> HttpResponse:
+def secret_page(request: HttpRequest, template: str, agent: Agent, plain: str) -> HttpResponse:
     # Rendered as the POST's answer, never stored in the session or a message: reloading the
     # page or going back does not show it again.
-    return render(request, "console/token_issued.html", {"agent": agent, "plain": plain})
+    return render(request, template, {"agent": agent, "plain": plain})
+
+
+def show_secret_once(
+    request: HttpRequest,
+    agent: Agent,
+    issue: Callable[[], Any],
+    *,
+    refusals: tuple[type[Exception], ...],
+    page: str,
+    back: str = "",
+) -> HttpResponse:
+    """Issue a secret (an agent's token, its webhook's signing secret) and show it once on
+    ``page``; a refusal is said on the page at the URL ``back`` (the account page unless given)."""
+    try:
+        issued = issue()
+    except refusals as refused:
+        messages.error(request, str(refused))
+        return redirect(back or reverse("account"))
+    return secret_page(request, page, agent, issued.plain)
 
 
 @require_POST
 @login_required
 def agent_token_issue_view(request: HttpRequest, pk: int) -> HttpResponse:
-    agent = _own_agent(request, pk)
+    agent = own_agent(request, pk)
     form = TokenLabelForm(request.POST)
     label = form.cleaned_data["label"] if form.is_valid() else ""
-    try:
-        issued = agent_token_issue_by_owner(agent=agent, user=request.user, label=label)
-    except AgentChangeRefused as refused:
-        messages.error(request, refused.message)
-        return redirect("account")
-    return _show_once(request, agent, issued.plain)
+    issue = functools.partial(agent_token_issue_by_owner, agent=agent, user=request.user, label=label)
+    return show_secret_once(request, agent, issue, refusals=(AgentChangeRefused,), page=ISSUED_ONCE_PAGE)
 
 
 @require_POST
 @login_required
 def agent_token_rotate_view(request: HttpRequest, pk: int, token_pk: int) -> HttpResponse:
-    agent = _own_agent(request, pk)
+    agent = own_agent(request, pk)
     token = _own_token(request, agent, token_pk)
-    try:
-        issued = agent_token_rotate_by_owner(token=token, user=request.user)
-    except (AgentChangeRefused, TokenNotActive) as refused:
-        messages.error(request, str(refused))
-        return redirect("account")
-    return _show_once(request, agent, issued.plain)
+    issue = functools.partial(agent_token_rotate_by_owner, token=token, user=request.user)
+    return show_secret_once(request, agent, issue, refusals=(AgentChangeRefused, TokenNotActive), page=ISSUED_ONCE_PAGE)
 
 
 @require_POST
 @login_required
 def agent_token_revoke_view(request: HttpRequest, pk: int, token_pk: int) -> HttpResponse:
-    agent = _own_agent(request, pk)
+    agent = own_agent(request, pk)
     token = _own_token(request, agent, token_pk)
     agent_token_revoke_by(token=token, user=request.user)
     messages.success(request, f"Token {token.prefix}… is revoked; it stops working at once.")

@@ -8,11 +8,14 @@ changes are written to the same trail (actions.agents.webhooks).
 
 from __future__ import annotations
 
+import functools
+
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from actions.agents.webhooks import (
@@ -27,18 +30,11 @@ from actions.agents.webhooks import (
 )
 from actions.foundation.outbox import SIGNATURE_HEADER
 from actions.models import Agent, AgentWebhook, AgentWebhookDelivery
+from console.account import own_agent, secret_page, show_secret_once
 
 
 class WebhookUrlForm(forms.Form):
     url = forms.CharField(max_length=2000, label="Webhook URL")
-
-
-def _own_agent(request: HttpRequest, pk: int) -> Agent:
-    agent = Agent.objects.filter(pk=pk, owner_id=request.user.pk).first()
-    if agent is None:
-        # The same answer for someone else's agent and for none: an agent's existence is not news.
-        raise Http404("You own no such agent.")
-    return agent
 
 
 def _page(request: HttpRequest, agent: Agent, *, form: WebhookUrlForm | None = None, status: int = 200) -> HttpResponse:
@@ -58,18 +54,16 @@ def _page(request: HttpRequest, agent: Agent, *, form: WebhookUrlForm | None = N
 @require_safe
 @login_required
 def agent_page(request: HttpRequest, pk: int) -> HttpResponse:
-    return _page(request, _own_agent(request, pk))
+    return _page(request, own_agent(request, pk))
 
 
-def _secret_once(request: HttpRequest, agent: Agent, plain: str) -> HttpResponse:
-    # The POST's answer, never stored in the session or a message (like a token).
-    return render(request, "console/webhook_secret.html", {"agent": agent, "plain": plain})
+SIGNING_KEY_PAGE = "console/webhook_secret.html"
 
 
 @require_POST
 @login_required
 def agent_webhook_set(request: HttpRequest, pk: int) -> HttpResponse:
-    agent = _own_agent(request, pk)
+    agent = own_agent(request, pk)
     form = WebhookUrlForm(request.POST)
     if not form.is_valid():
         return _page(request, agent, form=form, status=400)
@@ -82,7 +76,7 @@ def agent_webhook_set(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, str(refused))
         return redirect("agent-page", pk=agent.pk)
     if issued is not None:
-        return _secret_once(request, agent, issued.plain)
+        return secret_page(request, SIGNING_KEY_PAGE, agent, issued.plain)
     messages.success(request, "The webhook URL is saved. The signing secret is unchanged.")
     return redirect("agent-page", pk=agent.pk)
 
@@ -90,19 +84,17 @@ def agent_webhook_set(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @login_required
 def agent_webhook_rotate(request: HttpRequest, pk: int) -> HttpResponse:
-    agent = _own_agent(request, pk)
-    try:
-        issued = webhook_secret_rotate_by_owner(agent=agent, user=request.user)
-    except (WebhookInvalid, WebhookChangeRefused) as refused:
-        messages.error(request, str(refused))
-        return redirect("agent-page", pk=agent.pk)
-    return _secret_once(request, agent, issued.plain)
+    agent = own_agent(request, pk)
+    issue = functools.partial(webhook_secret_rotate_by_owner, agent=agent, user=request.user)
+    refusals = (WebhookInvalid, WebhookChangeRefused)
+    back = reverse("agent-page", args=[agent.pk])
+    return show_secret_once(request, agent, issue, refusals=refusals, page=SIGNING_KEY_PAGE, back=back)
 
 
 @require_POST
 @login_required
 def agent_webhook_disable(request: HttpRequest, pk: int) -> HttpResponse:
-    agent = _own_agent(request, pk)
+    agent = own_agent(request, pk)
     webhook_disable_by_owner(agent=agent, user=request.user)
     messages.success(request, "The webhook is switched off: no new events are sent. Setting a URL switches it on.")
     return redirect("agent-page", pk=agent.pk)
@@ -111,7 +103,7 @@ def agent_webhook_disable(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @login_required
 def agent_webhook_redeliver(request: HttpRequest, pk: int, delivery_pk: int) -> HttpResponse:
-    agent = _own_agent(request, pk)
+    agent = own_agent(request, pk)
     delivery = AgentWebhookDelivery.objects.select_related("agent").filter(pk=delivery_pk, agent=agent).first()
     if delivery is None:
         raise Http404("No such delivery.")

@@ -11,7 +11,10 @@ App code is ``actions``, ``approvals`` and ``console``, without migrations; the 
 from __future__ import annotations
 
 import ast
+import functools
 import re
+import shutil
+import subprocess
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +39,16 @@ CEILINGS = {
     "reaches into Django's internals": 0,
     "harness modules inside the app": 0,
 }
+
+# Pairs of places in the app sharing six or more lines of the same shape, as the `duplicates`
+# command counts them (installed on the developers' machines and in CI). Kept apart from
+# CEILINGS because it runs a command rather than reading the tree here.
+DUPLICATE_PAIRS_CEILING = 133
+DUPLICATES_SECONDS = 60
+# The command lists at most 200 rows; a package with more would hide some, so the count fails
+# loudly rather than count short.
+DUPLICATES_MOST = 200
+DUPLICATE_ROW = re.compile(r"^D\d+ (?P<left>\S+):\d+-\d+ ~ (?P<right>\S+):\d+-\d+")
 
 
 def app_modules() -> Iterator[tuple[str, Path]]:
@@ -153,13 +166,51 @@ def measure() -> Shape:
     return shape
 
 
+@functools.cache
+def duplicate_pairs() -> tuple[str, ...]:
+    """The pairs of places in the app code that share six or more lines of the same shape.
+
+    Migrations are generated and never edited, so a pair with a side in one is not counted."""
+    command = shutil.which("duplicates")
+    if command is None:
+        pytest.fail("the `duplicates` command is not on PATH: it measures the app's duplicated code")
+    pairs: list[str] = []
+    for package in APP_PACKAGES:
+        result = subprocess.run(
+            [command, "--repo", package, "--most", str(DUPLICATES_MOST), "--seconds", str(DUPLICATES_SECONDS)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=DUPLICATES_SECONDS + 30,
+            check=False,
+        )
+        lines = result.stdout.splitlines()
+        problems = [line for line in lines if line.startswith("incomplete:") or "more pairs)" in line]
+        assert result.returncode == 0 and not problems, (
+            f"`duplicates --repo {package}` did not measure the whole package: "
+            f"{problems or result.stderr.strip() or result.returncode}"
+        )
+        for line in lines:
+            row = DUPLICATE_ROW.match(line)
+            if row is None:
+                continue
+            sides = (row["left"], row["right"])
+            if any("migrations" in Path(side).parts for side in sides):
+                continue
+            pairs.append(f"{package}: {line}")
+    return tuple(pairs)
+
+
 def test_print_the_numbers() -> None:
     shape = measure()
     print()
     print(f"{'measure':45} {'now':>5} {'ceiling':>8}")
     for name, count in shape.counts().items():
         print(f"{name:45} {count:>5} {CEILINGS[name]:>8}")
+    pairs = duplicate_pairs()
+    print(f"{'duplicated pairs (duplicates, no migrations)':45} {len(pairs):>5} {DUPLICATE_PAIRS_CEILING:>8}")
     for name, items in (
+        ("duplicated pairs", pairs),
         ("long modules", shape.long_modules),
         ("long functions", shape.long_functions),
         ("kind branches", shape.kind_branches),
@@ -178,6 +229,14 @@ def test_no_number_goes_back_up(name: str) -> None:
     assert count <= CEILINGS[name], (
         f"{name}: {count}, above its ceiling of {CEILINGS[name]}. Run `pytest tests/test_architecture.py -s` "
         "for the list."
+    )
+
+
+def test_duplicated_code_does_not_grow() -> None:
+    pairs = duplicate_pairs()
+    assert len(pairs) <= DUPLICATE_PAIRS_CEILING, (
+        f"duplicated pairs: {len(pairs)}, above its ceiling of {DUPLICATE_PAIRS_CEILING}. "
+        "`duplicates --change` shows the pairs a change adds; make one helper serve both places."
     )
 
 

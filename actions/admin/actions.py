@@ -28,8 +28,8 @@ from actions.admin.base import (
     ReadOnlyInline,
     TransitionFilter,
     may_correct,
+    trail_text,
 )
-from actions.foundation.text import validate_plain_text
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.models import (
     Action,
@@ -64,12 +64,7 @@ class AttemptInline(ReadOnlyInline):
 
 
 class CorrectionReasonForm(forms.Form):
-    reason = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 3}),
-        max_length=2000,
-        validators=[validate_plain_text],
-        help_text="Why: this goes into the action's audit trail.",
-    )
+    reason = trail_text("Why: this goes into the action's audit trail.")
 
 
 def _cancel(*, action_pk: int, user: Any, reason: str) -> None:

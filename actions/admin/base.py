@@ -92,23 +92,8 @@ class LargeTableAdmin(admin.ModelAdmin):
     list_per_page = 50
 
 
-class ReadOnlyAdmin(LargeTableAdmin):
-    """Rows that are history: visible, never added, edited or deleted here."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-    show_change_link = False
+class NeverChanged:
+    """Rows that are history: visible, never added, edited or deleted here (a list or an inline)."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -118,6 +103,16 @@ class ReadOnlyInline(admin.TabularInline):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ReadOnlyAdmin(NeverChanged, LargeTableAdmin):
+    """Rows that are history: visible, never added, edited or deleted here."""
+
+
+class ReadOnlyInline(NeverChanged, admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
 
 
 class FixedChoicesFilter(admin.SimpleListFilter):
@@ -178,13 +173,18 @@ def may_correct(request: HttpRequest) -> bool:
     return bool(request.user.is_active and request.user.has_perm(CORRECT_PERMISSION))
 
 
-class CompensationForm(forms.Form):
-    note = forms.CharField(
+def trail_text(help_text: str) -> forms.CharField:
+    """A person's words for the audit trail: plain text, at most 2,000 characters."""
+    return forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
         validators=[validate_plain_text],
-        help_text="Why, and how finance should recover the money: goes into the audit trail and to the manager.",
+        help_text=help_text,
     )
+
+
+class CompensationForm(forms.Form):
+    note = trail_text("Why, and how finance should recover the money: goes into the audit trail and to the manager.")
 
 
 class AssignOwnerForm(forms.Form):
@@ -192,12 +192,7 @@ class AssignOwnerForm(forms.Form):
         queryset=owner_candidates().none(),
         help_text="The person who works it from now on: someone with the finance role.",
     )
-    reason = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 3}),
-        max_length=2000,
-        validators=[validate_plain_text],
-        help_text="Why: this goes into the action's audit trail.",
-    )
+    reason = trail_text("Why: this goes into the action's audit trail.")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -157,17 +157,18 @@ def webhook_disable_by_owner(*, agent: Agent, user: Any) -> None:
         )
 
 
+# What a redelivery keeps of the delivery it repeats: the agent, the action and the event itself
+# (its id, so that the agent can tell it has seen it, its type and its payload).
+SAME_EVENT = ("agent_id", "action_id", "event_id", "event_type", "payload")
+
+
 def webhook_redeliver_by_owner(*, delivery: AgentWebhookDelivery, user: Any) -> AgentWebhookDelivery:
     """Send an event again, as a new delivery of the same event id with a fresh schedule."""
     _refuse_unless_owner(delivery.agent, user)
     now = timezone.now()
     with transaction.atomic():
         again = AgentWebhookDelivery.objects.create(
-            agent_id=delivery.agent_id,
-            action_id=delivery.action_id,
-            event_id=delivery.event_id,
-            event_type=delivery.event_type,
-            payload=delivery.payload,
+            **{name: getattr(delivery, name) for name in SAME_EVENT},
             status=DeliveryStatus.PENDING,
             next_attempt_at=now,
             created_at=now,

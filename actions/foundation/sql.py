@@ -273,13 +273,19 @@ def active_webhook(*, agent_id: int) -> int | None:
 
 # --- the transitions of claims and records ---------------------------------------------------------
 
-_CLAIM_COLUMNS = (
+# What every transition of the dispatch path writes: the row's id, its status and when it
+# changed, and the lease.
+_TRANSITION_COLUMNS = (
     Column("id", "bigint"),
     Column("status", "text"),
     Column("status_changed_at", "timestamptz"),
     Column("updated_at", "timestamptz"),
     Column("lease_token", "uuid"),
     Column("lease_expires_at", "timestamptz"),
+)
+
+_CLAIM_COLUMNS = (
+    *_TRANSITION_COLUMNS,
     Column("attempt_count", "integer"),
     Column("first_attempt_at", "timestamptz"),
     Column("last_attempt_at", "timestamptz"),
@@ -302,12 +308,7 @@ def actions_claim(actions: Sequence[Action]) -> int:
 
 
 _RECORD_COLUMNS = (
-    Column("id", "bigint"),
-    Column("status", "text"),
-    Column("status_changed_at", "timestamptz"),
-    Column("updated_at", "timestamptz"),
-    Column("lease_token", "uuid"),
-    Column("lease_expires_at", "timestamptz"),
+    *_TRANSITION_COLUMNS,
     Column("provider_reference", "text"),
     Column("next_reconcile_at", "timestamptz"),
 )

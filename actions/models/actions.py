@@ -19,6 +19,7 @@ from django.db.models import Q
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
 from actions import permissions as perms
+from actions.models.append_only import AppendOnly, AppendOnlyQuerySet, TrailIsAppendOnly
 from actions.models.bills import AdjustmentReason
 
 
@@ -446,19 +447,11 @@ def _copied(value: Any) -> Any:
     return copy.deepcopy(value) if isinstance(value, dict | list) else value
 
 
-class ActionEventQuerySet(models.QuerySet["ActionEvent"]):
-    def update(self, **kwargs: Any) -> int:
-        raise AuditTrailIsAppendOnly("audit events cannot be updated")
-
-    def delete(self) -> tuple[int, dict[str, int]]:
-        raise AuditTrailIsAppendOnly("audit events cannot be deleted")
-
-
-class AuditTrailIsAppendOnly(Exception):
+class AuditTrailIsAppendOnly(TrailIsAppendOnly):
     pass
 
 
-class ActionEvent(models.Model):
+class ActionEvent(AppendOnly):
     """One line of the append-only audit trail (invariant 9).
 
     Written by the service in the same transaction as the change it records. Python refuses
@@ -479,7 +472,9 @@ class ActionEvent(models.Model):
     evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_index=True)
 
-    objects = ActionEventQuerySet.as_manager()
+    objects = AppendOnlyQuerySet["ActionEvent"].as_manager()
+    trail_name = "audit events"
+    append_only_error = AuditTrailIsAppendOnly
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -490,11 +485,3 @@ class ActionEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
-            raise AuditTrailIsAppendOnly("audit events cannot be updated")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise AuditTrailIsAppendOnly("audit events cannot be deleted")

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.db import models
+
+from actions.models.append_only import AppendOnly, AppendOnlyQuerySet, TrailIsAppendOnly
 
 
 class SecurityEventKind(models.TextChoices):
@@ -25,19 +25,11 @@ class SecurityEventKind(models.TextChoices):
     POLICY_CHANGE_REJECTED = "policy_change_rejected", "Limit or cap change rejected"
 
 
-class SecurityEventQuerySet(models.QuerySet["SecurityEvent"]):
-    def update(self, **kwargs: Any) -> int:
-        raise SecurityTrailIsAppendOnly("security events cannot be updated")
-
-    def delete(self) -> tuple[int, dict[str, int]]:
-        raise SecurityTrailIsAppendOnly("security events cannot be deleted")
-
-
-class SecurityTrailIsAppendOnly(Exception):
+class SecurityTrailIsAppendOnly(TrailIsAppendOnly):
     pass
 
 
-class SecurityEvent(models.Model):
+class SecurityEvent(AppendOnly):
     """One line of the append-only trail of who changed who may do what.
 
     Action events record what happened to one action; these record changes to the rules
@@ -54,21 +46,15 @@ class SecurityEvent(models.Model):
     detail = models.JSONField(default=dict, blank=True, help_text="Before and after, never a secret.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
-    objects = SecurityEventQuerySet.as_manager()
+    objects = AppendOnlyQuerySet["SecurityEvent"].as_manager()
+    trail_name = "security events"
+    append_only_error = SecurityTrailIsAppendOnly
 
     class Meta:
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()}: {self.subject} by {self.actor_label}"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
-            raise SecurityTrailIsAppendOnly("security events cannot be updated")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise SecurityTrailIsAppendOnly("security events cannot be deleted")
 
 
 class RateCounter(models.Model):

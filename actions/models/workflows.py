@@ -20,6 +20,7 @@ from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from actions.models.actions import ActorKind
+from actions.models.append_only import AppendOnly, AppendOnlyQuerySet, TrailIsAppendOnly
 
 
 class WorkflowState(models.TextChoices):
@@ -169,19 +170,11 @@ class WorkflowStep(models.Model):
         return f"{self.workflow.workflow_id}:{self.name}"
 
 
-class WorkflowEventQuerySet(models.QuerySet["WorkflowEvent"]):
-    def update(self, **kwargs: Any) -> int:
-        raise WorkflowTrailIsAppendOnly("workflow events cannot be updated")
-
-    def delete(self) -> tuple[int, dict[str, int]]:
-        raise WorkflowTrailIsAppendOnly("workflow events cannot be deleted")
-
-
-class WorkflowTrailIsAppendOnly(Exception):
+class WorkflowTrailIsAppendOnly(TrailIsAppendOnly):
     pass
 
 
-class WorkflowEvent(models.Model):
+class WorkflowEvent(AppendOnly):
     """The workflow's append-only audit trail: every state change, written in its transaction."""
 
     workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="events")
@@ -198,18 +191,12 @@ class WorkflowEvent(models.Model):
     evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_index=True)
 
-    objects = WorkflowEventQuerySet.as_manager()
+    objects = AppendOnlyQuerySet["WorkflowEvent"].as_manager()
+    trail_name = "workflow events"
+    append_only_error = WorkflowTrailIsAppendOnly
 
     class Meta:
         ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
         return f"{self.workflow_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
-            raise WorkflowTrailIsAppendOnly("workflow events cannot be updated")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise WorkflowTrailIsAppendOnly("workflow events cannot be deleted")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
-from actions.kinds.fields import ProposalInvalid
 from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.kinds.invoice_adjustment.requests import (
     AdjustmentRequestConflict,
@@ -12,8 +11,7 @@ from actions.kinds.invoice_adjustment.requests import (
     adjustment_request_open,
 )
 from actions.models import Agent
-from actions.proposals.outcomes import Conflict, invalid
-from actions.proposals.rules import proposal_for_agent, reference_taken, scope_require
+from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
 from actions.services import (
     Actor,
     ProposalConflict,
@@ -33,18 +31,14 @@ def agent_adjustment_request_open(
     opened; another agent's reference is ``reference_taken``, one on another bill
     ``reference_conflict``."""
     scope_require(agent, INVOICE_ADJUSTMENT_SCOPE, doing=_DOING)
-    try:
-        return adjustment_request_open(
+    return request_open_for_agent(
+        lambda: adjustment_request_open(
             bill_number=bill_number, external_reference=external_reference, note=note, opened_by_agent=agent
-        )
-    except ProposalInvalid as problems:
-        raise invalid(problems.problems) from None
-    except AdjustmentRequestTaken:
-        raise reference_taken("adjustment request") from None
-    except AdjustmentRequestConflict as conflict:
-        raise Conflict(
-            code="reference_conflict", detail=str(conflict), facts={"differing": conflict.differing}
-        ) from None
+        ),
+        noun="adjustment request",
+        taken=AdjustmentRequestTaken,
+        conflicting=AdjustmentRequestConflict,
+    )
 
 
 def _conflict_detail(conflict: ProposalConflict) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actions.kinds.fields import FieldProblem, ProposalInvalid
+from actions.kinds.fields import FieldProblem
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.kinds.refund.requests import (
     RefundRequestConflict,
@@ -11,8 +11,8 @@ from actions.kinds.refund.requests import (
     refund_request_open,
 )
 from actions.models import ActionKind, Agent, RequestSource
-from actions.proposals.outcomes import Conflict, invalid
-from actions.proposals.rules import proposal_for_agent, reference_taken, scope_require
+from actions.proposals.outcomes import invalid
+from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
 from actions.selectors import refund_request_by_reference
 from actions.services import Actor, ProposalResult
 
@@ -29,23 +29,19 @@ def agent_refund_request_open(
     opened. A reference that another agent opened is ``reference_taken``: nothing about that
     request is told. A reference on another order is ``reference_conflict``."""
     scope_require(agent, ActionKind.REFUND, doing=_DOING)
-    try:
-        return refund_request_open(
+    return request_open_for_agent(
+        lambda: refund_request_open(
             order_number=order_number,
             external_reference=external_reference,
             note=note,
             source=RequestSource.AGENT,
             reason_code=reason_code,
             opened_by_agent=agent,
-        )
-    except ProposalInvalid as problems:
-        raise invalid(problems.problems) from None
-    except RefundRequestTaken:
-        raise reference_taken("refund request") from None
-    except RefundRequestConflict as conflict:
-        raise Conflict(
-            code="reference_conflict", detail=str(conflict), facts={"differing": conflict.differing}
-        ) from None
+        ),
+        noun="refund request",
+        taken=RefundRequestTaken,
+        conflicting=RefundRequestConflict,
+    )
 
 
 def agent_refund_propose(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
 from actions.kinds.fields import ProposalInvalid
@@ -12,6 +13,8 @@ from actions.services import (
     ProposalConflict,
     ProposalResult,
 )
+
+_Opened = TypeVar("_Opened")
 
 # The scope an agent needs to propose an action of each kind. The scopes are named after the
 # kinds, except the adjustments'; a customer notice rides on the refund it announces.
@@ -91,3 +94,25 @@ def proposal_for_agent(
     if result.action.proposed_by_agent_id != agent.pk:
         raise proposed_elsewhere(noun)
     return result
+
+
+def request_open_for_agent(
+    open_request: Callable[[], _Opened],
+    *,
+    noun: str,
+    taken: type[Exception],
+    conflicting: type[Exception],
+) -> _Opened:
+    """Open a request (a refund request, an adjustment request) for an agent by its external
+    reference: bad fields are ``Invalid``; a reference another proposer opened is
+    ``reference_taken``, which says nothing of that request; a reference already naming a
+    request with other details is ``reference_conflict``, with the fields that differ."""
+    try:
+        return open_request()
+    except ProposalInvalid as problems:
+        raise invalid(problems.problems) from None
+    except taken:
+        raise reference_taken(noun) from None
+    except conflicting as conflict:
+        differing: Any = getattr(conflict, "differing", {})
+        raise Conflict(code="reference_conflict", detail=str(conflict), facts={"differing": differing}) from None

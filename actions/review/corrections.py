@@ -44,6 +44,7 @@ from actions.models import (
 )
 from actions.models.actions import UNRESOLVED_STATUSES
 from actions.providers.base import validate_idempotency_key
+from actions.review.services import action_owner_record
 from actions.services import (
     ProposalConflict,
     payload_hash,
@@ -115,18 +116,7 @@ def action_owner_assign(*, action_pk: int, owner: Any, user: Any, reason: str, n
         _require_candidate(owner)
         if action.owner_id == owner.pk:
             return action
-        previous = action.owner.get_username() if action.owner is not None else None
-        action.owner = owner
-        action.save(update_fields=["owner", "updated_at"])
-        event_record(
-            action=action,
-            transition="assign_owner",
-            from_state=action.status,
-            actor=Actor.for_user(user),
-            reason=reason,
-            evidence={"previous_owner": previous, "owner": owner.get_username()},
-            now=now,
-        )
+        action_owner_record(action=action, owner=owner, user=user, reason=reason, now=now)
     return action
 
 
@@ -246,8 +236,6 @@ def discrepancy_compensate(*, discrepancy_pk: int, user: Any, note: str, now: da
         discrepancy.note = f"{discrepancy.note.rstrip()}\n{line}".strip()
         discrepancy.save(update_fields=["status", "details", "note", "updated_at"])
     return action
-
-
 
 
 def _refuse_unless_compensable(discrepancy: Discrepancy) -> None:

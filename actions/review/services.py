@@ -102,24 +102,29 @@ def action_assign(*, action_pk: int, user: Any, owner_pk: object = None, note: s
         owner = (
             user if owner_pk in (None, "") else _new_owner(owner_pk, kind=action.kind, permission=RESOLVE_PERMISSION)
         )
-        previous = action.owner
-        if previous is not None and previous.pk == owner.pk:
+        if action.owner is not None and action.owner.pk == owner.pk:
             raise ReviewRefused(f"{action.action_id} already belongs to {owner.get_username()}.", code="unchanged")
-        action.owner = owner
-        action.save(update_fields=["owner", "updated_at"])
-        event_record(
-            action=action,
-            transition="assign_owner",
-            from_state=action.status,
-            actor=Actor.for_user(user),
-            reason=note or f"Assigned to {owner.get_username()} by {user.get_username()}.",
-            evidence={
-                "owner": owner.get_username(),
-                "previous_owner": previous.get_username() if previous else None,
-            },
-            now=now,
-        )
+        reason = note or f"Assigned to {owner.get_username()} by {user.get_username()}."
+        action_owner_record(action=action, owner=owner, user=user, reason=reason, now=now)
     return action
+
+
+def action_owner_record(*, action: Action, owner: Any, user: Any, reason: str, now: datetime) -> None:
+    """Name ``owner`` as the locked action's owner (finance's assignment, the admin's
+    reassignment), with the audit event that says who and why. The status does not change, so
+    the event runs from the status to itself (the trail stays a valid chain)."""
+    previous = action.owner
+    action.owner = owner
+    action.save(update_fields=["owner", "updated_at"])
+    event_record(
+        action=action,
+        transition="assign_owner",
+        from_state=action.status,
+        actor=Actor.for_user(user),
+        reason=reason,
+        evidence={"owner": owner.get_username(), "previous_owner": previous.get_username() if previous else None},
+        now=now,
+    )
 
 
 def _follow_up_assign(

@@ -21,7 +21,7 @@ from actions.models import (
     WorkflowEvent,
     WorkflowStep,
 )
-from actions.workflows.events import COORDINATOR, FAULT_AFTER_NEXT_STEP, W, workflow_event, workflow_transition
+from actions.workflows.events import COORDINATOR, FAULT_AFTER_NEXT_STEP, W, coordinator_event, coordinator_transition
 from actions.workflows.templates import READ, child_action, compensation_key, step_key
 from approvals.models import Decision, WorkflowApproval
 from approvals.policy import approval_record
@@ -52,68 +52,46 @@ def _child_create_or_link(
     now: datetime,
 ) -> Action:
     """The child recorded under ``action``'s key: created now, or, when the key exists already
-    (a child left by an earlier run), the existing one, never a second one."""
-    try:
-        with transaction.atomic():
-            return _child_create(
-                workflow=workflow,
-                step=step,
-                action=action,
-                plan_approval=plan_approval,
-                order_version=order_version,
-                expires_at=expires_at,
-                reason=reason,
-                now=now,
-            )
-    except IntegrityError:
-        return Action.objects.get(action_id=action.action_id)
+    (a child left by an earlier run), the existing one, never a second one.
 
-
-def _child_create(
-    *,
-    workflow: Workflow,
-    step: WorkflowStep,
-    action: Action,
-    plan_approval: WorkflowApproval | None,
-    order_version: int | None,
-    expires_at: datetime | None,
-    reason: str,
-    now: datetime,
-) -> Action:
-    """Record a child: PROPOSED (by the workflow's proposer) then AUTHORIZED under an approval
+    A new child is PROPOSED (by the workflow's proposer) then AUTHORIZED under an approval
     derived from the plan's, in the caller's transaction; its dispatch publishes on commit.
     Without ``plan_approval`` (none covers it any more) it stays PROPOSED, for a manager."""
-    action.proposed_by_agent = workflow.proposed_by_agent
-    action.proposed_by_user = workflow.proposed_by_user
-    action.propose()
-    action.status_changed_at = now
-    action.save()
-    event_record(
-        action=action,
-        transition="propose",
-        from_state="",
-        actor=COORDINATOR,
-        reason=reason,
-        evidence={"workflow": workflow.workflow_id, "step": step.name, "payload_hash": action.payload_hash},
-        now=now,
-    )
-    if plan_approval is None or expires_at is None:
-        return action
-    approval_record(
-        action=action,
-        approver=plan_approval.approver,
-        label=f"{plan_approval.decided_by_label} (plan of {workflow.workflow_id})",
-        policy=plan_approval.policy,
-        policy_detail={"workflow": workflow.workflow_id, "workflow_approval": plan_approval.pk},
-        note=f"Approved as step {step.name} of the plan {workflow.plan_hash}.",
-        now=now,
-        actor=COORDINATOR,
-        bound_version=order_version,
-        expires_at=expires_at,
-        reason=f"Authorized by the approval of workflow {workflow.workflow_id}'s plan.",
-        evidence_extra={"workflow_approval_id": plan_approval.pk},
-    )
-    return action
+    try:
+        with transaction.atomic():
+            action.proposed_by_agent = workflow.proposed_by_agent
+            action.proposed_by_user = workflow.proposed_by_user
+            action.propose()
+            action.status_changed_at = now
+            action.save()
+            event_record(
+                action=action,
+                transition="propose",
+                from_state="",
+                actor=COORDINATOR,
+                reason=reason,
+                evidence={"workflow": workflow.workflow_id, "step": step.name, "payload_hash": action.payload_hash},
+                now=now,
+            )
+            if plan_approval is None or expires_at is None:
+                return action
+            approval_record(
+                action=action,
+                approver=plan_approval.approver,
+                label=f"{plan_approval.decided_by_label} (plan of {workflow.workflow_id})",
+                policy=plan_approval.policy,
+                policy_detail={"workflow": workflow.workflow_id, "workflow_approval": plan_approval.pk},
+                note=f"Approved as step {step.name} of the plan {workflow.plan_hash}.",
+                now=now,
+                actor=COORDINATOR,
+                bound_version=order_version,
+                expires_at=expires_at,
+                reason=f"Authorized by the approval of workflow {workflow.workflow_id}'s plan.",
+                evidence_extra={"workflow_approval_id": plan_approval.pk},
+            )
+            return action
+    except IntegrityError:
+        return Action.objects.get(action_id=action.action_id)
 
 
 def step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, Any], now: datetime) -> str:
@@ -137,7 +115,7 @@ def step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, A
         _step_propose(workflow=workflow, step=step, action=action, problem=problem or "", now=now)
         return workflow.state
     if workflow.state == W.PAUSED:
-        workflow_transition(workflow=workflow, transition="resume", actor=COORDINATOR, reason="Resuming.", now=now)
+        coordinator_transition(workflow, "resume", reason="Resuming.", now=now)
     # A worker killed here, after the child's commit and before its dispatch is published,
     # leaves an AUTHORIZED child: the AUTHORIZED sweep sends it (tests kill at this point).
     transaction.on_commit(lambda: fault_point(FAULT_AFTER_NEXT_STEP))
@@ -152,11 +130,9 @@ def step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, A
         now=now,
     )
     step.save(update_fields=["action"])
-    workflow_event(
-        workflow=workflow,
-        transition="step_started",
-        from_state=workflow.state,
-        actor=COORDINATOR,
+    coordinator_event(
+        workflow,
+        "step_started",
         reason=f"Step {step.position} ({step.name}) authorized; the engine sends it.",
         evidence={"step": step.name, "action_id": key},
         now=now,
@@ -183,11 +159,9 @@ def _step_propose(*, workflow: Workflow, step: WorkflowStep, action: Action, pro
         now=now,
     )
     step.save(update_fields=["action"])
-    workflow_event(
-        workflow=workflow,
-        transition="step_proposed",
-        from_state=workflow.state,
-        actor=COORDINATOR,
+    coordinator_event(
+        workflow,
+        "step_proposed",
         reason=f"Step {step.position} ({step.name}) waits for a manager's decision: {problem}",
         evidence={"step": step.name, "action_id": action.action_id, "problem": problem},
         now=now,
@@ -246,11 +220,9 @@ def compensation_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dic
         now=now,
     )
     step.save(update_fields=["compensation"])
-    workflow_event(
-        workflow=workflow,
-        transition="compensation_started",
-        from_state=workflow.state,
-        actor=COORDINATOR,
+    coordinator_event(
+        workflow,
+        "compensation_started",
         reason=f"Compensating step {step.name} ({step.compensation_kind}).",
         evidence={"step": step.name, "action_id": key, "completion_order": step.completion_order},
         now=now,
@@ -274,10 +246,9 @@ def workflow_pause(*, workflow: Workflow, owner: Any, kind: str, waiting_for: st
             workflow.waiting_for = waiting_for
             workflow.save(update_fields=["owner", "waiting_for", "updated_at"])
         return
-    workflow_transition(
-        workflow=workflow,
-        transition="pause",
-        actor=COORDINATOR,
+    coordinator_transition(
+        workflow,
+        "pause",
         reason=f"{waiting_for} Owner: {owner.get_username() if owner else 'nobody (empty owner group)'}.",
         evidence={"owner": owner.get_username() if owner else None},
         now=now,
@@ -287,10 +258,9 @@ def workflow_pause(*, workflow: Workflow, owner: Any, kind: str, waiting_for: st
 
 
 def workflow_fail(*, workflow: Workflow, owner: Any, waiting_for: str, now: datetime) -> None:
-    workflow_transition(
-        workflow=workflow,
-        transition="fail",
-        actor=COORDINATOR,
+    coordinator_transition(
+        workflow,
+        "fail",
         reason=f"{waiting_for} Owner: {owner.get_username() if owner else 'nobody (empty owner group)'}.",
         evidence={"owner": owner.get_username() if owner else None},
         now=now,

@@ -49,7 +49,6 @@ from actions.workflows.children import (
     workflow_pause,
 )
 from actions.workflows.events import (
-    COORDINATOR,
     DID_NOT_HAPPEN,
     FAULT_BEFORE_NEXT_STEP,
     FAULT_DURING_COMPENSATION,
@@ -57,8 +56,8 @@ from actions.workflows.events import (
     NEEDS_DECISION,
     UNRESOLVED,
     W,
-    workflow_event,
-    workflow_transition,
+    coordinator_event,
+    coordinator_transition,
 )
 from actions.workflows.templates import READ, template_for
 
@@ -95,13 +94,7 @@ def _advance_locked(*, workflow_id: str, now: datetime | None) -> _Next:
         if workflow is None:
             return _Next(state="missing")
         if workflow.state == W.AUTHORIZED:
-            workflow_transition(
-                workflow=workflow,
-                transition="start",
-                actor=COORDINATOR,
-                reason="The plan is approved: running it.",
-                now=now,
-            )
+            coordinator_transition(workflow, "start", reason="The plan is approved: running it.", now=now)
         if workflow.state in (W.RUNNING, W.PAUSED):
             return _run(workflow=workflow, now=now)
         if workflow.state == W.COMPENSATING:
@@ -119,11 +112,9 @@ def _mark_completed(workflow: Workflow, step: WorkflowStep, steps: list[Workflow
     step.completion_order = 1 + max((s.completion_order or 0 for s in steps), default=0)
     step.completed_at = now
     step.save(update_fields=["completion_order", "completed_at"])
-    workflow_event(
-        workflow=workflow,
-        transition="step_succeeded",
-        from_state=workflow.state,
-        actor=COORDINATOR,
+    coordinator_event(
+        workflow,
+        "step_succeeded",
         reason=f"Step {step.position} ({step.name}) is recorded as succeeded.",
         evidence={"step": step.name, "completion_order": step.completion_order},
         now=now,
@@ -148,10 +139,9 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
             continue
         if child.status in IN_FLIGHT:
             if workflow.state == W.PAUSED:
-                workflow_transition(
-                    workflow=workflow,
-                    transition="resume",
-                    actor=COORDINATOR,
+                coordinator_transition(
+                    workflow,
+                    "resume",
                     reason=f"Step {step.name} is being sent again ({child.get_status_display().lower()}).",
                     now=now,
                 )
@@ -183,10 +173,9 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
             )
             return _Next(state=workflow.state)
         if child.status in DID_NOT_HAPPEN:
-            workflow_transition(
-                workflow=workflow,
-                transition="begin_compensation",
-                actor=COORDINATOR,
+            coordinator_transition(
+                workflow,
+                "begin_compensation",
                 reason=f"Step {step.name} ended {child.get_status_display().lower()}: walking back the completed "
                 "steps in reverse.",
                 evidence={"failed_step": step.name, "action_id": child.action_id},
@@ -197,16 +186,10 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
     if workflow.state == W.PAUSED:
         # The last step was paused on an unknown outcome that has since been settled as
         # succeeded (by reconciliation or by a person): nothing is left to run.
-        workflow_transition(
-            workflow=workflow,
-            transition="resume",
-            actor=COORDINATOR,
-            reason="The paused step's outcome is known now: it succeeded.",
-            now=now,
+        coordinator_transition(
+            workflow, "resume", reason="The paused step's outcome is known now: it succeeded.", now=now
         )
-    workflow_transition(
-        workflow=workflow, transition="complete", actor=COORDINATOR, reason="Every step succeeded.", now=now
-    )
+    coordinator_transition(workflow, "complete", reason="Every step succeeded.", now=now)
     return _Next(state=workflow.state)
 
 
@@ -243,11 +226,9 @@ def _compensate(*, workflow: Workflow, now: datetime) -> _Next:
                 workflow.owner = owner
                 workflow.waiting_for = text
                 workflow.save(update_fields=["owner", "waiting_for", "updated_at"])
-                workflow_event(
-                    workflow=workflow,
-                    transition="owner_named",
-                    from_state=workflow.state,
-                    actor=COORDINATOR,
+                coordinator_event(
+                    workflow,
+                    "owner_named",
                     reason=f"{text} Owner: {owner.get_username() if owner else 'nobody'}.",
                     now=now,
                 )
@@ -262,10 +243,9 @@ def _compensate(*, workflow: Workflow, now: datetime) -> _Next:
         )
         return _Next(state=workflow.state)
     none = [s.name for s in completed if not s.compensation_kind and s.kind != READ]
-    workflow_transition(
-        workflow=workflow,
-        transition="finish_compensation",
-        actor=COORDINATOR,
+    coordinator_transition(
+        workflow,
+        "finish_compensation",
         reason="Every completed step with a compensation was walked back."
         + (f" Without one, as planned: {', '.join(none)}." if none else ""),
         now=now,

@@ -37,11 +37,11 @@ FAULT_DURING_COMPENSATION = "workflow_during_compensation"
 
 
 def workflow_event(
-    *,
     workflow: Workflow,
     transition: str,
     from_state: str,
     actor: Actor,
+    *,
     reason: str = "",
     evidence: dict[str, Any] | None = None,
     now: datetime | None = None,
@@ -85,4 +85,27 @@ def workflow_transition(
         reason=reason,
         evidence=evidence,
         now=now,
+    )
+
+
+def coordinator_event(
+    workflow: Workflow, transition: str, *, reason: str, now: datetime, evidence: dict[str, Any] | None = None
+) -> WorkflowEvent:
+    """What the coordinator did to a step, in the workflow's trail; the workflow's state stays."""
+    return workflow_event(workflow, transition, workflow.state, COORDINATOR, reason=reason, evidence=evidence, now=now)
+
+
+def coordinator_transition(
+    workflow: Workflow,
+    transition: str,
+    *,
+    reason: str,
+    now: datetime,
+    evidence: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> WorkflowEvent:
+    """The coordinator moves the workflow on (start, pause, resume, compensate, complete, fail);
+    ``kwargs`` go to the transition."""
+    return workflow_transition(
+        workflow=workflow, transition=transition, actor=COORDINATOR, reason=reason, evidence=evidence, now=now, **kwargs
     )

@@ -1,4 +1,5 @@
-# Shared by start.sh and test.sh: a virtual environment with the pinned requirements.
+# Shared by start.sh, serve.sh and test.sh: a virtual environment with the pinned requirements,
+# the services they start and the secrets they keep.
 # Sourced, not run.
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -55,4 +56,27 @@ ensure_chromium() {
         echo "chromium is missing: install Debian's chromium package for the browser tests" >&2
         return 1
     fi
+}
+
+# Prints the secret kept in the file $1, written once (readable by its owner only) from the
+# Python expression $2: a key of this machine's own survives a restart and is never committed.
+kept_secret() {
+    local file="$1" expression="$2"
+    if [ ! -s "$file" ]; then
+        (umask 077 && "$PY" -c "import secrets; print($expression)" > "$file")
+    fi
+    cat "$file"
+}
+
+# Starts the sandbox module $3 (with its arguments after it) in the background, logging to $2,
+# adds it to the caller's pids, and waits up to ten seconds for $1 to answer.
+start_sandbox() {
+    local health="$1" log="$2"
+    shift 2
+    "$PY" -m "$@" >"$log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 100); do
+        curl -fsS "$health" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
 }

@@ -30,21 +30,13 @@ export CELERY_BROKER_URL="${CELERY_BROKER_URL:-redis://127.0.0.1:6379/1}"
 # A secret key of this machine's own, kept in the data folder, unless one is given: sessions
 # survive a restart, and no key is ever committed.
 if [ -z "${SECRET_KEY:-}" ]; then
-    key_file="$CONSOLE_DATA_DIR/secret_key"
-    if [ ! -s "$key_file" ]; then
-        (umask 077 && "$PY" -c "import secrets; print(secrets.token_urlsafe(50))" > "$key_file")
-    fi
-    SECRET_KEY="$(cat "$key_file")"
+    SECRET_KEY="$(kept_secret "$CONSOLE_DATA_DIR/secret_key" "secrets.token_urlsafe(50)")"
     export SECRET_KEY
 fi
 # The same for the provider's webhook secret: the console refuses to start on the sandbox's
 # public one with DEBUG off. The sandbox started below signs its events with it.
 if [ -z "${PROVIDER_WEBHOOK_SECRET:-}" ]; then
-    hook_file="$CONSOLE_DATA_DIR/provider_webhook_secret"
-    if [ ! -s "$hook_file" ]; then
-        (umask 077 && "$PY" -c "import secrets; print('whsec_' + secrets.token_urlsafe(32))" > "$hook_file")
-    fi
-    PROVIDER_WEBHOOK_SECRET="$(cat "$hook_file")"
+    PROVIDER_WEBHOOK_SECRET="$(kept_secret "$CONSOLE_DATA_DIR/provider_webhook_secret" "'whsec_' + secrets.token_urlsafe(32)")"
     export PROVIDER_WEBHOOK_SECRET
 fi
 export SANDBOX_WEBHOOK_SECRET="${SANDBOX_WEBHOOK_SECRET:-$PROVIDER_WEBHOOK_SECRET}"

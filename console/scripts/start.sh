@@ -30,35 +30,22 @@ stop_all() {
 trap stop_all EXIT INT TERM
 
 echo "==> sandbox provider on $PROVIDER_API_BASE (log: $CONSOLE_DATA_DIR/logs/sandbox.log)"
-"$PY" -m harness.sandboxes.payment --host 127.0.0.1 --port "$SANDBOX_PORT" \
-    --db "$CONSOLE_DATA_DIR/sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/sandbox.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do
-    curl -fsS "$PROVIDER_API_BASE/_sandbox/health" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+start_sandbox "$PROVIDER_API_BASE/_sandbox/health" "$CONSOLE_DATA_DIR/logs/sandbox.log" \
+    harness.sandboxes.payment --host 127.0.0.1 --port "$SANDBOX_PORT" --db "$CONSOLE_DATA_DIR/sandbox.sqlite3"
 
 MAIL_SMTP_PORT="${MAIL_SMTP_PORT:-12525}"
 MAIL_HTTP_PORT="${MAIL_HTTP_PORT:-12580}"
 export EMAIL_HOST="${EMAIL_HOST:-127.0.0.1}" EMAIL_PORT="${EMAIL_PORT:-$MAIL_SMTP_PORT}"
 export MAIL_SANDBOX_URL="${MAIL_SANDBOX_URL:-http://127.0.0.1:$MAIL_HTTP_PORT}"
 echo "==> mail sandbox: SMTP on 127.0.0.1:$MAIL_SMTP_PORT, its list of messages on $MAIL_SANDBOX_URL/messages"
-"$PY" -m harness.sandboxes.mail --host 127.0.0.1 --smtp-port "$MAIL_SMTP_PORT" --http-port "$MAIL_HTTP_PORT" \
-    --db "$CONSOLE_DATA_DIR/mail-sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/mail-sandbox.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do
-    curl -fsS "$MAIL_SANDBOX_URL/health" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+start_sandbox "$MAIL_SANDBOX_URL/health" "$CONSOLE_DATA_DIR/logs/mail-sandbox.log" \
+    harness.sandboxes.mail --host 127.0.0.1 --smtp-port "$MAIL_SMTP_PORT" --http-port "$MAIL_HTTP_PORT" \
+    --db "$CONSOLE_DATA_DIR/mail-sandbox.sqlite3"
 
 echo "==> accounting sandbox on $ACCOUNTING_API_BASE (log: $CONSOLE_DATA_DIR/logs/accounting-sandbox.log)"
-"$PY" -m harness.sandboxes.accounting --host 127.0.0.1 --port "$ACCOUNTING_SANDBOX_PORT" \
-    --db "$CONSOLE_DATA_DIR/accounting-sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/accounting-sandbox.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do
-    curl -fsS "$ACCOUNTING_API_BASE/_sandbox/health" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+start_sandbox "$ACCOUNTING_API_BASE/_sandbox/health" "$CONSOLE_DATA_DIR/logs/accounting-sandbox.log" \
+    harness.sandboxes.accounting --host 127.0.0.1 --port "$ACCOUNTING_SANDBOX_PORT" \
+    --db "$CONSOLE_DATA_DIR/accounting-sandbox.sqlite3"
 
 echo "==> database"
 "$PY" manage.py migrate --noinput >/dev/null

@@ -304,7 +304,7 @@ def run_wait(args: argparse.Namespace, workdir: Path, sandbox: Any, sandbox_url:
                     from actions.models import ActionEvent
 
                     trail = ActionEvent.objects.filter(action_id=pks[0]).order_by("created_at")
-                    lines += [f"    {e.created_at:%H:%M:%S.%f} {e.from_state}->{e.to_state} {e.reason[:70]}" for e in trail]
+                    lines += [f"  {e.created_at:%H:%M:%S} {e.from_state}->{e.to_state} {e.reason[:60]}" for e in trail]
                 lines.append(
                     f"  {rate:>13} {latency:>6}ms {len(waits):>5} {p50:>7.2f}s {p99:>7.2f}s"
                     f"   (claimed p50 {claim50:.2f}s)"

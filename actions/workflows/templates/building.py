@@ -10,13 +10,13 @@ from typing import Any
 from django.conf import settings
 
 from actions.kinds import kind_for
-from actions.kinds.email_templates import EmailTemplate
+from actions.kinds.email_templates import EmailTemplate, template_for
 from actions.kinds.fields import (
     FieldProblem,
     ProposalInvalid,
 )
 from actions.kinds.supplier_email.contract import message_id_for
-from actions.workflows.templates import MAX_ACTION_ID, READ, StepSpec, Template
+from actions.workflows.templates import MAX_ACTION_ID, READ, Proposal, StepSpec, Template, plan_hash_of
 
 
 def step_entry(
@@ -95,14 +95,52 @@ def email_payload(
     }
 
 
+def registered_email(name: str) -> EmailTemplate:
+    """An email template registered with the supplier emails, so that a workflow's message and
+    a lone supplier email of the same name read the same."""
+    template = template_for(name)
+    if template is None:
+        raise LookupError(f"no email template is registered as {name}")
+    return template
+
+
+def parameter_problems_raise(problems: list[FieldProblem]) -> None:
+    """All the bad parameters at once, each named as a parameter; nothing when there are none."""
+    if problems:
+        raise ProposalInvalid(parameter_problems(problems))
+
+
+def parameter_refusal(name: str, code: str, message: str) -> ProposalInvalid:
+    """One parameter refused by what the console holds (after the checks of each field passed)."""
+    return ProposalInvalid([FieldProblem(name, code, message)])
+
+
+def workflow_proposal(
+    template: Template,
+    *,
+    workflow_id: str,
+    case: str,
+    parameters: dict[str, Any],
+    steps: list[dict[str, Any]],
+    evidence: str,
+) -> Proposal:
+    # The Message-IDs are derived from the workflow id; the plan hash must not be (see
+    # plan_hash_of), so it is taken of the steps without them.
+    return Proposal(
+        workflow_id=workflow_id,
+        case=case,
+        parameters=parameters,
+        plan={"template": template.name, "steps": steps, "evidence": evidence},
+        plan_hash=plan_hash_of(template.name, without_message_ids(steps)),
+    )
+
+
 def workflow_ids(prefix: str, business: str, case_ref: str) -> tuple[str, str]:
     workflow_id = f"{prefix}:{business}:{case_ref}"
     # The longest child key must still fit the receivers' key limit.
     if len(workflow_id) + len(":post_credit_note:compensate") > MAX_ACTION_ID:
         raise ProposalInvalid([FieldProblem("parameters.case", "too_long", "The workflow id would be too long.")])
     return workflow_id, f"{prefix}:{business}"
-
-
 
 
 def without_message_ids(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,7 +13,6 @@ from actions.kinds import StepClass
 from actions.kinds.email_templates import EmailTemplate
 from actions.kinds.fields import (
     FieldProblem,
-    ProposalInvalid,
     check_currency,
     check_evidence,
     check_reference,
@@ -32,19 +31,20 @@ from actions.workflows.templates import (
     Proposal,
     StepSpec,
     Template,
-    plan_hash_of,
     registered_template,
     template_register,
 )
 from actions.workflows.templates.building import (
     email_payload,
     one_line_text,
-    parameter_problems,
+    parameter_problems_raise,
+    parameter_refusal,
     parameters_dict,
+    registered_email,
     step_entry,
     unknown_parameters,
-    without_message_ids,
     workflow_ids,
+    workflow_proposal,
 )
 
 CORRECTION_TEMPLATE = EmailTemplate(
@@ -62,21 +62,8 @@ CORRECTION_TEMPLATE = EmailTemplate(
     ),
 )
 
-ADJUSTED_TEMPLATE = EmailTemplate(
-    name="bill_adjusted",
-    version=1,
-    subject="Bill $bill_number: adjusted by $amount $currency",
-    body=(
-        "Dear $supplier_name,\n"
-        "\n"
-        "We have adjusted your bill $bill_number by $amount $currency.\n"
-        "Reason: $reason\n"
-        "\n"
-        "A credit note follows separately. Please reply to this message if anything is unclear.\n"
-        "\n"
-        "Accounts payable\n"
-    ),
-)
+# The supplier's notice reads as a lone supplier email of the same template would.
+ADJUSTED_TEMPLATE = registered_email("bill_adjusted")
 
 
 def documents_read(payload: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +95,6 @@ def documents_read(payload: dict[str, Any]) -> dict[str, Any]:
         except ProviderError as error:
             evidence["accounting"] = {"invoice_id": bill.accounting_reference, "error": str(error)}
     return evidence
-
 
 
 PO_STEPS = (
@@ -167,15 +153,8 @@ def _po_validate(raw_input: dict[str, Any]) -> Proposal:
         "evidence": fields.evidence,
     }
     steps = _po_steps(fields, bill=bill, supplier=supplier, workflow_id=workflow_id)
-    # The Message-IDs are derived from the workflow id; the plan hash must not be (see
-    # plan_hash_of), so they are left out of the hash by hashing without them.
-    digest = plan_hash_of(template.name, without_message_ids(steps))
-    return Proposal(
-        workflow_id=workflow_id,
-        case=case,
-        parameters=parameters,
-        plan={"template": template.name, "steps": steps, "evidence": fields.evidence},
-        plan_hash=digest,
+    return workflow_proposal(
+        template, workflow_id=workflow_id, case=case, parameters=parameters, steps=steps, evidence=fields.evidence
     )
 
 
@@ -198,8 +177,7 @@ def _po_fields(raw_input: dict[str, Any], template: Template) -> _Fields:
     to = one_line_text("parameters.to", raw.get("to"), problems, limit=254)
     explanation = one_line_text("parameters.explanation", raw.get("explanation"), problems)
     evidence = check_evidence(raw.get("evidence", ""), problems)
-    if problems:
-        raise ProposalInvalid(parameter_problems(problems))
+    parameter_problems_raise(problems)
     assert bill_ref and case_ref and currency and amount is not None and supplier_code and to and explanation
     return _Fields(bill_ref, case_ref, currency, amount, reason, supplier_code, to, explanation, evidence)
 
@@ -209,25 +187,19 @@ def _po_records(fields: _Fields) -> tuple[Bill, Supplier]:
     bill_ref, currency, supplier_code, to = fields.bill_ref, fields.currency, fields.supplier_code, fields.to
     bill = Bill.objects.filter(number=bill_ref).first()
     if bill is None:
-        raise ProposalInvalid([FieldProblem("parameters.bill_number", "not_found", f"There is no bill {bill_ref}.")])
+        raise parameter_refusal("parameters.bill_number", "not_found", f"There is no bill {bill_ref}.")
     if not bill.accounting_reference:
-        raise ProposalInvalid(
-            [FieldProblem("parameters.bill_number", "not_in_accounting", f"Bill {bill_ref} is not in accounting.")]
-        )
+        raise parameter_refusal("parameters.bill_number", "not_in_accounting", f"Bill {bill_ref} is not in accounting.")
     if bill.voided:
-        raise ProposalInvalid([FieldProblem("parameters.bill_number", "bill_voided", f"Bill {bill_ref} is voided.")])
+        raise parameter_refusal("parameters.bill_number", "bill_voided", f"Bill {bill_ref} is voided.")
     if currency != bill.currency:
-        raise ProposalInvalid(
-            [FieldProblem("parameters.currency", "currency_mismatch", f"Bill {bill_ref} is in {bill.currency}.")]
-        )
+        raise parameter_refusal("parameters.currency", "currency_mismatch", f"Bill {bill_ref} is in {bill.currency}.")
     supplier = Supplier.objects.filter(code=supplier_code).first()
     if supplier is None:
-        raise ProposalInvalid(
-            [FieldProblem("parameters.supplier", "not_found", f"There is no supplier {supplier_code}.")]
-        )
+        raise parameter_refusal("parameters.supplier", "not_found", f"There is no supplier {supplier_code}.")
     if to.lower() not in supplier.known_addresses():
-        raise ProposalInvalid(
-            [FieldProblem("parameters.to", "unknown_contact", f"{to} is not one of {supplier.code}'s known contacts.")]
+        raise parameter_refusal(
+            "parameters.to", "unknown_contact", f"{to} is not one of {supplier.code}'s known contacts."
         )
     return bill, supplier
 

@@ -12,7 +12,6 @@ from actions.kinds import StepClass
 from actions.kinds.email_templates import EmailTemplate
 from actions.kinds.fields import (
     FieldProblem,
-    ProposalInvalid,
     check_currency,
     check_evidence,
     check_reference,
@@ -30,18 +29,18 @@ from actions.workflows.templates import (
     Proposal,
     StepSpec,
     Template,
-    plan_hash_of,
     registered_template,
     template_register,
 )
 from actions.workflows.templates.building import (
     email_payload,
-    parameter_problems,
+    parameter_problems_raise,
+    parameter_refusal,
     parameters_dict,
     step_entry,
     unknown_parameters,
-    without_message_ids,
     workflow_ids,
+    workflow_proposal,
 )
 
 NOTICE_TEMPLATE = EmailTemplate(
@@ -105,12 +104,8 @@ def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
         "evidence": fields.evidence,
     }
     steps = _refund_steps(fields, request=request, workflow_id=workflow_id)
-    return Proposal(
-        workflow_id=workflow_id,
-        case=case,
-        parameters=parameters,
-        plan={"template": template.name, "steps": steps, "evidence": fields.evidence},
-        plan_hash=plan_hash_of(template.name, without_message_ids(steps)),
+    return workflow_proposal(
+        template, workflow_id=workflow_id, case=case, parameters=parameters, steps=steps, evidence=fields.evidence
     )
 
 
@@ -135,8 +130,7 @@ def _refund_fields(raw_input: dict[str, Any], template: Template) -> _Fields:
             )
         )
     evidence = check_evidence(raw.get("evidence", ""), problems)
-    if problems:
-        raise ProposalInvalid(parameter_problems(problems))
+    parameter_problems_raise(problems)
     assert order_ref and case_ref and number is not None and currency and amount is not None
     return _Fields(order_ref, case_ref, number, currency, amount, reason, evidence)
 
@@ -147,38 +141,24 @@ def _refund_request(fields: _Fields) -> RefundRequest:
     order_ref, number, currency, amount = fields.order_ref, fields.number, fields.currency, fields.amount
     request = RefundRequest.objects.select_related("order").filter(order__number=order_ref, number=number).first()
     if request is None:
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "parameters.request_number", "not_found", f"Order {order_ref} has no refund request {number}."
-                )
-            ]
+        raise parameter_refusal(
+            "parameters.request_number", "not_found", f"Order {order_ref} has no refund request {number}."
         )
     order: Order = request.order
     if not order.charge_reference:
-        raise ProposalInvalid([FieldProblem("parameters.order_number", "no_charge", "The order has no payment.")])
+        raise parameter_refusal("parameters.order_number", "no_charge", "The order has no payment.")
     if currency != order.currency:
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "parameters.currency", "currency_mismatch", f"Order {order_ref} was paid in {order.currency}."
-                )
-            ]
+        raise parameter_refusal(
+            "parameters.currency", "currency_mismatch", f"Order {order_ref} was paid in {order.currency}."
         )
     if not order.customer_email:
-        raise ProposalInvalid(
-            [FieldProblem("parameters.order_number", "no_customer_email", "The order has no customer address.")]
-        )
+        raise parameter_refusal("parameters.order_number", "no_customer_email", "The order has no customer address.")
     if amount > order.refundable_amount:
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "parameters.amount",
-                    "over_refundable_balance",
-                    f"{amount} {currency} is more than order {order_ref}'s refundable balance "
-                    f"({order.refundable_amount} {currency}).",
-                )
-            ]
+        raise parameter_refusal(
+            "parameters.amount",
+            "over_refundable_balance",
+            f"{amount} {currency} is more than order {order_ref}'s refundable balance "
+            f"({order.refundable_amount} {currency}).",
         )
     # One refund request is one refund: a lone refund proposal for it already is that refund.
     lone = (
@@ -188,14 +168,10 @@ def _refund_request(fields: _Fields) -> RefundRequest:
         .first()
     )
     if lone is not None:
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "parameters.request_number",
-                    "request_taken",
-                    f"Refund request {number} of order {order_ref} already has the refund {lone.action_id}.",
-                )
-            ]
+        raise parameter_refusal(
+            "parameters.request_number",
+            "request_taken",
+            f"Refund request {number} of order {order_ref} already has the refund {lone.action_id}.",
         )
     return request
 
