@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from actions.engine.faults import fault_point
 from actions.engine.leases import lease_take
 from actions.foundation import sql
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor, Writes, action_transition
 from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
@@ -88,7 +88,7 @@ def submission_begin(
     ``skip_locked``: the sweep's claim. A row another worker has locked is skipped (TAKEN)
     instead of waited for.
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     actor = actor or Actor.system("dispatcher")
     try:
         with transaction.atomic(durable=True):
@@ -134,7 +134,7 @@ def submission_begin_batch(
     leaves fresh approvals to their own publish). ``action_pks``: only these (those whose
     receivers had a token, when rate limits are on).
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     actor = actor or Actor.system("dispatcher")
     if limit <= 0 or (action_pks is not None and not action_pks):
         return []

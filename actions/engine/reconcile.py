@@ -36,6 +36,7 @@ from actions.engine.faults import fault_point
 from actions.engine.leases import Lease, lease_take
 from actions.engine.outcomes import apply_outcome, next_reconcile_time, not_before_retry_after
 from actions.engine.send import receiver_for
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
@@ -149,7 +150,7 @@ def reconcile_action(
     published_mark: datetime | None = None,
 ) -> str:
     """One reconciliation pass for one action. Returns what happened, for logs and tests."""
-    now = now or timezone.now()
+    now = now or database_clock_now()
     claimed = reconcile_claim(action_pk=action_pk, now=now, published_mark=published_mark)
     if claimed is None:
         return "not_due"
@@ -341,7 +342,7 @@ def _retry(*, action: Action, now: datetime, reason: str, evidence: dict[str, An
 
 def reconcile_due(*, now: datetime | None = None, limit: int = 200) -> list[int]:
     """Ids of UNKNOWN and SETTLING actions whose next reconciliation is due, oldest first."""
-    now = now or timezone.now()
+    now = now or database_clock_now()
     return list(
         Action.objects.filter(status__in=[S.UNKNOWN, S.SETTLING], next_reconcile_at__lte=now)
         .order_by("next_reconcile_at")
@@ -358,7 +359,7 @@ def reconcile_publish_due(*, now: datetime | None = None, limit: int = 200) -> l
     flush or restart), the action becomes due again when the mark passes and is published anew.
     Rows are taken with SKIP LOCKED, so concurrent sweeps split the work.
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     mark = now + timedelta(seconds=settings.LEASE_SECONDS)
     with transaction.atomic(durable=True):
         pks = list(

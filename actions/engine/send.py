@@ -10,9 +10,9 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from actions.engine.faults import fault_point
+from actions.foundation.clock import database_clock_now
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Receiver, ReceiverContract
 from actions.models import Action, Attempt
@@ -53,7 +53,7 @@ def submission_send(
     # handed the action to reconciliation or a person. The attempt stays unanswered and the
     # lease expires, as if the worker had died here.
     margin = timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
-    if action.lease_expires_at is not None and timezone.now() + margin > action.lease_expires_at:
+    if action.lease_expires_at is not None and database_clock_now() + margin > action.lease_expires_at:
         log.warning("action_id=%s lease nearly expired before the receiver call; not sending", action.action_id)
         return None
     fault_point("before_provider_call")

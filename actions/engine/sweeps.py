@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from actions.engine.claim import ClaimOutcome, submission_begin_batch
 from actions.engine.dispatch import execution_dispatch, submission_send_and_record
 from actions.engine.throttle import dispatch_wait, throttling_enabled
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor, action_transition
 from actions.kinds import kind_for
 from actions.models import Action, ActionStatus
@@ -31,7 +31,7 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
     batch) and each batch is sent before the next is claimed; with rate limits, each action
     first takes its receiver's token and is claimed on its own.
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     budget = budget_seconds if budget_seconds is not None else settings.SWEEP_INTERVAL_SECONDS
     cutoff = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS / 2)
     if not throttling_enabled():
@@ -85,7 +85,7 @@ def _sweep_authorized_in_batches(*, cutoff: datetime, limit: int, budget: float)
 
 def sweep_expired_leases(*, now: datetime | None = None, limit: int = 200) -> int:
     """SUBMITTING past its lease goes to UNKNOWN, never straight back to a retry (section 6)."""
-    now = now or timezone.now()
+    now = now or database_clock_now()
     with transaction.atomic(durable=True):
         expired = list(
             Action.objects.select_for_update(skip_locked=True)

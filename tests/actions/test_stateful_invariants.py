@@ -37,6 +37,7 @@ from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.record import submission_record
 from actions.engine.send import receiver_send
 from actions.engine.sweeps import sweep_expired_leases
+from actions.foundation import clock
 from actions.kinds.fields import ProposalInvalid
 from actions.kinds.refund.contract import RefundReceiver
 from actions.kinds.refund.proposal import action_propose_refund
@@ -401,6 +402,10 @@ def test_random_interleavings_never_break_an_invariant(monkeypatch: pytest.Monke
     # The clock is the machine's: services that read the time get the simulated one. Each
     # sequence starts a day after the previous one ended, so time never runs backwards.
     monkeypatch.setattr("django.utils.timezone.now", lambda: CLOCK[0])
+    # The engine reads the database's clock through this one: pin the offset, so that the
+    # simulated clock is the engine's "now" too.
+    monkeypatch.setattr(clock, "_offset", timedelta(0))
+    monkeypatch.setattr(clock, "_measured_at", float("inf"))
     MANAGER[:] = [make_user("stateful.manager", "manager", limits={"EUR": "1000"})]
     make_user("stateful.finance", "finance")
     AGENT_ACTOR[:] = [Actor.for_agent(make_agent(make_user("stateful.owner", "agent"), name="stateful-bot"))]

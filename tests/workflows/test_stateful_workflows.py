@@ -36,6 +36,7 @@ from actions.engine.dispatch import submission_send_and_record
 from actions.engine.resolution_checks import ReviewRefused
 from actions.engine.resolutions import action_resolve_failed, action_resolve_succeeded
 from actions.engine.sweeps import sweep_expired_leases
+from actions.foundation import clock
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Outcome
@@ -295,6 +296,10 @@ def test_random_workflow_interleavings_never_break_invariants_12_to_16(
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     monkeypatch.setattr("actions.foundation.publish.workflow_advance_enqueue", lambda workflow_id: None)
     monkeypatch.setattr("django.utils.timezone.now", lambda: CLOCK[0])
+    # The engine reads the database's clock through this one: pin the offset, so that the
+    # simulated clock is the engine's "now" too.
+    monkeypatch.setattr(clock, "_offset", timedelta(0))
+    monkeypatch.setattr(clock, "_measured_at", float("inf"))
     PEOPLE["manager"] = make_user("wf.manager", "manager", limits={"EUR": "1000"})
     make_user("wf.finance", "finance")
     make_user("wf.payable", "accounts payable")

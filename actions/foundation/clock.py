@@ -1,0 +1,56 @@
+"""One clock for every host: the database server's, read through this host's own.
+
+Leases, approval expiry and the receivers' key retention are decided by comparing a time
+stored in the database with "now". Were "now" each worker's own clock, a worker whose clock runs
+two minutes behind would still send under an approval that expired two minutes ago, and a
+sweeper whose clock runs ahead would take over leases that still hold. So the engine asks
+``database_clock_now()``: this host's time corrected by its offset from the database server's
+clock, measured with one ``SELECT`` at most every ``OFFSET_TTL_SECONDS`` (the middle of the
+round trip is taken as the moment the server read its clock, so the error is at most half a
+round trip). The dispatch path pays no statement for it.
+
+A host whose clock is stepped (an NTP correction, a VM resumed) is wrong by the step for at most
+``OFFSET_TTL_SECONDS``; the lease fence and the idempotency keys still stand behind that.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from actions.foundation.sql import database_now
+
+OFFSET_TTL_SECONDS = 30.0
+
+_lock = threading.Lock()
+_offset: timedelta | None = None
+_measured_at = 0.0
+
+
+def clock_offset_measure() -> timedelta:
+    """The database's clock minus this host's, now."""
+    before = timezone.now()
+    server = database_now()
+    after = timezone.now()
+    return server - (before + (after - before) / 2)
+
+
+def database_clock_now() -> datetime:
+    """Now, on the database server's clock (see the module's docstring)."""
+    global _offset, _measured_at
+    if _offset is None or (time.monotonic() - _measured_at > OFFSET_TTL_SECONDS):
+        offset = clock_offset_measure()
+        with _lock:
+            _offset, _measured_at = offset, time.monotonic()
+    return timezone.now() + _offset
+
+
+def clock_offset_forget() -> None:
+    """Measure the offset again at the next call (tests that move this host's clock)."""
+    global _offset
+    with _lock:
+        _offset = None
+

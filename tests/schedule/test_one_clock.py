@@ -1,0 +1,88 @@
+"""Leases and approval expiry are decided on the database's clock, not a worker's own
+(actions.foundation.clock): a worker whose clock is skewed by two minutes neither sends under an
+expired approval nor takes over a lease that still holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from actions.engine.claim import ClaimOutcome, submission_begin
+from actions.engine.sweeps import sweep_expired_leases
+from actions.foundation.clock import clock_offset_forget, database_clock_now
+from actions.foundation.sql import database_now
+from actions.foundation.trail import Actor
+from actions.models import Action, ActionStatus, Attempt
+from approvals.models import Approval
+from tests.actions.test_reconciliation import authorized_refund
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SKEW = 120  # seconds
+
+
+@pytest.fixture
+def skewed_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Skew this process's clock (the time source every service reads) by ``skew`` seconds."""
+    real_now = timezone.now
+
+    def skew(seconds: int) -> None:
+        monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=seconds))
+        clock_offset_forget()  # the host's clock has been off all along: measured under the skew
+
+    yield skew
+    monkeypatch.setattr(timezone, "now", real_now)
+    clock_offset_forget()
+
+
+@pytest.mark.parametrize("skew", [-SKEW, SKEW])
+def test_the_engines_now_is_the_databases_whatever_the_hosts_clock(skewed_host: Any, skew: int) -> None:
+    skewed_host(skew)
+    assert abs((timezone.now() - database_now()).total_seconds() - skew) < 5
+    assert abs((database_clock_now() - database_now()).total_seconds()) < 2
+
+
+def test_a_worker_whose_clock_runs_behind_does_not_send_under_an_expired_approval(
+    skewed_host: Any, agent_actor: Actor
+) -> None:
+    action = authorized_refund(agent_actor)
+    # The approval expired a second ago, on the database's clock.
+    Approval.objects.filter(action=action).update(expires_at=database_now() - timedelta(seconds=1))
+    skewed_host(-SKEW)  # to this worker's own clock, the approval has two more minutes to run
+
+    claim = submission_begin(action_pk=action.pk)
+
+    assert claim.outcome == ClaimOutcome.STALE
+    assert not Attempt.objects.filter(action=action).exists(), "nothing was about to be sent"
+    # The auto-approval policy decides the stale action again (as for any expired approval it
+    # gave): a new approval, whose expiry is counted on the database's clock too.
+    newest = Approval.objects.filter(action=action).order_by("-decided_at", "-pk").first()
+    assert newest is not None and newest.expires_at is not None
+    assert newest.expires_at > database_now() + timedelta(seconds=60)
+
+
+def test_a_sweeper_whose_clock_runs_ahead_does_not_take_over_a_lease_that_still_holds(
+    skewed_host: Any, agent_actor: Actor
+) -> None:
+    action = authorized_refund(agent_actor)
+    claim = submission_begin(action_pk=action.pk)
+    assert claim.outcome == ClaimOutcome.CLAIMED
+    action.refresh_from_db()
+    assert action.lease_expires_at is not None
+    assert action.lease_expires_at > database_now() + timedelta(seconds=10), "a lease with time to run"
+
+    skewed_host(SKEW)  # to this sweeper's own clock, the lease expired long ago
+
+    assert sweep_expired_leases() == 0
+    action.refresh_from_db()
+    assert action.status == ActionStatus.SUBMITTING
+
+    # Once the lease has really expired (on the database's clock), the same sweeper takes it.
+    Action.objects.filter(pk=action.pk).update(lease_expires_at=database_now() - timedelta(seconds=1))
+    assert sweep_expired_leases() == 1
+    action.refresh_from_db()
+    assert action.status == ActionStatus.UNKNOWN
