@@ -406,11 +406,14 @@ AGENT_WEBHOOK_PROXY_URL: str = env_str("AGENT_WEBHOOK_PROXY_URL", "")
 # escalations and overdue items this often; mails come from NOTIFICATION_EMAIL_FROM.
 NOTIFICATION_INTERVAL_SECONDS: int = env_int("NOTIFICATION_INTERVAL_SECONDS", 60)
 NOTIFICATION_EMAIL_FROM = env_str("NOTIFICATION_EMAIL_FROM", "console@console.invalid")
-# The console's address as people reach it, for the links in notifications.
+# The console's address as people reach it (scheme, host, port, no trailing path): the links in
+# notification e-mails are this plus the item's path. `make start` sets it from PORT.
 CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
 # A backend of their own: the default EMAIL_BACKEND is the supplier emails' (the mail sandbox,
-# whose accepted messages are a receiver's ledger that the audits read). Django's console
-# backend by default (the worker's log in `make start`); production sets an SMTP backend.
+# whose accepted messages are a receiver's ledger that the audits read; the supplier emails' audit
+# skips the messages from NOTIFICATION_EMAIL_FROM). Django's console backend by default;
+# `make start` sends them to the mail sandbox by SMTP (EMAIL_HOST, EMAIL_PORT), production to a
+# real relay with django.core.mail.backends.smtp.EmailBackend.
 NOTIFICATION_EMAIL_BACKEND = env_str("NOTIFICATION_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 # Django's cache (used by nothing that must be exact: the API's rate counters are a table of
 # their own, see actions/api/ratelimit.py).

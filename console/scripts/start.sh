@@ -42,7 +42,10 @@ MAIL_SMTP_PORT="${MAIL_SMTP_PORT:-12525}"
 MAIL_HTTP_PORT="${MAIL_HTTP_PORT:-12580}"
 export EMAIL_HOST="${EMAIL_HOST:-127.0.0.1}" EMAIL_PORT="${EMAIL_PORT:-$MAIL_SMTP_PORT}"
 export MAIL_SANDBOX_URL="${MAIL_SANDBOX_URL:-http://127.0.0.1:$MAIL_HTTP_PORT}"
-echo "==> mail sandbox: SMTP on 127.0.0.1:$MAIL_SMTP_PORT, its list of messages on $MAIL_SANDBOX_URL/messages"
+# Notifications to people go to the same sandbox by SMTP, with links to this console.
+export NOTIFICATION_EMAIL_BACKEND="${NOTIFICATION_EMAIL_BACKEND:-django.core.mail.backends.smtp.EmailBackend}"
+export CONSOLE_BASE_URL="${CONSOLE_BASE_URL:-http://127.0.0.1:$PORT}"
+echo "==> mail sandbox: SMTP on 127.0.0.1:$MAIL_SMTP_PORT, its inbox on $MAIL_SANDBOX_URL/ (JSON: $MAIL_SANDBOX_URL/messages)"
 "$PY" -m harness.sandboxes.mail --host 127.0.0.1 --smtp-port "$MAIL_SMTP_PORT" --http-port "$MAIL_HTTP_PORT" \
     --db "$CONSOLE_DATA_DIR/mail-sandbox.sqlite3" >"$CONSOLE_DATA_DIR/logs/mail-sandbox.log" 2>&1 &
 pids+=($!)

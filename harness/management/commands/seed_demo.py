@@ -221,7 +221,7 @@ class Command(BaseCommand):
             path.chmod(0o600)
         return (
             f"The demo agent support-bot's API token is in {path} "
-            f'(curl -H "Authorization: Bearer $(cat {path})" http://127.0.0.1:8000/api/v1/actions).'
+            f'(curl -H "Authorization: Bearer $(cat {path})" {settings.CONSOLE_BASE_URL.rstrip("/")}/api/v1/actions).'
         )
 
     def _user(self, spec: dict[str, Any]) -> User:
