@@ -12,9 +12,9 @@ from django.core.mail import EmailMultiAlternatives
 from django.utils import timezone
 
 from actions.kinds.supplier_email import MailRelay
-from actions.providers.mail.smtp import SmtpMailer
 from actions.models import Action
 from actions.notifications import notifications_send_due
+from actions.providers.mail.smtp import SmtpMailer
 from actions.services import Actor
 from tests.approvals.test_views import propose
 from tests.mail import MailSandboxClient
