@@ -10,6 +10,8 @@ cd "$REPO_ROOT"
 ensure_venv "$REPO_ROOT/requirements.txt"
 
 export DEBUG="${DEBUG:-1}"
+# The console's own "Not found" page, not Django's DEBUG list of URL patterns.
+export DEMO_FRIENDLY_404="${DEMO_FRIENDLY_404:-1}"
 export CONSOLE_DATA_DIR="${CONSOLE_DATA_DIR:-$REPO_ROOT/data}"
 PORT="${PORT:-8000}"
 MCP_PORT="${MCP_PORT:-8001}"
