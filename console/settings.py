@@ -113,12 +113,9 @@ MIDDLEWARE = [
     # Last, as django-axes asks: it turns a lockout raised by the login into its 429 page.
     "axes.middleware.AxesMiddleware",
 ]
-# The demo profile (`make start`) runs with DEBUG on, and shows its newcomers the console's own
-# "Not found" page rather than Django's list of URL patterns (console.middleware).
-DEMO_FRIENDLY_404: bool = env_bool("DEMO_FRIENDLY_404", False)
-if DEBUG and DEMO_FRIENDLY_404:
-    _AXES = MIDDLEWARE.index("axes.middleware.AxesMiddleware")
-    MIDDLEWARE.insert(_AXES, "console.middleware.FriendlyNotFoundMiddleware")
+# The demo (`make start`, DEBUG on) shows the console's own 404 page, not Django's URL list.
+if DEBUG and env_bool("DEMO_FRIENDLY_404", False):
+    MIDDLEWARE.insert(len(MIDDLEWARE) - 1, "console.middleware.FriendlyNotFoundMiddleware")  # before axes
 
 # django-axes checks every login first (lockout), then Django's own model backend.
 AUTHENTICATION_BACKENDS = [
