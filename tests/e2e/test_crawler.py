@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -171,7 +172,8 @@ def _serious_axe_violations(page: Page, script: str) -> list[str]:
 
 def _crawl_role(page: Page, crawl: Crawl, role: str, username: str, script: str) -> None:
     folder = ARTIFACTS / role.replace(" ", "-")
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # this run's screenshots only
+    folder.mkdir(parents=True)
     errors: list[str] = []
     page.on("console", lambda message: _on_console(message, errors))
     page.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))

@@ -1,9 +1,10 @@
 """The mail sandbox: an SMTP server on aiosmtpd with its own storage and fault injection.
 
 It keeps every message it accepted (SQLite, its own file) and lists them on an HTTP control
-endpoint. That list is the receiver's ledger for the tests and the audit: the console can never
-ask a real supplier's mailbox, but it can ask this one, which is how the tests prove that a
-message went out at most once.
+endpoint, as JSON (``/messages``) and as an inbox a person reads (``/``, ``/messages/<id>``).
+That list is the receiver's ledger for the tests and the audit: the console can never ask a
+real supplier's mailbox, but it can ask this one, which is how the tests prove that a message
+went out at most once.
 
 Fault modes (set over HTTP, each for ``count`` messages or until cleared, optionally only for
 one recipient):
@@ -183,7 +184,8 @@ class SandboxHandler:
 
 
 def control_server(host: str, port: int, store: MailStore, faults: Faults) -> ThreadingHTTPServer:
-    """The HTTP control endpoint: GET /health, GET /messages, GET|POST|DELETE /faults, POST /reset."""
+    """The HTTP control endpoint: GET /health, GET /messages, GET|POST|DELETE /faults, POST /reset;
+    and the inbox's pages (``inbox_page``)."""
 
     class Control(BaseHTTPRequestHandler):
         def _reply(self, status: int, data: Any) -> None:
