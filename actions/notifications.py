@@ -7,6 +7,11 @@ inserted in the transaction that sends the mail. Its unique constraint makes a s
 two at once: the second insert waits for the first commit, then fails) skip what was sent;
 a mail that cannot be sent rolls its rows back, so the next run tries again.
 
+Every notification goes two ways, decided once (``_send_once``): a row in the console
+(``Notification``, under the bell in the navigation, ``/notifications/``) and an e-mail with a
+plain-text and an HTML part, each item with an absolute link (``CONSOLE_BASE_URL``). A person with
+no address on file still finds the notification in the console.
+
 Each person chooses on their account page (``UserSettings``) which of these they receive,
 except the changes to limits and caps: those are a control (four eyes), so every member of
 finance who may confirm one is told.
@@ -21,9 +26,10 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMessage, get_connection
+from django.core.mail import EmailMultiAlternatives, get_connection
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
@@ -33,6 +39,7 @@ from actions.models import (
     Discrepancy,
     DiscrepancyStatus,
     FollowUpStatus,
+    Notification,
     NotificationKind,
     NotificationSent,
     Remedy,
@@ -55,6 +62,12 @@ ITEMS_PER_MAIL = 50
 class Item:
     subject: str  # "action:12", "remedy:3", "discrepancy:7"
     line: str
+    link: str  # the item's page, a path in the console
+
+
+def absolute_link(path: str) -> str:
+    """The console's address for a path, for a mail read outside the console."""
+    return settings.CONSOLE_BASE_URL.rstrip("/") + path
 
 
 @dataclass
@@ -76,8 +89,12 @@ def _action_line(action: Action) -> str:
 
 
 def _send_once(*, user: Any, kind: str, items: list[Item], subject_line: str, intro: str, now: datetime) -> int:
-    """Send one mail about the items not yet told to this person; returns how many were new."""
-    if not user.email or not items:
+    """Tell one person about the items not yet told to them; returns how many were new.
+
+    This is the one place where a decision to tell someone becomes its channels: the
+    console's notification rows and, where the person has an address, one e-mail.
+    """
+    if not items:
         return 0
     with transaction.atomic():
         fresh: list[Item] = []
@@ -90,17 +107,33 @@ def _send_once(*, user: Any, kind: str, items: list[Item], subject_line: str, in
             fresh.append(item)
         if not fresh:
             return 0
-        body = "\n".join([f"Hello {user.get_username()},", "", intro, "", *(f"- {i.line}" for i in fresh), ""])
-        message = EmailMessage(
-            subject=subject_line.format(count=len(fresh)),
-            body=body,
-            from_email=settings.NOTIFICATION_EMAIL_FROM,
-            to=[user.email],
-            connection=get_connection(settings.NOTIFICATION_EMAIL_BACKEND),
+        Notification.objects.bulk_create(
+            Notification(recipient=user, kind=kind, title=item.line[:300], link=item.link, created_at=now)
+            for item in fresh
         )
-        # Raises if the mail cannot be sent: the rows roll back and the next run tries again.
-        message.send()
+        if user.email:
+            _mail(user=user, items=fresh, subject=subject_line.format(count=len(fresh)), intro=intro)
     return len(fresh)
+
+
+def _mail(*, user: Any, items: list[Item], subject: str, intro: str) -> None:
+    context = {
+        "user": user,
+        "intro": intro,
+        "items": [{"line": item.line, "url": absolute_link(item.link)} for item in items],
+        "notifications_url": absolute_link(reverse("notifications")),
+        "account_url": absolute_link(reverse("account")) + "#notifications",
+    }
+    message = EmailMultiAlternatives(
+        subject=subject,
+        body=render_to_string("console/notification_email.txt", context),
+        from_email=settings.NOTIFICATION_EMAIL_FROM,
+        to=[user.email],
+        connection=get_connection(settings.NOTIFICATION_EMAIL_BACKEND),
+    )
+    message.attach_alternative(render_to_string("console/notification_email.html", context), "text/html")
+    # Raises if the mail cannot be sent: the rows roll back and the next run tries again.
+    message.send()
 
 
 def _already_told(user: Any, kind: str) -> set[str]:
@@ -108,9 +141,7 @@ def _already_told(user: Any, kind: str) -> set[str]:
 
 
 def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
-    managers = list(
-        get_user_model().objects.filter(is_active=True, groups__name=MANAGER_ROLE).exclude(email="").distinct()
-    )
+    managers = list(get_user_model().objects.filter(is_active=True, groups__name=MANAGER_ROLE).distinct())
     chosen = _settings_of(managers)
     for manager in managers:
         choice = chosen[manager.pk]
@@ -127,7 +158,11 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
             .order_by("created_at")
         )
         items = [
-            Item(f"action:{a.pk}", f"{_action_line(a)}, waiting since {a.created_at:%Y-%m-%d %H:%M} UTC")
+            Item(
+                f"action:{a.pk}",
+                f"{_action_line(a)}, waiting since {a.created_at:%Y-%m-%d %H:%M} UTC",
+                reverse("approvals-detail", args=[a.pk]),
+            )
             for a in waiting[: ITEMS_PER_MAIL * 4]
             if f"action:{a.pk}" not in told
         ]
@@ -143,6 +178,7 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
             Item(
                 f"workflow:{w.pk}",
                 f"Plan {w.workflow_id} ({w.template}), waiting since {w.created_at:%Y-%m-%d %H:%M} UTC",
+                reverse("approvals-workflow", args=[w.pk]),
             )
             for w in plans[: ITEMS_PER_MAIL * 4]
             if f"workflow:{w.pk}" not in told
@@ -170,20 +206,24 @@ def _owned_items(now: datetime, *, overdue: bool) -> dict[int, list[Item]]:
     for action in actions.order_by("due_at", "pk")[:1000]:
         due = f", due {action.due_at:%Y-%m-%d %H:%M} UTC" if action.due_at else ""
         assert action.owner_id is not None
-        by_owner[action.owner_id].append(Item(f"action:{action.pk}", f"{_action_line(action)}{due}"))
+        by_owner[action.owner_id].append(
+            Item(f"action:{action.pk}", f"{_action_line(action)}{due}", reverse("review-action", args=[action.pk]))
+        )
     remedies = Remedy.objects.filter(status__in=OPEN_REMEDY, owner__isnull=False).select_related("action")
     if overdue:
         remedies = remedies.filter(created_at__lte=due_cut)
     for remedy in remedies.order_by("created_at", "pk")[:1000]:
         line = f"Remedy for {remedy.action.action_id} ({remedy.amount} {remedy.currency})"
         assert remedy.owner_id is not None
-        by_owner[remedy.owner_id].append(Item(f"remedy:{remedy.pk}", line))
+        by_owner[remedy.owner_id].append(Item(f"remedy:{remedy.pk}", line, reverse("review-remedy", args=[remedy.pk])))
     discrepancies = Discrepancy.objects.filter(status__in=OPEN_DISCREPANCY, owner__isnull=False)
     if overdue:
         discrepancies = discrepancies.filter(detected_at__lte=due_cut)
     for found in discrepancies.order_by("detected_at", "pk")[:1000]:
         assert found.owner_id is not None
-        by_owner[found.owner_id].append(Item(f"discrepancy:{found.pk}", f"Discrepancy: {found}"))
+        by_owner[found.owner_id].append(
+            Item(f"discrepancy:{found.pk}", f"Discrepancy: {found}", reverse("review-discrepancy", args=[found.pk]))
+        )
     return by_owner
 
 
@@ -191,7 +231,7 @@ def _owner_notifications(now: datetime, run: NotificationRun, *, overdue: bool) 
     by_owner = _owned_items(now, overdue=overdue)
     if not by_owner:
         return
-    owners = list(get_user_model().objects.filter(pk__in=by_owner, is_active=True).exclude(email=""))
+    owners = list(get_user_model().objects.filter(pk__in=by_owner, is_active=True))
     chosen = _settings_of(owners)
     kind = NotificationKind.OVERDUE if overdue else NotificationKind.ESCALATED
     for owner in owners:
@@ -225,8 +265,8 @@ def _policy_changes_waiting(now: datetime, run: NotificationRun) -> None:
     )
     if not waiting:
         return
-    members = get_user_model().objects.filter(is_active=True, groups__name=FINANCE_ROLE).exclude(email="").distinct()
-    link = settings.CONSOLE_BASE_URL.rstrip("/") + reverse("approvals-policy-changes")
+    members = get_user_model().objects.filter(is_active=True, groups__name=FINANCE_ROLE).distinct()
+    link = reverse("approvals-policy-changes")
     for member in members:
         told = _already_told(member, NotificationKind.POLICY_CHANGE)
         items = [
@@ -234,6 +274,7 @@ def _policy_changes_waiting(now: datetime, run: NotificationRun) -> None:
                 f"policy_change:{change.pk}",
                 f"{change.get_operation_display()} of the {change.what()}: {change.before_text()} to "
                 f"{change.after_text()}, proposed by {change.proposed_by.get_username()}",
+                link,
             )
             for change in waiting
             if f"policy_change:{change.pk}" not in told and policy_change_refusal(change=change, user=member) is None
@@ -245,7 +286,7 @@ def _policy_changes_waiting(now: datetime, run: NotificationRun) -> None:
             subject_line="{count} change(s) to approval limits or caps waiting for your confirmation",
             intro=(
                 "These changes were proposed in the admin site. They take effect only when a member of finance "
-                f"other than the proposer confirms them. Confirm or reject them here: {link}"
+                "other than the proposer confirms them. Confirm or reject each from its link."
             ),
             now=now,
         )
@@ -279,3 +320,27 @@ def waiting_count_for(user: Any, roles: set[str]) -> int:
         count += Remedy.objects.filter(owner=user, status__in=OPEN_REMEDY).count()
         count += Discrepancy.objects.filter(Q(owner=user) & Q(status__in=OPEN_DISCREPANCY)).count()
     return count
+
+
+# --- the console's notifications: the bell and its list ------------------------------------------
+
+
+def notifications_unread_count(user: Any) -> int:
+    if not getattr(user, "is_authenticated", False):
+        return 0
+    return Notification.objects.filter(recipient=user, read_at__isnull=True).count()
+
+
+def notification_mark_read(*, user: Any, pk: int, now: datetime | None = None) -> bool:
+    """Mark one of this person's own notifications read; False if they have none with that id
+    (someone else's is not theirs to mark, and is not news either)."""
+    mine = Notification.objects.filter(pk=pk, recipient=user)
+    if not mine.exists():
+        return False
+    # Read once: marking it again keeps the first time it was read.
+    mine.filter(read_at__isnull=True).update(read_at=now or timezone.now())
+    return True
+
+
+def notifications_mark_all_read(*, user: Any, now: datetime | None = None) -> int:
+    return Notification.objects.filter(recipient=user, read_at__isnull=True).update(read_at=now or timezone.now())

@@ -40,6 +40,7 @@ from actions.agents.services import (
 )
 from actions.models import Agent, AgentToken, UserSettings
 from approvals.step_up import STEP_UP_SESSION_KEY
+from console.roles import MANAGER, user_roles
 from console.timezones import time_zone_choices, user_time_zone_get, user_time_zone_set
 
 
@@ -59,9 +60,38 @@ class TimeZoneForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.fields["time_zone"].widget.attrs.update({"id": "time-zone-select", "autocomplete": "off"})
         field = self.fields["time_zone"]
         assert isinstance(field, forms.ChoiceField)
-        field.choices = [(name, name.replace("_", " ")) for name in time_zone_choices()]
+        field.choices = time_zone_groups()
+
+
+# The regions of the IANA names people pick from; the rest (UTC, Etc/GMT+5, old aliases such as
+# US/Eastern) go last under "Other", so the list opens on places rather than on abbreviations.
+TIME_ZONE_REGIONS = (
+    "Africa",
+    "America",
+    "Antarctica",
+    "Arctic",
+    "Asia",
+    "Atlantic",
+    "Australia",
+    "Europe",
+    "Indian",
+    "Pacific",
+)
+
+
+def time_zone_groups() -> list[tuple[str, list[tuple[str, str]]]]:
+    """The time zones grouped by region (an ``<optgroup>`` each), labelled by their place."""
+    groups: dict[str, list[tuple[str, str]]] = {region: [] for region in (*TIME_ZONE_REGIONS, "Other")}
+    for name in time_zone_choices():
+        region, _, place = name.partition("/")
+        if region in TIME_ZONE_REGIONS and place:
+            groups[region].append((name, place.replace("_", " ").replace("/", " / ")))
+        else:
+            groups["Other"].append((name, name.replace("_", " ")))
+    return [(region, names) for region, names in groups.items() if names]
 
 
 class TokenLabelForm(forms.Form):
@@ -270,21 +300,39 @@ class NotificationSettingsForm(forms.ModelForm):  # type: ignore[type-arg]
         }
 
 
+# Only managers decide proposals: nobody else is offered (or can save) the choices about them.
+MANAGER_ONLY_FIELDS = ("notify_waiting_proposals", "waiting_minutes")
+
+
+def _notification_fields(user: Any) -> list[str]:
+    if MANAGER in user_roles(user):
+        return NOTIFICATION_FIELDS
+    return [name for name in NOTIFICATION_FIELDS if name not in MANAGER_ONLY_FIELDS]
+
+
+def _notification_form(user: Any, data: Any = None, *, instance: UserSettings) -> NotificationSettingsForm:
+    form = NotificationSettingsForm(data, instance=instance)
+    for name in MANAGER_ONLY_FIELDS:
+        if name not in _notification_fields(user):
+            del form.fields[name]
+    return form
+
+
 def notification_form_for(user: Any) -> NotificationSettingsForm:
     found = UserSettings.objects.filter(user=user).first() or UserSettings(user=user)
-    return NotificationSettingsForm(instance=found)
+    return _notification_form(user, instance=found)
 
 
 @require_POST
 @login_required
 def notification_settings_save(request: HttpRequest) -> HttpResponse:
     instance = UserSettings.for_user(request.user)  # type: ignore[arg-type]
-    form = NotificationSettingsForm(request.POST, instance=instance)
+    form = _notification_form(request.user, request.POST, instance=instance)
     if not form.is_valid():
         # The account page again, with the reasons next to the fields; nothing was saved.
         context = {**account_context(request), "notification_form": form}
         return render(request, "console/account.html", context, status=400)
     saved = form.save(commit=False)
-    saved.save(update_fields=NOTIFICATION_FIELDS)
+    saved.save(update_fields=_notification_fields(request.user))
     messages.success(request, "Your notification choices are saved.")
     return redirect("account")

@@ -5,7 +5,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from actions.agents.webhooks import agents_owned_summary
-from actions.notifications import waiting_count_for
+from actions.notifications import notifications_unread_count, waiting_count_for
 from console.roles import user_roles
 
 
@@ -20,6 +20,8 @@ def roles(request: HttpRequest) -> dict[str, Any]:
         "is_console_admin": "admin" in names or getattr(request.user, "is_superuser", False),
         # Counted only if the page shows the badge (the template calls it), once per render.
         "nav_waiting_count": lambda: waiting_count_for(request.user, names),
+        # The bell: this person's unread notifications (counted only where the layout shows it).
+        "nav_unread_notifications": lambda: notifications_unread_count(request.user),
         # The agents this person owns, for their home page (only queried where it is shown).
         "owned_agents": lambda: agents_owned_summary(request.user),
     }

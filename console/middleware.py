@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import logout
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.utils.cache import add_never_cache_headers
 
 Handler = Callable[[HttpRequest], HttpResponse]
@@ -77,3 +78,25 @@ class SessionExpiryMiddleware:
                 # answers as to anyone signed out (the login redirect).
                 logout(request)
         return self.get_response(request)
+
+
+# Django's DEBUG pages carry this tag; the console's own pages never do.
+_TECHNICAL_PAGE_MARK = b'<meta name="robots" content="NONE,NOARCHIVE">'
+
+
+class FriendlyNotFoundMiddleware:
+    """The demo's 404: the console's own "Not found" page instead of Django's DEBUG list of URL
+    patterns, which tells a newcomer nothing (and lists every address of the console).
+
+    Only in the demo profile (``DEMO_FRIENDLY_404``, which `make start` sets): a developer
+    running with DEBUG elsewhere keeps Django's page. With DEBUG off Django renders 404.html
+    itself, and this is not installed."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code == 404 and _TECHNICAL_PAGE_MARK in getattr(response, "content", b""):
+            return render(request, "404.html", status=404)
+        return response

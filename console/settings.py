@@ -113,6 +113,9 @@ MIDDLEWARE = [
     # Last, as django-axes asks: it turns a lockout raised by the login into its 429 page.
     "axes.middleware.AxesMiddleware",
 ]
+# The demo (`make start`, DEBUG on) shows the console's own 404 page, not Django's URL list.
+if DEBUG and env_bool("DEMO_FRIENDLY_404", False):
+    MIDDLEWARE.insert(len(MIDDLEWARE) - 1, "console.middleware.FriendlyNotFoundMiddleware")  # before axes
 
 # django-axes checks every login first (lockout), then Django's own model backend.
 AUTHENTICATION_BACKENDS = [
@@ -406,11 +409,14 @@ AGENT_WEBHOOK_PROXY_URL: str = env_str("AGENT_WEBHOOK_PROXY_URL", "")
 # escalations and overdue items this often; mails come from NOTIFICATION_EMAIL_FROM.
 NOTIFICATION_INTERVAL_SECONDS: int = env_int("NOTIFICATION_INTERVAL_SECONDS", 60)
 NOTIFICATION_EMAIL_FROM = env_str("NOTIFICATION_EMAIL_FROM", "console@console.invalid")
-# The console's address as people reach it, for the links in notifications.
+# The console's address as people reach it (scheme, host, port, no trailing path): the links in
+# notification e-mails are this plus the item's path. `make start` sets it from PORT.
 CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
 # A backend of their own: the default EMAIL_BACKEND is the supplier emails' (the mail sandbox,
-# whose accepted messages are a receiver's ledger that the audits read). Django's console
-# backend by default (the worker's log in `make start`); production sets an SMTP backend.
+# whose accepted messages are a receiver's ledger that the audits read; the supplier emails' audit
+# skips the messages from NOTIFICATION_EMAIL_FROM). Django's console backend by default;
+# `make start` sends them to the mail sandbox by SMTP (EMAIL_HOST, EMAIL_PORT), production to a
+# real relay with django.core.mail.backends.smtp.EmailBackend.
 NOTIFICATION_EMAIL_BACKEND = env_str("NOTIFICATION_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 # Django's cache (used by nothing that must be exact: the API's rate counters are a table of
 # their own, see actions/api/ratelimit.py).

@@ -7,10 +7,11 @@ from django.urls import include, path
 from actions.orders import views as order_views
 from actions.provider_events import views as webhook_views
 from actions.review import views as actions_views
-from console import account, agent_pages, export_views, metrics, views
+from console import account, agent_pages, export_views, metrics, notification_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/", account.account, name="account"),
@@ -40,6 +41,9 @@ urlpatterns = [
         agent_pages.agent_webhook_redeliver,
         name="agent-webhook-redeliver",
     ),
+    path("notifications/", notification_views.notification_list, name="notifications"),
+    path("notifications/<int:pk>/read", notification_views.notification_read, name="notification-read"),
+    path("notifications/read-all", notification_views.notification_read_all, name="notifications-read-all"),
     path("exports/", export_views.exports, name="exports"),
     path("exports/actions.csv", export_views.export_actions, name="export-actions"),
     path("exports/audit-trail.csv", export_views.export_trail, name="export-trail"),

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from django.conf import settings
 
+from actions.providers.money import money_text
+
 if TYPE_CHECKING:
     from actions.models import Action
 
@@ -394,4 +396,4 @@ class EffectKind:
 
 
 def amount_text(amount: Decimal, currency: str) -> str:
-    return f"{amount} {currency}"
+    return money_text(amount, currency)

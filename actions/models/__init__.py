@@ -29,7 +29,7 @@ from actions.models.followups import (
     RemedyKind,
 )
 from actions.models.orders import Order, OrderEvent, OrderEventKind, OutsideRefund, RefundRequest, RequestSource
-from actions.models.people import UserSettings
+from actions.models.people import Notification, UserSettings
 from actions.models.schedule import SchedulePeriod
 from actions.models.security import RateCounter, SecurityEvent, SecurityEventKind
 from actions.models.suppliers import Supplier, SupplierContact
@@ -65,6 +65,7 @@ __all__ = [
     "DiscrepancyStatus",
     "FollowUpStatus",
     "LedgerAuditRun",
+    "Notification",
     "NotificationKind",
     "NotificationSent",
     "Order",

@@ -5,6 +5,9 @@ import zoneinfo
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
+
+from actions.models.agent_webhooks import NotificationKind
 
 
 def validate_time_zone(value: str) -> None:
@@ -38,3 +41,25 @@ class UserSettings(models.Model):
     def for_user(cls, user: models.Model) -> UserSettings:
         found, _ = cls.objects.get_or_create(user=user)
         return found
+
+
+class Notification(models.Model):
+    """One thing a person was told, shown in the console under the bell (``/notifications/``).
+
+    Written by ``actions.notifications`` in the same transaction, and from the same decision,
+    as the e-mail about it: whoever is e-mailed about an item also finds it here, with its link.
+    """
+
+    recipient = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    kind = models.CharField(max_length=32, choices=NotificationKind.choices)
+    title = models.CharField(max_length=300)
+    link = models.CharField(max_length=300, help_text="The item's page in the console, a path: /review/actions/12/.")
+    created_at = models.DateTimeField(default=timezone.now)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["recipient", "read_at"], name="notification_unread_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.title} to {self.recipient_id}"

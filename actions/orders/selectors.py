@@ -15,6 +15,7 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from actions.models import Action, ActionStatus, Order, OrderEvent, OutsideRefund
+from actions.providers.money import money_text
 from actions.search import action_urls
 from approvals.models import Approval
 
@@ -63,7 +64,7 @@ class CustomerSummary:
             return f"No refund in the last {self.window_days} days."
         return (
             f"{_ordinal(self.refunds_in_window)} refund in {self.window_days} days "
-            f"({', '.join(f'{amount} {currency}' for currency, amount in self.refunded_in_window)})."
+            f"({', '.join(money_text(amount, currency) for currency, amount in self.refunded_in_window)})."
         )
 
 

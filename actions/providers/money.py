@@ -105,3 +105,23 @@ def from_minor_units(minor: int, currency: str) -> Decimal:
     digits = tuple(int(d) for d in str(abs(minor)))
     # Building from the tuple is exact whatever the size; Decimal arithmetic would round.
     return Decimal((1 if minor < 0 else 0, digits, -exponent))
+
+
+def money_text(amount: object, currency: object) -> str:
+    """How every page and message writes an amount: grouped, with its currency's places, then the
+    code: ``money_text(Decimal("82.5"), "EUR") == "82.50 EUR"``, ``"12,800 JPY"``.
+
+    An aggregate over a decimal column can come back without its trailing zeros (SQLite's SUM),
+    so the places come from the currency, never from the value."""
+    code = str(currency or "").strip()
+    if amount is None or amount == "":
+        return code
+    try:
+        value = amount if isinstance(amount, Decimal) else Decimal(str(amount))
+    except ArithmeticError:
+        return f"{amount} {code}".strip()
+    try:
+        places = currency_exponent(code.upper())
+    except (TypeError, ValueError):
+        places = 2
+    return f"{value:,.{places}f} {code}".strip()

@@ -10,6 +10,8 @@ cd "$REPO_ROOT"
 ensure_venv "$REPO_ROOT/requirements.txt"
 
 export DEBUG="${DEBUG:-1}"
+# The console's own "Not found" page, not Django's DEBUG list of URL patterns.
+export DEMO_FRIENDLY_404="${DEMO_FRIENDLY_404:-1}"
 export CONSOLE_DATA_DIR="${CONSOLE_DATA_DIR:-$REPO_ROOT/data}"
 PORT="${PORT:-8000}"
 MCP_PORT="${MCP_PORT:-8001}"
@@ -37,7 +39,10 @@ MAIL_SMTP_PORT="${MAIL_SMTP_PORT:-12525}"
 MAIL_HTTP_PORT="${MAIL_HTTP_PORT:-12580}"
 export EMAIL_HOST="${EMAIL_HOST:-127.0.0.1}" EMAIL_PORT="${EMAIL_PORT:-$MAIL_SMTP_PORT}"
 export MAIL_SANDBOX_URL="${MAIL_SANDBOX_URL:-http://127.0.0.1:$MAIL_HTTP_PORT}"
-echo "==> mail sandbox: SMTP on 127.0.0.1:$MAIL_SMTP_PORT, its list of messages on $MAIL_SANDBOX_URL/messages"
+# Notifications to people go to the same sandbox by SMTP, with links to this console.
+export NOTIFICATION_EMAIL_BACKEND="${NOTIFICATION_EMAIL_BACKEND:-django.core.mail.backends.smtp.EmailBackend}"
+export CONSOLE_BASE_URL="${CONSOLE_BASE_URL:-http://127.0.0.1:$PORT}"
+echo "==> mail sandbox: SMTP on 127.0.0.1:$MAIL_SMTP_PORT, its inbox on $MAIL_SANDBOX_URL/ (JSON: $MAIL_SANDBOX_URL/messages)"
 start_sandbox "$MAIL_SANDBOX_URL/health" "$CONSOLE_DATA_DIR/logs/mail-sandbox.log" \
     harness.sandboxes.mail --host 127.0.0.1 --smtp-port "$MAIL_SMTP_PORT" --http-port "$MAIL_HTTP_PORT" \
     --db "$CONSOLE_DATA_DIR/mail-sandbox.sqlite3"

@@ -16,23 +16,24 @@ from django import template
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.template import Context
 from django.template.defaultfilters import date as date_format
-from django.template.defaultfilters import floatformat
 from django.utils.dates import MONTHS_3
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.timezone import template_localtime  # type: ignore[attr-defined]  # (missing from the stubs)
 
-from actions.providers.money import ZERO_DECIMAL_CURRENCIES
+from actions.providers.money import money_text
 
 register = template.Library()
 
 
 @register.simple_tag
 def money(amount: Any, currency: Any) -> SafeString:
-    """An amount in its currency's usual decimals (none for yen and the like), grouped by the
-    active locale: ``<span class="money">1,250.00 EUR</span>``."""
-    places = "0g" if currency in ZERO_DECIMAL_CURRENCIES else "2g"
-    return format_html('<span class="money">{} {}</span>', floatformat(amount, places), currency)
+    """An amount in its currency's usual decimals (none for yen and the like), grouped:
+    ``<span class="money">1,250.00 EUR</span>``. The text is ``money_text``'s, as in messages."""
+    return format_html('<span class="money">{}</span>', money_text(amount, currency))
+
+
+register.filter("money_text", money_text)
 
 
 @register.simple_tag(takes_context=True)

@@ -149,24 +149,41 @@ def test_the_navigation_shows_how_many_items_wait_for_this_person(
     assert 'data-testid="nav-waiting"' not in client.get("/").content.decode()
 
 
-def test_each_person_chooses_their_notifications_on_the_account_page(finance: Any) -> None:
-    UserSettings.objects.create(user=finance, time_zone="Europe/Berlin")
+def test_each_person_chooses_their_notifications_on_the_account_page(manager: Any) -> None:
+    UserSettings.objects.create(user=manager, time_zone="Europe/Berlin")
     client = Client()
-    client.login(username=finance.username, password=PASSWORD)
-    assert 'data-testid="notification-settings"' in client.get("/account/").content.decode()
+    client.login(username=manager.username, password=PASSWORD)
+    page = client.get("/account/").content.decode()
+    assert 'data-testid="notification-settings"' in page
+    assert "Proposals waiting for a manager" in page
 
     bad = client.post("/account/notifications", {"waiting_minutes": "0", "notify_overdue": "on"})
     assert bad.status_code == 400
     assert "Enter at least 1 minute." in bad.content.decode()
-    assert UserSettings.objects.get(user=finance).notify_overdue is True
-    assert UserSettings.objects.get(user=finance).notify_escalations is True
+    assert UserSettings.objects.get(user=manager).notify_overdue is True
+    assert UserSettings.objects.get(user=manager).notify_escalations is True
 
     good = client.post("/account/notifications", {"waiting_minutes": "15", "notify_overdue": "on"})
     assert good.status_code == 302
-    saved = UserSettings.objects.get(user=finance)
+    saved = UserSettings.objects.get(user=manager)
     assert (saved.waiting_minutes, saved.notify_escalations, saved.notify_overdue) == (15, False, True)
+    assert saved.notify_waiting_proposals is False
     # Only its own columns: the time zone chosen elsewhere on the page is kept.
     assert saved.time_zone == "Europe/Berlin"
+
+
+def test_a_non_manager_is_not_offered_the_managers_choices(finance: Any) -> None:
+    client = Client()
+    client.login(username=finance.username, password=PASSWORD)
+    page = client.get("/account/").content.decode()
+    assert "Proposals waiting for a manager" not in page
+    assert 'name="waiting_minutes"' not in page
+    # Posting them anyway changes nothing of them: only the choices offered are saved.
+    answer = client.post("/account/notifications", {"waiting_minutes": "0", "notify_escalations": "on"})
+    assert answer.status_code == 302
+    saved = UserSettings.objects.get(user=finance)
+    assert (saved.notify_waiting_proposals, saved.waiting_minutes) == (True, 30)
+    assert (saved.notify_escalations, saved.notify_overdue) == (True, False)
 
 
 def test_the_notification_form_needs_a_login_and_csrf(finance: Any) -> None:

@@ -192,7 +192,10 @@ class MailRelay:
             rows = response.json()["messages"]
         except (requests.RequestException, ValueError, KeyError) as error:
             raise LedgerUnavailable(f"the mail sandbox's list could not be read: {error}") from error
-        return iter([effect_from_ledger_row(row) for row in rows])
+        # In the demo the console's notifications to its own people go through the same sandbox
+        # (actions/notifications.py); they are not supplier emails, and are not effects to audit.
+        ours = settings.NOTIFICATION_EMAIL_FROM
+        return iter([effect_from_ledger_row(row) for row in rows if row.get("mail_from") != ours])
 
 
 # --- the kind -----------------------------------------------------------------------------

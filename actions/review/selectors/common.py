@@ -21,7 +21,7 @@ from actions.models import (
     DiscrepancyStatus,
     FollowUpStatus,
 )
-from actions.providers.money import from_minor_units
+from actions.providers.money import from_minor_units, money_text
 
 S = ActionStatus
 
@@ -129,7 +129,7 @@ def review_people_get() -> ReviewPeople:
 def _money_minor(amount: object, currency: object) -> str:
     if isinstance(amount, int) and not isinstance(amount, bool) and isinstance(currency, str) and currency:
         try:
-            return f"{from_minor_units(amount, currency.upper())} {currency.upper()}"
+            return money_text(from_minor_units(amount, currency.upper()), currency)
         except (ValueError, KeyError):
             pass
     return f"{amount} {currency}"

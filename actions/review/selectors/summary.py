@@ -14,6 +14,7 @@ from django.utils import timezone
 from actions.models import (
     Action,
     ActionStatus,
+    Bill,
     Discrepancy,
     LedgerAuditRun,
     Remedy,
@@ -178,3 +179,42 @@ def review_summary_get(*, user: Any, now: datetime | None = None) -> FinanceSumm
 def ledger_audit_last_get() -> LedgerAuditRun | None:
     """The ledger audit's latest run, for everyone's home page."""
     return LedgerAuditRun.objects.order_by("-started_at", "-pk").first()
+
+
+# --- accounts payable's home page ------------------------------------------------------------
+
+PAYABLE_KINDS = ("invoice-adjustment", "credit-note-void")
+
+
+@dataclass(frozen=True)
+class PayableSummary:
+    needs_review: int
+    unclear: int
+    mine: int
+    waiting_for_manager: int
+    bills_open: int
+    bills_mismatched: int
+
+
+def payable_summary_get(*, user: Any) -> PayableSummary:
+    """Accounts payable's home page: invoice adjustments and credit-note voids by where they
+    stand, and the supplier bills they draw on."""
+    from_kinds = Action.objects.filter(kind__in=PAYABLE_KINDS)
+    counts = from_kinds.aggregate(
+        needs_review=Count("pk", filter=Q(status=S.NEEDS_REVIEW)),
+        unclear=Count("pk", filter=Q(status__in=[S.UNKNOWN, S.SUBMITTING])),
+        mine=Count("pk", filter=Q(owner=user, status__in=list(QUEUE_ACTION_STATUSES))),
+        waiting=Count("pk", filter=Q(status=S.PROPOSED)),
+    )
+    bills = Bill.objects.filter(voided=False).aggregate(
+        open=Count("pk", filter=Q(amount_due__gt=0)),
+        mismatched=Count("pk", filter=~Q(po_mismatch={})),
+    )
+    return PayableSummary(
+        needs_review=counts["needs_review"],
+        unclear=counts["unclear"],
+        mine=counts["mine"],
+        waiting_for_manager=counts["waiting"],
+        bills_open=bills["open"],
+        bills_mismatched=bills["mismatched"],
+    )

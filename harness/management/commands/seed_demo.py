@@ -162,8 +162,11 @@ class Command(BaseCommand):
         actor = Actor.for_agent(agent)
         for number, amount, reason, evidence in PROPOSALS:
             order = Order.objects.get(number=number)
+            # The support ticket the evidence names (T-1001 ...) is the request's reference: searching
+            # for it finds the order, as the README's example does.
+            ticket = evidence.rsplit("ticket ", 1)[1].rstrip(").")
             request, _ = RefundRequest.objects.get_or_create(
-                order=order, number=1, defaults={"external_reference": f"T-{number}", "note": evidence}
+                order=order, number=1, defaults={"external_reference": ticket, "note": evidence}
             )
             action_propose_refund(
                 order_number=number,
@@ -207,7 +210,8 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo data ready: {Order.objects.count()} orders, {Action.objects.count()} actions. "
-                f"Log in as maria (manager), fiona (finance) or adam (admin) with password {DEMO_PASSWORD!r}."
+                f"Log in at {settings.CONSOLE_BASE_URL.rstrip('/')}/ as maria (manager), fiona (finance), alex "
+                f"(accounts payable), otto (agent owner) or adam (admin) with password {DEMO_PASSWORD!r}."
             )
         )
         self.stdout.write(token_note)
@@ -224,7 +228,7 @@ class Command(BaseCommand):
             path.chmod(0o600)
         return (
             f"The demo agent support-bot's API token is in {path} "
-            f'(curl -H "Authorization: Bearer $(cat {path})" http://127.0.0.1:8000/api/v1/actions).'
+            f'(curl -H "Authorization: Bearer $(cat {path})" {settings.CONSOLE_BASE_URL.rstrip("/")}/api/v1/actions).'
         )
 
     def _user(self, spec: dict[str, Any]) -> User:

@@ -1,9 +1,10 @@
 """The mail sandbox: an SMTP server on aiosmtpd with its own storage and fault injection.
 
 It keeps every message it accepted (SQLite, its own file) and lists them on an HTTP control
-endpoint. That list is the receiver's ledger for the tests and the audit: the console can never
-ask a real supplier's mailbox, but it can ask this one, which is how the tests prove that a
-message went out at most once.
+endpoint, as JSON (``/messages``) and as an inbox a person reads (``/``, ``/messages/<id>``).
+That list is the receiver's ledger for the tests and the audit: the console can never ask a
+real supplier's mailbox, but it can ask this one, which is how the tests prove that a message
+went out at most once.
 
 Fault modes (set over HTTP, each for ``count`` messages or until cleared, optionally only for
 one recipient):
@@ -19,9 +20,11 @@ one recipient):
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import random
+import re
 import socket
 import sqlite3
 import threading
@@ -30,6 +33,7 @@ from datetime import UTC, datetime
 from email import message_from_bytes, policy
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiosmtpd.controller import Controller
 
@@ -95,6 +99,17 @@ class MailStore:
             )
             names = [column[0] for column in cursor.description]
             return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+
+    def one(self, pk: int) -> dict[str, Any] | None:
+        with self._lock:
+            cursor = self._db.execute(
+                "SELECT id, message_id, action_id, mail_from, rcpt_to, subject, possible_repeat, body, raw, "
+                "received_at FROM messages WHERE id = ?",
+                (pk,),
+            )
+            names = [column[0] for column in cursor.description]
+            row = cursor.fetchone()
+            return dict(zip(names, row, strict=True)) if row is not None else None
 
     def clear(self) -> None:
         with self._lock:
@@ -169,7 +184,8 @@ class SandboxHandler:
 
 
 def control_server(host: str, port: int, store: MailStore, faults: Faults) -> ThreadingHTTPServer:
-    """The HTTP control endpoint: GET /health, GET /messages, GET|POST|DELETE /faults, POST /reset."""
+    """The HTTP control endpoint: GET /health, GET /messages, GET|POST|DELETE /faults, POST /reset;
+    and the inbox's pages (``inbox_page``)."""
 
     class Control(BaseHTTPRequestHandler):
         def _reply(self, status: int, data: Any) -> None:
@@ -180,11 +196,25 @@ def control_server(host: str, port: int, store: MailStore, faults: Faults) -> Th
             self.end_headers()
             self.wfile.write(body)
 
+        def _page(self, status: int, html_text: str, content_type: str = "text/html; charset=utf-8") -> None:
+            body = html_text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            # Nothing on these pages runs a script: a message's HTML is shown in a sandboxed frame.
+            self.send_header("Content-Security-Policy", INBOX_CSP)
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
         def do_GET(self) -> None:
-            if self.path == "/health":
+            page = inbox_page(store, self.path)
+            if page is not None:
+                self._page(*page)
+            elif self.path == "/health":
                 self._reply(200, {"ok": True})
             elif self.path == "/messages":
                 self._reply(200, {"messages": store.all()})
@@ -230,6 +260,116 @@ def control_server(host: str, port: int, store: MailStore, faults: Faults) -> Th
                 self._reply(404, {"error": "not found"})
 
     return ThreadingHTTPServer((host, port), Control)
+
+
+# --- the inbox: a page a person reads, besides the JSON list -----------------------------------
+
+INBOX_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; frame-src 'self'; img-src data:; form-action 'none'; "
+    "frame-ancestors 'self'"
+)
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:0;color:#1f2933;background:#f5f7fa}"
+    "header{background:#243b53;color:#fff;padding:.8rem 1.5rem}header a{color:#fff}"
+    "main{max-width:1000px;margin:0 auto;padding:1.5rem}"
+    "table{width:100%;border-collapse:collapse;background:#fff}"
+    "th,td{text-align:left;padding:.5rem .7rem;border-bottom:1px solid #d9e2ec;vertical-align:top}"
+    "td a{color:#1f57a8}pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#fff;padding:1rem;"
+    "border:1px solid #d9e2ec}dl{display:grid;grid-template-columns:max-content 1fr;gap:.3rem 1rem}"
+    "dt{font-weight:600}dd{margin:0;overflow-wrap:anywhere}iframe{width:100%;height:420px;border:1px solid #d9e2ec;"
+    "background:#fff}.muted{color:#52606d}"
+)
+_URL = re.compile(r"https?://[^\s<>\"']+")
+
+
+def _linkify(text: str) -> str:
+    """Escape the text, then make its http(s) addresses links (each escaped as an attribute)."""
+    out: list[str] = []
+    last = 0
+    for found in _URL.finditer(text):
+        out.append(html.escape(text[last : found.start()]))
+        url = found.group(0)
+        out.append(f'<a href="{html.escape(url, quote=True)}">{html.escape(url)}</a>')
+        last = found.end()
+    out.append(html.escape(text[last:]))
+    return "".join(out)
+
+
+def _layout(title: str, content: str) -> str:
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)} · Mail sandbox'
+        f'</title><meta name="viewport" content="width=device-width, initial-scale=1"><style>{_STYLE}</style>'
+        f'</head><body><header><a href="/">Mail sandbox</a> · every message it accepted'
+        f' (<a href="/messages">JSON</a>)</header><main>{content}</main></body></html>'
+    )
+
+
+def _html_part(raw: str) -> str | None:
+    parsed = message_from_bytes(raw.encode("utf-8", errors="replace"), policy=policy.default)
+    part = parsed.get_body(preferencelist=("html",))
+    if part is None or part.get_content_type() != "text/html":
+        return None
+    return str(part.get_content())  # type: ignore[attr-defined]
+
+
+def inbox_page(store: MailStore, path: str) -> tuple[int, str] | tuple[int, str, str] | None:
+    """The inbox's pages: ``/`` (the list), ``/messages/<id>`` (one message), its HTML part alone
+    (``/messages/<id>/html``, shown in a sandboxed frame) and its raw source; None for other paths."""
+    route = urlsplit(path).path
+    if route in ("/", "/inbox"):
+        rows = "".join(
+            f"<tr><td>{html.escape(row['received_at'][:19].replace('T', ' '))}</td>"
+            f"<td>{html.escape(row['mail_from'])}</td><td>{html.escape(row['rcpt_to'])}</td>"
+            f'<td><a href="/messages/{int(row["id"])}">{html.escape(row["subject"] or "(no subject)")}</a></td></tr>'
+            for row in reversed(store.all())
+        )
+        table = (
+            "<table><thead><tr><th>Received (UTC)</th><th>From</th><th>To</th><th>Subject</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+            if rows
+            else '<p class="muted">No messages yet.</p>'
+        )
+        return 200, _layout("Inbox", f"<h1>Inbox</h1>{table}")
+    found = re.fullmatch(r"/messages/(\d+)(/html|/raw)?", route)
+    if found is None:
+        return None
+    row = store.one(int(found.group(1)))
+    if row is None:
+        return 404, _layout("Not found", '<h1>No such message</h1><p><a href="/">Back to the inbox</a></p>')
+    if found.group(2) == "/raw":
+        return 200, str(row["raw"]), "text/plain; charset=utf-8"
+    html_part = _html_part(str(row["raw"]))
+    if found.group(2) == "/html":
+        if html_part is None:
+            return 404, _layout("Not found", "<h1>This message has no HTML part</h1>")
+        # The message's own HTML, as sent; the page's policy lets no script in it run. Its links
+        # open in a new tab (the frame is sandboxed, and may not navigate to another origin).
+        return 200, '<base target="_blank">' + html_part
+    pk = int(row["id"])
+    fields = [
+        ("From", row["mail_from"]),
+        ("To", row["rcpt_to"]),
+        ("Subject", row["subject"]),
+        ("Received", row["received_at"]),
+        ("Message-ID", row["message_id"]),
+    ]
+    if row["action_id"]:
+        fields.append(("Action", row["action_id"]))
+    if row["possible_repeat"]:
+        fields.append(("Possible repeat", row["possible_repeat"]))
+    head = "".join(f"<dt>{html.escape(name)}</dt><dd>{html.escape(str(value))}</dd>" for name, value in fields)
+    frame = (
+        f'<h2>HTML</h2><iframe sandbox="allow-popups allow-popups-to-escape-sandbox" title="The message as HTML" '
+        f'src="/messages/{pk}/html"></iframe>'
+        if html_part is not None
+        else ""
+    )
+    content = (
+        f'<p><a href="/">Back to the inbox</a> · <a href="/messages/{pk}/raw">Source</a></p>'
+        f"<h1>{html.escape(row['subject'] or '(no subject)')}</h1><dl>{head}</dl>"
+        f"<h2>Text</h2><pre>{_linkify(str(row['body']))}</pre>{frame}"
+    )
+    return 200, _layout(str(row["subject"] or "Message"), content)
 
 
 def free_port(host: str) -> int:
