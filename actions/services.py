@@ -351,6 +351,7 @@ def proposal_record(
         Action.objects.filter(pk=action.pk).update(created_at=now)
         action.created_at = now
 
+    writes.new_actions.add(action.pk)  # its trail starts here: no previous event to read
     event_record(
         action=action,
         transition="propose" if not policy_reasons else "reject_proposal",
