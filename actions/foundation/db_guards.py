@@ -160,7 +160,10 @@ def remove_workflow_guards(apps: Any, schema_editor: Any) -> None:
 # existed get their sequence and hashes once, by the database's owner, with the append-only
 # guard lifted for that one migration. They then verify like every later event.
 PG_EVENT_GUARD_OFF = "ALTER TABLE actions_actionevent DISABLE TRIGGER actionevent_append_only"
-PG_EVENT_GUARD_ON = "ALTER TABLE actions_actionevent ENABLE TRIGGER actionevent_append_only"
+# Deferred foreign-key checks still pending would make the ALTER TABLE fail: run them first.
+PG_EVENT_GUARD_ON = (
+    "SET CONSTRAINTS ALL IMMEDIATE; ALTER TABLE actions_actionevent ENABLE TRIGGER actionevent_append_only"
+)
 SQLITE_EVENT_GUARD_OFF = "DROP TRIGGER IF EXISTS actionevent_no_update"
 
 

@@ -27,6 +27,8 @@ The statements, each run by the function of the same name in lower case:
 - ``EVENTS_INSERT`` and ``ATTEMPTS_INSERT``: N audit events, or N attempts, in one INSERT that
   returns their keys in the order given (as Django's ``bulk_create`` reads them).
 - ``ATTEMPT_ANSWERS``: what the receiver said, written on N attempts in one UPDATE.
+- ``TRANSACTIONS_ENDED_BELOW``: the lowest transaction id still running (PostgreSQL only), below
+  which the audit trail's events are final: where a checkpoint's period ends.
 - ``ORDER_RESERVE``, ``ORDER_BOOK`` and ``ORDER_RELEASE``: a refund's money on its order. The
   reservation is a compare-and-set too: only at the approved version, and only while the
   refundable balance covers the amount.
@@ -558,3 +560,20 @@ def order_release(*, order_pk: int, amount: Decimal) -> int:
 
 def _money(amount: Decimal) -> Any:
     return Order._meta.get_field("reserved_amount").get_db_prep_save(amount, _connection(Order))
+
+
+# --- the audit trail's checkpoints -----------------------------------------------------------------
+
+TRANSACTIONS_ENDED_BELOW = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+
+
+def transactions_ended_below() -> int | None:
+    """The lowest transaction id still running on PostgreSQL: every transaction with a lower id
+    has committed or rolled back, so the set of events it wrote is final (a checkpoint covers
+    those: actions.evidence.checkpoints). None on SQLite, which has no such ids."""
+    connection = _connection(ActionEvent, write=False)
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(TRANSACTIONS_ENDED_BELOW)
+        return int(cursor.fetchone()[0])

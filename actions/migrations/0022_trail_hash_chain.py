@@ -71,6 +71,20 @@ class Migration(migrations.Migration):
             model_name="actionevent",
             constraint=models.UniqueConstraint(fields=("action", "sequence"), name="event_action_sequence_unique"),
         ),
+        migrations.AlterField(
+            model_name="notificationsent",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("waiting_proposal", "Proposal waiting"),
+                    ("escalated", "Escalated to you"),
+                    ("overdue", "Overdue"),
+                    ("policy_change", "Limit or cap change to confirm"),
+                    ("trail_break", "Audit trail check failed"),
+                ],
+                max_length=32,
+            ),
+        ),
         # The events written before the chain: hashed once, in key order (docs/evidence.md).
         migrations.RunPython(backfill_trail_hashes, migrations.RunPython.noop),
     ]
