@@ -20,8 +20,8 @@ from django.core.management import call_command
 from django.db import connection
 
 from actions.evidence.checkpoints import checkpoint_log_read, checkpoint_make
-from actions.foundation import sql
 from actions.evidence.verify import trail_check
+from actions.foundation import sql
 from actions.foundation.chain import chain_link, content_hash, sha256_hex
 from actions.foundation.trail import event_content_of
 from actions.models import Action, ActionEvent, Checkpoint
