@@ -160,7 +160,11 @@ def key_id(key: bytes) -> str:
 
 
 def sign(key: bytes, checkpoint_hash: str) -> str:
-    return hmac.new(key, checkpoint_hash.encode("ascii"), hashlib.sha256).hexdigest()
+    return sign_bytes(key, checkpoint_hash.encode("ascii"))
+
+
+def sign_bytes(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 def signature_valid(key: bytes, checkpoint_hash: str, signature: str) -> bool:
