@@ -406,16 +406,11 @@ AGENT_WEBHOOK_PROXY_URL: str = env_str("AGENT_WEBHOOK_PROXY_URL", "")
 # escalations and overdue items this often; mails come from NOTIFICATION_EMAIL_FROM.
 NOTIFICATION_INTERVAL_SECONDS: int = env_int("NOTIFICATION_INTERVAL_SECONDS", 60)
 
-# The audit trail's evidence (docs/evidence.md). Checkpoints are signed with HMAC-SHA256 under
-# TRAIL_SIGNING_KEY, held outside the database (the environment, a secret store): whoever can
-# rewrite the tables cannot sign a new checkpoint. Only DEBUG gets a demo key; `check --deploy`
-# reports a missing one (console.checks). Each checkpoint is also appended to
-# TRAIL_CHECKPOINT_LOG, one JSON line each: a second copy outside the database.
+# The audit trail's signed checkpoints and check, every TRAIL_INTERVAL_SECONDS (docs/evidence.md).
 TRAIL_DEMO_SIGNING_KEY = "demo-trail-signing-key-not-a-secret"
 TRAIL_SIGNING_KEY: str = env_str("TRAIL_SIGNING_KEY", TRAIL_DEMO_SIGNING_KEY if DEBUG else "")
 TRAIL_CHECKPOINT_LOG = Path(env_str("TRAIL_CHECKPOINT_LOG", str(DATA_DIR / "trail-checkpoints.jsonl")))
-TRAIL_CHECKPOINT_INTERVAL_SECONDS: int = env_int("TRAIL_CHECKPOINT_INTERVAL_SECONDS", 3600)
-TRAIL_VERIFY_INTERVAL_SECONDS: int = env_int("TRAIL_VERIFY_INTERVAL_SECONDS", 3600)
+TRAIL_INTERVAL_SECONDS: int = env_int("TRAIL_INTERVAL_SECONDS", 3600)
 NOTIFICATION_EMAIL_FROM = env_str("NOTIFICATION_EMAIL_FROM", "console@console.invalid")
 # The console's address as people reach it, for the links in notifications.
 CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
@@ -589,16 +584,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "actions.tasks.notify_people",
         "schedule": float(NOTIFICATION_INTERVAL_SECONDS),
     },
-    # The audit trail's signed checkpoint, and the check of every chain and checkpoint
-    # (actions.evidence, docs/evidence.md).
-    "trail-checkpoint": {
-        "task": "actions.tasks.trail_checkpoint",
-        "schedule": float(TRAIL_CHECKPOINT_INTERVAL_SECONDS),
-    },
-    "trail-verify": {
-        "task": "actions.tasks.trail_verify",
-        "schedule": float(TRAIL_VERIFY_INTERVAL_SECONDS),
-    },
+    "trail-checkpoint": {"task": "actions.tasks.trail_checkpoint", "schedule": float(TRAIL_INTERVAL_SECONDS)},
+    "trail-verify": {"task": "actions.tasks.trail_verify", "schedule": float(TRAIL_INTERVAL_SECONDS)},
     # Storage tidying, not durability (actions.engine.housekeeping).
     "housekeeping-prune-attempt-bodies": {
         "task": "actions.tasks.housekeeping_prune_attempt_bodies",

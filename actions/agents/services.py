@@ -277,9 +277,7 @@ def agent_owner_change(*, agent: Agent, owner: Any, user: Any, reason: str = "")
         # Locked, as every writer of an action's trail holds its row (actions.foundation.trail,
         # events_chain); in key order, as the batched writers lock them.
         actor = Actor(kind=ActorKind.USER, label=label, user=user)
-        unresolved = Action.objects.select_for_update().filter(
-            proposed_by_agent=agent, status__in=UNRESOLVED_STATUSES
-        )
+        unresolved = Action.objects.select_for_update().filter(proposed_by_agent=agent, status__in=UNRESOLVED_STATUSES)
         for action in unresolved.order_by("pk"):
             event_record(
                 action=action,

@@ -1,5 +1,5 @@
 """``manage.py trail_checkpoint``: make the audit trail's next signed checkpoint now (beat makes
-one every TRAIL_CHECKPOINT_INTERVAL_SECONDS)."""
+one every TRAIL_INTERVAL_SECONDS)."""
 
 from __future__ import annotations
 
