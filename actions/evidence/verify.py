@@ -215,11 +215,8 @@ def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
 
 def _period_difference(checkpoint: Checkpoint, found: list[int]) -> str:
     if len(found) > checkpoint.event_count:
-        strays = [
-            pk
-            for pk in found
-            if checkpoint.first_event is None or not checkpoint.first_event <= pk <= checkpoint.last_event
-        ]  # type: ignore[operator]
+        low, high = checkpoint.first_event, checkpoint.last_event
+        strays = [pk for pk in found if low is None or high is None or not low <= pk <= high]
         named = f" (events {', '.join(map(str, strays[:5]))} lie outside its range)" if strays else ""
         return f"its period now holds {len(found)} events, {checkpoint.event_count} when signed: inserted{named}"
     if len(found) < checkpoint.event_count:

@@ -451,11 +451,10 @@ class CurrentTransactionId(models.Func):
     (64 bits, never wraps); NULL on SQLite."""
 
     output_field = models.BigIntegerField()
+    template = "NULL"
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        if connection.vendor == "postgresql":
-            return "(pg_current_xact_id()::text::bigint)", []
-        return "NULL", []
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection, template="(pg_current_xact_id()::text::bigint)", **extra_context)
 
 
 class ActionEventQuerySet(models.QuerySet["ActionEvent"]):
