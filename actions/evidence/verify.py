@@ -130,8 +130,16 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
         sequence = row["sequence"]
         if sequence is None or not row["chain_hash"]:
             return _break(INSERTED, row, "the event has no place in the chain (no sequence or chain hash)")
+        following = rows[index + 1] if index + 1 < len(rows) else None
+        if following is not None and following["sequence"] == sequence:
+            # Two events claim one place: the genuine one is the one the next event's chain
+            # follows (keys prove nothing: the database's owner may choose them).
+            after = rows[index + 2] if index + 2 < len(rows) else None
+            forged = following
+            if after is not None and chain_link(following["chain_hash"], after["content_hash"]) == after["chain_hash"]:
+                forged = row
+            return _break(INSERTED, forged, f"a second event claims sequence {sequence}")
         if row_content_hash(row) != row["content_hash"]:
-            following = rows[index + 1] if index + 1 < len(rows) else None
             if following is not None and _swapped(row, following):
                 return _break(
                     REORDERED,
@@ -141,16 +149,6 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
             if chain_link(previous_chain, row["content_hash"]) != row["chain_hash"]:
                 return _break(INSERTED, row, "its hashes match neither its fields nor the chain before it")
             return _break(EDITED, row, "its fields no longer match its content hash")
-        if previous is not None and sequence == previous["sequence"]:
-            # The genuine one of the two is the one the next event's chain follows.
-            following = rows[index + 1] if index + 1 < len(rows) else None
-            forged = row
-            if (
-                following is not None
-                and chain_link(row["chain_hash"], following["content_hash"]) == following["chain_hash"]
-            ):
-                forged = previous
-            return _break(INSERTED, forged, f"a second event claims sequence {sequence}")
         if sequence > expected:
             missing = f"sequence {expected}" if sequence == expected + 1 else f"sequences {expected} to {sequence - 1}"
             return _break(REMOVED, row, f"{missing} missing before it")

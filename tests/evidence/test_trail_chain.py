@@ -157,8 +157,9 @@ def test_a_forged_event_that_claims_a_taken_sequence_is_told_from_the_genuine_on
     agent_actor: Actor, as_owner: Any
 ) -> None:
     """The owner drops the unique (action, sequence) and slips a second "sequence 2" in, with a
-    correct content hash and a chain hash that follows event 1: the genuine event 2 is the one
-    event 3's chain follows, so the forged one is named."""
+    correct content hash, a chain hash that follows event 1 and a key lower than every event's
+    (so that key order does not give it away): the genuine event 2 is the one event 3's chain
+    follows, so the forged one is named."""
     action = three_event_actions(agent_actor)[0]
     first, approve, _ = events_of(action)
     as_owner("ALTER TABLE actions_actionevent DROP CONSTRAINT event_action_sequence_unique", [])
@@ -172,6 +173,7 @@ def test_a_forged_event_that_claims_a_taken_sequence_is_told_from_the_genuine_on
         created_at=approve.created_at,
         sequence=2,
     )
+    forged.pk = ActionEvent.objects.order_by("id").values_list("id", flat=True)[0] - 1
     forged.content_hash = content_hash(event_content_of(forged))
     forged.chain_hash = chain_link(first.chain_hash, forged.content_hash)
     forged.save(force_insert=True)
