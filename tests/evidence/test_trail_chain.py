@@ -19,6 +19,7 @@ from django.core import mail
 from django.core.management import call_command
 from django.db import connection
 
+from actions import tasks
 from actions.evidence.checkpoints import checkpoint_log_read, checkpoint_make
 from actions.evidence.verify import trail_check
 from actions.foundation import sql
@@ -273,3 +274,14 @@ def test_an_event_slipped_into_a_signed_period_breaks_its_checkpoint(agent_actor
     assert code == 1
     assert "FIRST BREAK: checkpoint: checkpoint 1: its period now holds 4 events, 3 when signed: inserted" in err
     assert Checkpoint.objects.count() == 1
+
+
+def test_beat_makes_checkpoints_and_checks_the_trail_hourly(agent_actor: Actor, settings: Any) -> None:
+    schedule = settings.CELERY_BEAT_SCHEDULE
+    assert schedule["trail-checkpoint"]["task"] == "actions.tasks.trail_checkpoint"
+    assert schedule["trail-verify"]["task"] == "actions.tasks.trail_verify"
+    assert schedule["trail-checkpoint"]["schedule"] == schedule["trail-verify"]["schedule"] == 3600.0
+    three_event_actions(agent_actor, count=1)
+    assert tasks.trail_checkpoint() == 1
+    assert tasks.trail_verify() == 0
+    assert checkpoint_log_read()[0]["number"] == 1
