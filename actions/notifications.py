@@ -294,6 +294,30 @@ def _policy_changes_waiting(now: datetime, run: NotificationRun) -> None:
         run.sent += 1 if count else 0
 
 
+def trail_break_notify(*, breaks: list[tuple[str, str, str]], now: datetime | None = None) -> int:
+    """Tell every member of finance that the audit trail's check found breaks: ``breaks`` are
+    (subject, line, link) triples, each told once per person. A control, like the changes to limits:
+    no one opts out. Returns the number of mails sent."""
+    now = now or timezone.now()
+    items = [Item(subject, line, link) for subject, line, link in breaks]
+    members = get_user_model().objects.filter(is_active=True, groups__name=FINANCE_ROLE).exclude(email="").distinct()
+    sent = 0
+    for member in members:
+        count = _send_once(
+            user=member,
+            kind=NotificationKind.TRAIL_BREAK,
+            items=items,
+            subject_line="The audit trail's check found {count} break(s)",
+            intro=(
+                "The periodic check of the audit trail (manage.py verify_trail) found events or checkpoints "
+                "that no longer match their hashes. Keep the database as it is and tell an administrator:"
+            ),
+            now=now,
+        )
+        sent += 1 if count else 0
+    return sent
+
+
 def notifications_send_due(*, now: datetime | None = None) -> NotificationRun:
     now = now or timezone.now()
     run = NotificationRun()

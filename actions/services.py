@@ -186,6 +186,8 @@ def proposal_record(
     if winner is not None:
         return winner
     created_at_set_to_proposal_time(action, now=now)
+
+    writes.new_actions.add(action.pk)  # its trail starts here: no previous event to read
     event_record(
         action=action,
         transition="propose" if not policy_reasons else "reject_proposal",

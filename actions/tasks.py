@@ -20,6 +20,8 @@ from actions.engine.reconcile import reconcile_action, reconcile_publish_due
 from actions.engine.sweeps import sweep_authorized as sweep_authorized_run
 from actions.engine.sweeps import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.throttle import dispatch_wait, reconcile_wait, republish_delay
+from actions.evidence.checkpoints import checkpoint_make, signing_key
+from actions.evidence.verify import trail_check
 from actions.foundation.publish import queue_backlog
 from actions.foundation.schedule import once_per_period
 from actions.notifications import notifications_send_due
@@ -128,6 +130,18 @@ def sweep_agent_webhooks() -> int:
 @once_per_period("notify-people")
 def notify_people() -> int:
     return notifications_send_due().sent
+
+
+@shared_task(name="actions.tasks.trail_checkpoint")
+def trail_checkpoint() -> int | None:
+    made = checkpoint_make().checkpoint
+    return made.number if made is not None else None
+
+
+@shared_task(name="actions.tasks.trail_verify")
+def trail_verify() -> int:
+    """The number of breaks found (finance is told of each)."""
+    return len(trail_check(key=signing_key()).breaks)
 
 
 @shared_task(name="actions.tasks.workflow_advance")

@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.queue, name="review-queue"),
     path("actions/<int:pk>/", views.action_detail, name="review-action"),
     path("workflows/<int:pk>/", views.workflow_timeline, name="workflow-timeline"),
+    path("actions/<int:pk>/evidence", views.action_evidence, name="review-action-evidence"),
     path("actions/<int:pk>/assign", views.action_assign, name="review-action-assign"),
     path("actions/<int:pk>/lookup", views.action_lookup, name="review-action-lookup"),
     path("actions/<int:pk>/resolve", views.action_resolve, name="review-action-resolve"),

@@ -119,6 +119,23 @@ def production_mode_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     return []
 
 
+@register(Tags.security, deploy=True)
+def trail_signing_key_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Without its key no checkpoint of the audit trail can be signed or checked (docs/evidence.md)."""
+    key = settings.TRAIL_SIGNING_KEY
+    if not key or key == settings.TRAIL_DEMO_SIGNING_KEY or len(key) < 32:
+        return [
+            Error(
+                "TRAIL_SIGNING_KEY is missing, too short or the demo key: the audit trail's checkpoints "
+                "cannot be signed.",
+                hint="Set TRAIL_SIGNING_KEY to a random value of at least 32 characters, kept outside the "
+                "database, and give it to the auditors who verify evidence bundles.",
+                id="console.E008",
+            )
+        ]
+    return []
+
+
 @register()
 def receiver_rate_limits_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Limits the `limits` library cannot read, or kept per process where every process must share them."""

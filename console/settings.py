@@ -408,6 +408,12 @@ AGENT_WEBHOOK_PROXY_URL: str = env_str("AGENT_WEBHOOK_PROXY_URL", "")
 # Notifications to people (actions/notifications.py): beat looks for waiting proposals,
 # escalations and overdue items this often; mails come from NOTIFICATION_EMAIL_FROM.
 NOTIFICATION_INTERVAL_SECONDS: int = env_int("NOTIFICATION_INTERVAL_SECONDS", 60)
+
+# The audit trail's signed checkpoints and check, every TRAIL_INTERVAL_SECONDS (docs/evidence.md).
+TRAIL_DEMO_SIGNING_KEY = "demo-trail-signing-key-not-a-secret"
+TRAIL_SIGNING_KEY: str = env_str("TRAIL_SIGNING_KEY", TRAIL_DEMO_SIGNING_KEY if DEBUG else "")
+TRAIL_CHECKPOINT_LOG = Path(env_str("TRAIL_CHECKPOINT_LOG", str(DATA_DIR / "trail-checkpoints.jsonl")))
+TRAIL_INTERVAL_SECONDS: int = env_int("TRAIL_INTERVAL_SECONDS", 3600)
 NOTIFICATION_EMAIL_FROM = env_str("NOTIFICATION_EMAIL_FROM", "console@console.invalid")
 # The console's address as people reach it (scheme, host, port, no trailing path): the links in
 # notification e-mails are this plus the item's path. `make start` sets it from PORT.
@@ -584,6 +590,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "actions.tasks.notify_people",
         "schedule": float(NOTIFICATION_INTERVAL_SECONDS),
     },
+    "trail-checkpoint": {"task": "actions.tasks.trail_checkpoint", "schedule": float(TRAIL_INTERVAL_SECONDS)},
+    "trail-verify": {"task": "actions.tasks.trail_verify", "schedule": float(TRAIL_INTERVAL_SECONDS)},
     # Storage tidying, not durability (actions.engine.housekeeping).
     "housekeeping-prune-attempt-bodies": {
         "task": "actions.tasks.housekeeping_prune_attempt_bodies",

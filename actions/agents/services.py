@@ -20,7 +20,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from actions.foundation.security import CORRECT_PERMISSION, security_event_record
-from actions.models import Action, ActionEvent, ActionKind, ActorKind, Agent, AgentToken, SecurityEventKind
+from actions.foundation.trail import Actor, event_record
+from actions.models import Action, ActionKind, ActorKind, Agent, AgentToken, SecurityEventKind
 from actions.models.actions import UNRESOLVED_STATUSES, ActionStatus
 
 # Recognisable in logs, config files and secret scanners ("effect console token").
@@ -273,18 +274,19 @@ def agent_owner_change(*, agent: Agent, owner: Any, user: Any, reason: str = "")
         revoked = AgentToken.objects.filter(agent=agent, revoked_at__isnull=True).update(revoked_at=now)
         label = user.get_username() if user is not None else "system"
         evidence = {"agent": agent.name, "previous_owner": previous, "owner": owner.get_username()}
-        for action in Action.objects.filter(proposed_by_agent=agent, status__in=UNRESOLVED_STATUSES):
-            ActionEvent.objects.create(
+        # Locked, as every writer of an action's trail holds its row (actions.foundation.trail,
+        # events_chain); in key order, as the batched writers lock them.
+        actor = Actor(kind=ActorKind.USER, label=label, user=user)
+        unresolved = Action.objects.select_for_update().filter(proposed_by_agent=agent, status__in=UNRESOLVED_STATUSES)
+        for action in unresolved.order_by("pk"):
+            event_record(
                 action=action,
                 transition="agent_owner_changed",
                 from_state=action.status,
-                to_state=action.status,
-                actor_kind=ActorKind.USER,
-                actor_user=user,
-                actor_label=label,
+                actor=actor,
                 reason=reason or "The proposing agent's owner changed.",
                 evidence=evidence,
-                created_at=now,
+                now=now,
             )
         security_event_record(
             kind=SecurityEventKind.AGENT_OWNER_CHANGED,

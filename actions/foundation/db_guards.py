@@ -6,6 +6,8 @@ from typing import Any
 
 from django.db.models import Count
 
+from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
+
 # The audit trail is append-only, and an action's material fields never change after the
 # proposal. Python refuses both; on PostgreSQL these triggers refuse them for any client.
 PG_GUARDS = """
@@ -152,3 +154,63 @@ def install_workflow_guards(apps: Any, schema_editor: Any) -> None:
 def remove_workflow_guards(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute("DROP TRIGGER IF EXISTS workflowevent_append_only ON actions_workflowevent;")
+
+
+# The hash chain's backfill (actions migration 0022): the events written before the chain
+# existed get their sequence and hashes once, by the database's owner, with the append-only
+# guard lifted for that one migration. They then verify like every later event.
+PG_EVENT_GUARD_OFF = "ALTER TABLE actions_actionevent DISABLE TRIGGER actionevent_append_only"
+# Deferred foreign-key checks still pending would make the ALTER TABLE fail: run them first.
+PG_EVENT_GUARD_ON = (
+    "SET CONSTRAINTS ALL IMMEDIATE; ALTER TABLE actions_actionevent ENABLE TRIGGER actionevent_append_only"
+)
+SQLITE_EVENT_GUARD_OFF = "DROP TRIGGER IF EXISTS actionevent_no_update"
+
+
+def backfill_trail_hashes(apps: Any, schema_editor: Any) -> None:
+    """Give every existing event its place in its action's chain, in key order (the order the
+    events were written in)."""
+    event_model = apps.get_model("actions", "ActionEvent")
+    vendor = schema_editor.connection.vendor
+    if not event_model.objects.filter(chain_hash="").exists():
+        return
+    schema_editor.execute(PG_EVENT_GUARD_OFF if vendor == "postgresql" else SQLITE_EVENT_GUARD_OFF, params=None)
+    heads: dict[int, tuple[int, str]] = {}
+    rows = event_model.objects.order_by("id").values(
+        "id",
+        "action_id",
+        "action__action_id",
+        "transition",
+        "from_state",
+        "to_state",
+        "actor_kind",
+        "actor_label",
+        "actor_user_id",
+        "actor_agent_id",
+        "reason",
+        "evidence",
+        "created_at",
+    )
+    for row in rows.iterator(chunk_size=2000):
+        sequence, previous = heads.get(row["action_id"], (0, GENESIS))
+        sequence += 1
+        digest = content_hash(
+            event_content(
+                action=row["action__action_id"],
+                sequence=sequence,
+                transition=row["transition"],
+                from_state=row["from_state"],
+                to_state=row["to_state"],
+                actor_kind=row["actor_kind"],
+                actor_label=row["actor_label"],
+                actor_user=row["actor_user_id"],
+                actor_agent=row["actor_agent_id"],
+                reason=row["reason"],
+                evidence=row["evidence"],
+                created_at=row["created_at"],
+            )
+        )
+        chained = chain_link(previous, digest)
+        event_model.objects.filter(pk=row["id"]).update(sequence=sequence, content_hash=digest, chain_hash=chained)
+        heads[row["action_id"]] = (sequence, chained)
+    schema_editor.execute(PG_EVENT_GUARD_ON if vendor == "postgresql" else SQLITE_GUARDS[0], params=None)

@@ -22,9 +22,13 @@ The statements, each run by the function of the same name in lower case:
   and only where the row is still SUBMITTING under the lease token its record holds: the lease
   fence, a compare-and-set. A stale token changes no row. ``ACTIONS_RECORD_ESCALATION`` is the
   same for a record that hands its action to a person: the owner and the due date too.
+- ``EVENT_CHAIN_HEADS``: the last event of each of N actions' trails (its sequence and chain
+  hash), which the next event's chain hash follows (actions.foundation.chain).
 - ``EVENTS_INSERT`` and ``ATTEMPTS_INSERT``: N audit events, or N attempts, in one INSERT that
   returns their keys in the order given (as Django's ``bulk_create`` reads them).
 - ``ATTEMPT_ANSWERS``: what the receiver said, written on N attempts in one UPDATE.
+- ``TRANSACTIONS_ENDED_BELOW``: the lowest transaction id still running (PostgreSQL only), below
+  which the audit trail's events are final: where a checkpoint's period ends.
 - ``ORDER_RESERVE``, ``ORDER_BOOK`` and ``ORDER_RELEASE``: a refund's money on its order. The
   reservation is a compare-and-set too: only at the approved version, and only while the
   refundable balance covers the amount.
@@ -413,13 +417,38 @@ _EVENT_COLUMNS = (
     Column("reason", "text"),
     Column("evidence", "jsonb"),
     Column("created_at", "timestamptz"),
+    Column("sequence", "integer"),
+    Column("content_hash", "text"),
+    Column("chain_hash", "text"),
 )
 
+# ``txid`` is left to its column default (the inserting transaction's id on PostgreSQL).
 EVENTS_INSERT = (
     'INSERT INTO "actions_actionevent" ("action_id", "transition", "from_state", "to_state", "actor_kind",'
-    ' "actor_user_id", "actor_agent_id", "actor_label", "reason", "evidence", "created_at")'
+    ' "actor_user_id", "actor_agent_id", "actor_label", "reason", "evidence", "created_at",'
+    ' "sequence", "content_hash", "chain_hash")'
     ' SELECT * FROM {rows} RETURNING "id"'
 )
+
+EVENT_CHAIN_HEADS = (
+    'SELECT e."action_id", e."sequence", e."chain_hash" FROM "actions_actionevent" AS e'
+    ' WHERE e."action_id" IN (SELECT v."id" FROM {keys}) AND e."sequence" = ('
+    'SELECT MAX(m."sequence") FROM "actions_actionevent" AS m WHERE m."action_id" = e."action_id")'
+)
+
+
+def event_chain_heads(*, action_pks: Sequence[int]) -> dict[int, tuple[int, str]]:
+    """The last event of each of these actions' trails: its sequence and chain hash, by the
+    action's key (an action without events is missing). Each is one probe of the unique index
+    on (action, sequence). The caller holds the actions' row locks, so no other writer can add
+    an event meanwhile."""
+    if not action_pks:
+        return {}
+    connection = _connection(ActionEvent)
+    keys, params = _key_rows(connection, action_pks)
+    with connection.cursor() as cursor:
+        cursor.execute(EVENT_CHAIN_HEADS.format(keys=keys), params)
+        return {int(pk): (int(sequence), str(chain)) for pk, sequence, chain in cursor.fetchall()}
 
 _ATTEMPT_COLUMNS = (
     Column("action_id", "bigint"),
@@ -557,3 +586,20 @@ def database_now() -> datetime:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+# --- the audit trail's checkpoints -----------------------------------------------------------------
+
+TRANSACTIONS_ENDED_BELOW = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+
+
+def transactions_ended_below() -> int | None:
+    """The lowest transaction id still running on PostgreSQL: every transaction with a lower id
+    has committed or rolled back, so the set of events it wrote is final (a checkpoint covers
+    those: actions.evidence.checkpoints). None on SQLite, which has no such ids."""
+    connection = _connection(ActionEvent, write=False)
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(TRANSACTIONS_ENDED_BELOW)
+        return int(cursor.fetchone()[0])

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from actions.foundation import sql
+from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
 from actions.foundation.outbox import webhook_outbox_write
 from actions.models import Action, ActionEvent, ActorKind, Agent, Attempt
 
@@ -80,11 +81,14 @@ class Writes:
     attempts: list[Attempt] = field(default_factory=list)
     answers: list[Attempt] = field(default_factory=list)
     webhooks: dict[int, int | None] = field(default_factory=dict)
+    # Actions inserted by the caller's transaction: their trails are empty, and not read.
+    new_actions: set[int] = field(default_factory=set)
 
     def write(self) -> None:
         events, attempts, answers = self.events, self.attempts, self.answers
         self.events, self.attempts, self.answers = [], [], []
         if events:
+            events_chain(events, new_actions=self.new_actions)
             sql.events_insert(events)
             # Each outbox row names its event's key: written once the events have theirs.
             for event in events:
@@ -93,6 +97,47 @@ class Writes:
             sql.attempts_insert(attempts)
         if answers:
             sql.attempt_answers(answers)
+
+
+def events_chain(events: list[ActionEvent], *, new_actions: set[int] | frozenset[int] = frozenset()) -> None:
+    """Give each new event its place in its action's hash chain (actions.foundation.chain): its
+    sequence, content hash and chain hash, after the action's last event, in the order given.
+
+    Called by the writers below just before the INSERT, in the transaction that writes the
+    events, while that transaction holds the actions' row locks (the claim's and the record's
+    locked reads and fenced UPDATEs, a service's ``select_for_update``; a new action is seen by
+    no one else). The previous chain hashes come in one read for all the events' actions. A
+    writer that breaks that rule and races another finds the unique (action, sequence) in its
+    way: its transaction fails rather than fork the chain.
+
+    ``new_actions``: actions the caller's transaction inserted, whose trails start here.
+    """
+    heads = sql.event_chain_heads(action_pks=sorted({event.action_id for event in events} - new_actions))
+    for event in events:
+        sequence, previous = heads.get(event.action_id, (0, GENESIS))
+        event.sequence = sequence + 1
+        event.content_hash = content_hash(event_content_of(event))
+        event.chain_hash = chain_link(previous, event.content_hash)
+        heads[event.action_id] = (event.sequence, event.chain_hash)
+
+
+def event_content_of(event: ActionEvent, *, action_ref: str | None = None) -> dict[str, Any]:
+    """The fields of ``event`` its content hash covers; ``action_ref``: its action's business id,
+    when the caller read it without the action."""
+    return event_content(
+        action=action_ref if action_ref is not None else event.action.action_id,
+        sequence=event.sequence or 0,
+        transition=event.transition,
+        from_state=event.from_state,
+        to_state=event.to_state,
+        actor_kind=event.actor_kind,
+        actor_label=event.actor_label,
+        actor_user=event.actor_user_id,
+        actor_agent=event.actor_agent_id,
+        reason=event.reason,
+        evidence=event.evidence,
+        created_at=event.created_at,
+    )
 
 
 def attempt_answer_write(answer: Attempt, *, writes: Writes | None = None) -> None:
@@ -150,6 +195,7 @@ def event_record(
     if writes is not None:
         writes.events.append(event)
         return event
+    events_chain([event])
     event.save(force_insert=True)
     webhook_outbox_write(event)
     return event

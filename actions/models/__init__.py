@@ -18,6 +18,7 @@ from actions.models.agent_webhooks import (
 from actions.models.agents import Agent, AgentToken
 from actions.models.attempts import Attempt, AttemptKind
 from actions.models.bills import AdjustmentReason, AdjustmentRequest, Bill
+from actions.models.evidence import Checkpoint
 from actions.models.followups import (
     Discrepancy,
     DiscrepancyKind,
@@ -59,6 +60,7 @@ __all__ = [
     "Attempt",
     "AttemptKind",
     "Bill",
+    "Checkpoint",
     "DeliveryStatus",
     "Discrepancy",
     "DiscrepancyKind",

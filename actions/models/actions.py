@@ -447,8 +447,23 @@ def _copied(value: Any) -> Any:
     return copy.deepcopy(value) if isinstance(value, dict | list) else value
 
 
+class CurrentTransactionId(models.Func):
+    """The inserting transaction's id, as a column default: PostgreSQL's ``pg_current_xact_id()``
+    (64 bits, never wraps); NULL on SQLite."""
+
+    output_field = models.BigIntegerField()
+    template = "NULL"
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection, template="(pg_current_xact_id()::text::bigint)", **extra_context)
+
+
 class AuditTrailIsAppendOnly(TrailIsAppendOnly):
     pass
+
+
+class UnchainedEvent(Exception):
+    """An audit event written without its place in the hash chain."""
 
 
 class ActionEvent(AppendOnly):
@@ -471,6 +486,16 @@ class ActionEvent(AppendOnly):
     reason = models.TextField(blank=True)
     evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_index=True)
+    # The hash chain (actions.foundation.chain, docs/evidence.md): the event's place in its
+    # action's trail (1, 2, ...), the SHA-256 of its canonical content, and the chain hash that
+    # links it to the previous event of the same action. Written with the event, never after.
+    sequence = models.PositiveIntegerField(null=True)
+    content_hash = models.CharField(max_length=64, blank=True, default="")
+    chain_hash = models.CharField(max_length=64, blank=True, default="")
+    # The inserting transaction's id (PostgreSQL's pg_current_xact_id()): a checkpoint covers the
+    # events of the transactions that had all ended when it was made (actions.evidence.checkpoints).
+    # NULL on SQLite, whose single writer commits in key order.
+    txid = models.BigIntegerField(null=True, blank=True, db_default=CurrentTransactionId())
 
     objects = AppendOnlyQuerySet["ActionEvent"].as_manager()
     trail_name = "audit events"
@@ -478,6 +503,11 @@ class ActionEvent(AppendOnly):
 
     class Meta:
         ordering = ["created_at", "id"]
+        constraints = [
+            # Two writers that each read the same previous event would fork the chain: the
+            # second one's INSERT fails instead.
+            models.UniqueConstraint(fields=["action", "sequence"], name="event_action_sequence_unique"),
+        ]
         indexes = [
             models.Index(fields=["action", "created_at"], name="event_action_created_idx"),
             models.Index(fields=["transition", "created_at"], name="event_transition_created_idx"),
@@ -485,3 +515,9 @@ class ActionEvent(AppendOnly):
 
     def __str__(self) -> str:
         return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self._state.adding and not self.chain_hash:
+            # Only the trail's writer (actions.foundation.trail) links an event into its chain.
+            raise UnchainedEvent(f"{self.action_id}: an audit event is written through the trail, with its hashes")
+        super().save(*args, **kwargs)

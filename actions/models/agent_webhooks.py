@@ -105,6 +105,7 @@ class NotificationKind(models.TextChoices):
     ESCALATED = "escalated", "Escalated to you"
     OVERDUE = "overdue", "Overdue"
     POLICY_CHANGE = "policy_change", "Limit or cap change to confirm"
+    TRAIL_BREAK = "trail_break", "Audit trail check failed"
 
 
 class NotificationSent(models.Model):

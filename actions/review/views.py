@@ -31,6 +31,7 @@ from django_htmx.middleware import HtmxDetails
 from actions import permissions as perms
 from actions.engine import resolutions
 from actions.engine.resolution_checks import ReviewRefused
+from actions.evidence.bundle import evidence_bundle_signed, evidence_file_name, evidence_json, evidence_page_context
 from actions.foundation.separation import follow_up_admin_refusal
 from actions.foundation.text import unsafe_characters, unsafe_characters_message
 from actions.kinds.five_checks import kind_cards
@@ -203,6 +204,23 @@ def action_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     template = "actions/_action_detail.html" if request.htmx else "actions/action_detail.html"
     return render(request, template, _detail_context(request, pk))
+
+
+@require_safe
+@login_required
+def action_evidence(request: HttpRequest, pk: int) -> HttpResponse:
+    """The action's evidence bundle (docs/evidence.md): its readable face, or with ?format=json
+    the signed file that tools/verify_evidence.py checks. For those who may read the review
+    queue (finance, admins); others get the 403 page."""
+    _require_view(request)
+    if not Action.objects.filter(pk=pk).exists():
+        raise Http404("No such action.")
+    bundle = evidence_bundle_signed(action_pk=pk)
+    if request.GET.get("format") == "json":
+        response = HttpResponse(evidence_json(bundle), content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="{evidence_file_name(bundle)}.json"'
+        return response
+    return render(request, "actions/evidence.html", evidence_page_context(bundle))
 
 
 # --- answers shared by every change -------------------------------------------------------------

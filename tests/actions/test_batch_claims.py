@@ -142,10 +142,11 @@ def test_a_batch_costs_fewer_statements_than_claiming_one_by_one(agent_actor: Ac
     assert len([c for c in claims if c.outcome == ClaimOutcome.CLAIMED]) == len(actions)
     # Per action: the reservation; for the batch: the locked read of the actions (their agent's
     # webhook with them), one read of their approvals, one UPDATE of all their transitions, one
-    # INSERT of all their events and one of all their attempts (a single claim pays each of the
-    # last three itself, and reads the webhook on its own).
+    # read of the last event of each one's trail (the hash chain's previous link), one INSERT of
+    # all their events and one of all their attempts (a single claim pays each of the last four
+    # itself, and reads the webhook on its own).
     statements = [q["sql"] for q in batch.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == len(actions) + 5, "\n".join(statements)
+    assert len(statements) == len(actions) + 6, "\n".join(statements)
     hook_reads = [sql for sql in statements if 'FROM "actions_agentwebhook"' in sql]
     assert len(hook_reads) == 1 and hook_reads[0].endswith("FOR UPDATE SKIP LOCKED"), hook_reads
     inserts = [sql.split('"')[1] for sql in statements if sql.startswith("INSERT")]

@@ -16,17 +16,15 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.utils import timezone
 
 from actions.engine.invariants import EffectsReport, check_effects, decider_limits_by_user, max_unknown_seconds
-from actions.foundation.trail import RESEND_TRANSITION
+from actions.foundation.trail import RESEND_TRANSITION, event_record
 from actions.kinds import all_kinds, kind_for
 from actions.kinds.base import Outcome
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import (
     Action,
-    ActionEvent,
     ActionStatus,
     OutsideRefund,
     Workflow,
@@ -79,14 +77,13 @@ def per_kind(**counts: int) -> dict[str, int]:
 
 def resend_decision(action: Action) -> None:
     """A person's recorded "send again" (invariant 16): it allows one more effect."""
-    ActionEvent.objects.create(
+    # Through the trail's writer, which links each event into its action's hash chain.
+    event_record(
         action=action,
         transition=RESEND_TRANSITION,
         from_state=S.NEEDS_REVIEW,
         to_state=S.AUTHORIZED,
-        actor_kind=ActorKind.USER,
-        actor_label="fiona.finance",
-        created_at=timezone.now(),
+        actor=Actor(kind=ActorKind.USER, label="fiona.finance"),
     )
 
 

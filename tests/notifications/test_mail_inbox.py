@@ -11,7 +11,7 @@ import requests
 from django.core.mail import EmailMultiAlternatives
 from django.utils import timezone
 
-from actions.kinds.supplier_email import MailRelay
+from actions.kinds.supplier_email.contract import MailRelay
 from actions.models import Action
 from actions.notifications import notifications_send_due
 from actions.providers.mail.smtp import SmtpMailer

@@ -1,0 +1,259 @@
+"""The check of the audit trail: every action's hash chain and every checkpoint (docs/evidence.md).
+
+Each action's events are read in their sequence and recomputed: the content hash from the
+fields, the chain hash from the previous event's. The first link that does not hold is named,
+with what kind of break it is:
+
+- **edited**: the event's fields no longer hash to its content hash;
+- **reordered**: two events' contents traded places (each hashes to the other's content hash
+  under the other's sequence), or the sequences run against the order the events were written
+  in (their keys);
+- **removed**: a sequence number is missing before the event;
+- **inserted**: two events claim one sequence number, or an event's chain hash does not follow
+  from the one before it (a forged event with hashes of its own making).
+
+An event appended at the end of a trail by someone who can also compute the chain is caught by
+the first checkpoint that covers its period, not by the chain: each checkpoint's Merkle root,
+its link to the previous checkpoint, its signature and its line in the file are checked too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from actions.evidence.checkpoints import (
+    checkpoint_document,
+    checkpoint_events,
+    checkpoint_hash_of,
+    checkpoint_leaves,
+    checkpoint_log_read,
+)
+from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content, key_id, merkle_root
+from actions.foundation.chain import signature_valid as hmac_valid
+from actions.models import ActionEvent, Checkpoint
+from actions.notifications import trail_break_notify
+
+EDITED, REMOVED, INSERTED, REORDERED, CHECKPOINT = "edited", "removed", "inserted", "reordered", "checkpoint"
+
+_FIELDS = (
+    "id",
+    "action_id",
+    "action__action_id",
+    "sequence",
+    "transition",
+    "from_state",
+    "to_state",
+    "actor_kind",
+    "actor_label",
+    "actor_user_id",
+    "actor_agent_id",
+    "reason",
+    "evidence",
+    "created_at",
+    "content_hash",
+    "chain_hash",
+)
+
+
+@dataclass(frozen=True)
+class Break:
+    """One broken link: what kind, where, and what was found."""
+
+    kind: str
+    detail: str
+    event_id: int | None = None
+    action: str | None = None
+    sequence: int | None = None
+    checkpoint: int | None = None
+
+    def line(self) -> str:
+        if self.checkpoint is not None:
+            where = f"checkpoint {self.checkpoint}"
+        else:
+            where = f"event {self.event_id} (action {self.action}, sequence {self.sequence})"
+        return f"{self.kind}: {where}: {self.detail}"
+
+
+@dataclass
+class TrailReport:
+    actions: int = 0
+    events: int = 0
+    checkpoints: int = 0
+    breaks: list[Break] = field(default_factory=list)
+
+    @property
+    def first(self) -> Break | None:
+        return self.breaks[0] if self.breaks else None
+
+
+def row_content_hash(row: dict[str, Any], *, sequence: int | None = None) -> str:
+    return content_hash(
+        event_content(
+            action=row["action__action_id"],
+            sequence=row["sequence"] if sequence is None else sequence,
+            transition=row["transition"],
+            from_state=row["from_state"],
+            to_state=row["to_state"],
+            actor_kind=row["actor_kind"],
+            actor_label=row["actor_label"],
+            actor_user=row["actor_user_id"],
+            actor_agent=row["actor_agent_id"],
+            reason=row["reason"],
+            evidence=row["evidence"],
+            created_at=row["created_at"],
+        )
+    )
+
+
+def _break(kind: str, row: dict[str, Any], detail: str) -> Break:
+    return Break(kind, detail, event_id=row["id"], action=row["action__action_id"], sequence=row["sequence"])
+
+
+def _swapped(row: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether the two events' contents traded places, their sequences and hashes staying."""
+    return (
+        row["sequence"] is not None
+        and other["sequence"] is not None
+        and row_content_hash(row, sequence=other["sequence"]) == other["content_hash"]
+        and row_content_hash(other, sequence=row["sequence"]) == row["content_hash"]
+    )
+
+
+def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
+    """The first broken link of one action's trail (its events in any order), or None."""
+    rows = sorted(rows, key=lambda row: (row["sequence"] is None, row["sequence"] or 0, row["id"]))
+    previous_chain, expected = GENESIS, 1
+    previous: dict[str, Any] | None = None
+    for index, row in enumerate(rows):
+        sequence = row["sequence"]
+        if sequence is None or not row["chain_hash"]:
+            return _break(INSERTED, row, "the event has no place in the chain (no sequence or chain hash)")
+        following = rows[index + 1] if index + 1 < len(rows) else None
+        if following is not None and following["sequence"] == sequence:
+            # Two events claim one place: the genuine one is the one the next event's chain
+            # follows (keys prove nothing: the database's owner may choose them).
+            after = rows[index + 2] if index + 2 < len(rows) else None
+            forged = following
+            if after is not None and chain_link(following["chain_hash"], after["content_hash"]) == after["chain_hash"]:
+                forged = row
+            return _break(INSERTED, forged, f"a second event claims sequence {sequence}")
+        if row_content_hash(row) != row["content_hash"]:
+            if following is not None and _swapped(row, following):
+                return _break(
+                    REORDERED,
+                    row,
+                    f"its content and that of event {following['id']} (sequence {following['sequence']}) traded places",
+                )
+            if chain_link(previous_chain, row["content_hash"]) != row["chain_hash"]:
+                return _break(INSERTED, row, "its hashes match neither its fields nor the chain before it")
+            return _break(EDITED, row, "its fields no longer match its content hash")
+        if sequence > expected:
+            missing = f"sequence {expected}" if sequence == expected + 1 else f"sequences {expected} to {sequence - 1}"
+            return _break(REMOVED, row, f"{missing} missing before it")
+        if previous is not None and row["id"] < previous["id"]:
+            return _break(
+                REORDERED,
+                row,
+                f"written before event {previous['id']} (sequence {previous['sequence']}) yet sequenced after it",
+            )
+        if chain_link(previous_chain, row["content_hash"]) != row["chain_hash"]:
+            return _break(INSERTED, row, "its chain hash does not follow from the previous event's")
+        previous_chain, expected, previous = row["chain_hash"], sequence + 1, row
+    return None
+
+
+def _actions_events() -> Iterator[list[dict[str, Any]]]:
+    """Each action's events, one action at a time, read in one pass in key order."""
+    rows = ActionEvent.objects.order_by("action_id", "id").values(*_FIELDS).iterator(chunk_size=5000)
+    group: list[dict[str, Any]] = []
+    for row in rows:
+        if group and group[0]["action_id"] != row["action_id"]:
+            yield group
+            group = []
+        group.append(row)
+    if group:
+        yield group
+
+
+def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
+    """Check every checkpoint in order: its link to the one before, its hash, its signature, its
+    root over the events of its period, and its line in the file. (count, first break)."""
+    previous: Checkpoint | None = None
+    lines = {line.get("number"): line for line in checkpoint_log_read()}
+    count = 0
+    for checkpoint in Checkpoint.objects.order_by("number"):
+        count += 1
+
+        def broken(detail: str, checkpoint: Checkpoint = checkpoint) -> Break:
+            return Break(CHECKPOINT, detail, checkpoint=checkpoint.number)
+
+        expected_number = previous.number + 1 if previous else 1
+        if checkpoint.number != expected_number:
+            return count, broken(f"checkpoint {expected_number} is missing before it")
+        if checkpoint.previous_hash != (previous.checkpoint_hash if previous else GENESIS):
+            return count, broken("its link to the previous checkpoint does not hold")
+        if checkpoint_hash_of(checkpoint) != checkpoint.checkpoint_hash:
+            return count, broken("its fields no longer match its hash")
+        if checkpoint.key_id != key_id(key) or not hmac_valid(key, checkpoint.checkpoint_hash, checkpoint.signature):
+            return count, broken(f"its signature does not verify under the key {key_id(key)}")
+        leaves = checkpoint_leaves(checkpoint_events(checkpoint, previous))
+        if len(leaves) != checkpoint.event_count or merkle_root([leaf for _, leaf in leaves]) != checkpoint.root:
+            return count, broken(_period_difference(checkpoint, [pk for pk, _ in leaves]))
+        line = lines.pop(checkpoint.number, None)
+        if line is not None and line != checkpoint_document(checkpoint):
+            return count, broken("its line in the checkpoint file differs from its row")
+        previous = checkpoint
+    if lines:
+        number = min(n for n in lines if isinstance(n, int)) if any(isinstance(n, int) for n in lines) else 0
+        return count, Break(CHECKPOINT, "it is in the checkpoint file but not in the database", checkpoint=number)
+    return count, None
+
+
+def _period_difference(checkpoint: Checkpoint, found: list[int]) -> str:
+    if len(found) > checkpoint.event_count:
+        low, high = checkpoint.first_event, checkpoint.last_event
+        strays = [pk for pk in found if low is None or high is None or not low <= pk <= high]
+        named = f" (events {', '.join(map(str, strays[:5]))} lie outside its range)" if strays else ""
+        return f"its period now holds {len(found)} events, {checkpoint.event_count} when signed: inserted{named}"
+    if len(found) < checkpoint.event_count:
+        return f"its period now holds {len(found)} events, {checkpoint.event_count} when signed: removed"
+    return "the Merkle root over its period's events differs from the one signed: an event's chain hash changed"
+
+
+def trail_verify(*, key: bytes) -> TrailReport:
+    """Recompute every action's chain and every checkpoint. Breaks in event key order, the
+    first broken link of each action (the links after it follow from it), then the first broken
+    checkpoint."""
+    report = TrailReport()
+    for rows in _actions_events():
+        report.actions += 1
+        report.events += len(rows)
+        found = chain_first_break(rows)
+        if found is not None:
+            report.breaks.append(found)
+    report.breaks.sort(key=lambda b: b.event_id or 0)
+    report.checkpoints, checkpoint_break = checkpoints_first_break(key=key)
+    if checkpoint_break is not None:
+        report.breaks.append(checkpoint_break)
+    return report
+
+
+def trail_check(*, key: bytes) -> TrailReport:
+    """The periodic check: verify, and tell finance of what broke (each break once)."""
+    report = trail_verify(key=key)
+    if report.breaks:
+        trail_break_notify(
+            breaks=[
+                (
+                    f"trail:{b.kind}:{b.checkpoint if b.checkpoint is not None else b.event_id}",
+                    b.line(),
+                    # The action's page is found by its id; a checkpoint's break has no action.
+                    f"/search?{urlencode({'q': b.action})}" if b.action else "/review/",
+                )
+                for b in report.breaks
+            ]
+        )
+    return report
