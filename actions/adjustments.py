@@ -46,6 +46,7 @@ from actions.services import (
     answers_a_lost_proposal_race,
     existing_or_conflict,
     payload_hash,
+    payload_versioned,
     proposal_record,
 )
 
@@ -240,7 +241,7 @@ def action_propose_invoice_adjustment(
 
         action_id = invoice_adjustment_action_id(bill_number=bill.number, adjustment_number=request.number)
         validate_idempotency_key(action_id)
-        payload = {
+        payload = payload_versioned({
             "kind": ActionKind.INVOICE_ADJUSTMENT.value,
             "bill": bill.number,
             "adjustment": request.number,
@@ -249,7 +250,7 @@ def action_propose_invoice_adjustment(
             "amount": str(money),
             "currency": currency_code,
             "reason_code": reason,
-        }
+        })
         digest = payload_hash(payload)
         # An identical retry returns what exists before any check its own reservation could fail.
         existing = Action.objects.filter(action_id=action_id).first()
@@ -336,14 +337,14 @@ def action_propose_credit_note_void(
     with transaction.atomic(durable=True):
         action_id = credit_note_void_action_id(credit_note_id=credit_note_id)
         validate_idempotency_key(action_id)
-        payload = {
+        payload = payload_versioned({
             "kind": ActionKind.CREDIT_NOTE_VOID.value,
             "credit_note": credit_note_id,
             "voids_duplicate_of": adjustment.action_id,
             "bill": adjustment.payload.get("bill"),
             "amount": str(money),
             "currency": adjustment.currency,
-        }
+        })
         digest = payload_hash(payload)
         existing = Action.objects.filter(action_id=action_id).first()
         if existing is not None:

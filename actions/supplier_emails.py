@@ -36,6 +36,7 @@ from actions.services import (
     answers_a_lost_proposal_race,
     existing_or_conflict,
     payload_hash,
+    payload_versioned,
     proposal_record,
 )
 
@@ -166,7 +167,7 @@ def supplier_email_propose(
             )
         action_id = supplier_email_action_id(supplier=target.code, reference=business_reference, template=found.name)
         validate_idempotency_key(action_id)
-        payload = {
+        payload = payload_versioned({
             "kind": ActionKind.SUPPLIER_EMAIL.value,
             "supplier": target.code,
             "reference": business_reference,
@@ -178,7 +179,7 @@ def supplier_email_propose(
             "subject": subject,
             "body": body,
             "message_id": message_id_for(action_id, domain=settings.EMAIL_MESSAGE_ID_DOMAIN),
-        }
+        })
         digest = payload_hash(payload)
         existing = Action.objects.filter(action_id=action_id).first()
         if existing is not None:
