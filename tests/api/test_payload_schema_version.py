@@ -82,7 +82,7 @@ def propose_memo(
 
 
 @pytest.fixture
-def release(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[type[MemoV1]], None]]:
+def release(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[type[MemoV1]], object]]:
     """Registers the memo kind as a release ships it; calling it again is the next release."""
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     yield lambda kind: register(kind())
@@ -90,7 +90,7 @@ def release(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[type[MemoV1]]
 
 
 def test_the_payload_carries_its_kinds_schema_version_and_the_hash_covers_it(
-    release: Callable[[type[MemoV1]], None], agent_actor: Actor
+    release: Callable[[type[MemoV1]], object], agent_actor: Actor
 ) -> None:
     release(MemoV1)
     action = propose_memo(MemoV1, agent_actor).action
@@ -101,7 +101,7 @@ def test_the_payload_carries_its_kinds_schema_version_and_the_hash_covers_it(
 
 
 def test_an_identical_retry_across_a_release_that_changed_the_composition_replays(
-    release: Callable[[type[MemoV1]], None], agent_actor: Actor
+    release: Callable[[type[MemoV1]], object], agent_actor: Actor
 ) -> None:
     release(MemoV1)
     first = propose_memo(MemoV1, agent_actor)
@@ -115,7 +115,7 @@ def test_an_identical_retry_across_a_release_that_changed_the_composition_replay
 
 
 def test_a_new_proposal_after_the_release_is_composed_by_the_new_version(
-    release: Callable[[type[MemoV1]], None], agent_actor: Actor
+    release: Callable[[type[MemoV1]], object], agent_actor: Actor
 ) -> None:
     release(MemoV2)
     action = propose_memo(MemoV2, agent_actor).action
@@ -123,7 +123,7 @@ def test_a_new_proposal_after_the_release_is_composed_by_the_new_version(
 
 
 def test_a_different_retry_across_the_release_is_still_a_conflict_naming_the_field(
-    release: Callable[[type[MemoV1]], None], agent_actor: Actor
+    release: Callable[[type[MemoV1]], object], agent_actor: Actor
 ) -> None:
     release(MemoV1)
     propose_memo(MemoV1, agent_actor)
@@ -135,7 +135,7 @@ def test_a_different_retry_across_the_release_is_still_a_conflict_naming_the_fie
 
 
 def test_within_one_version_any_difference_is_a_conflict(
-    release: Callable[[type[MemoV1]], None], agent_actor: Actor
+    release: Callable[[type[MemoV1]], object], agent_actor: Actor
 ) -> None:
     release(MemoV2)
     propose_memo(MemoV2, agent_actor)
