@@ -24,6 +24,7 @@ from django_fsm import has_transition_perm
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor, Writes, action_transition, event_record
 from actions.kinds.fields import FieldProblem
+from actions.kinds.registry import kind_for
 from actions.models import Action, ActionStatus, ActorKind
 from approvals.policy import AutoPolicyDecision, auto_policy_apply, auto_policy_decide
 
@@ -60,6 +61,17 @@ def payload_hash(payload: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(payload_canonical_json(payload).encode()).hexdigest()
 
 
+# The key under which a payload carries its kind's composition version. A payload without it
+# was composed before kinds had versions: version 0.
+PAYLOAD_SCHEMA_KEY = "schema_version"
+
+
+def payload_versioned(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload a kind composed, stamped with the kind's ``payload_schema_version``: what
+    is stored and hashed, so that the hash says which composition it is the hash of."""
+    return {**payload, PAYLOAD_SCHEMA_KEY: kind_for(str(payload["kind"])).payload_schema_version}
+
+
 def _differing_fields(existing: dict[str, Any], proposed: dict[str, Any]) -> dict[str, dict[str, Any]]:
     keys = set(existing) | set(proposed)
     return {
@@ -69,10 +81,29 @@ def _differing_fields(existing: dict[str, Any], proposed: dict[str, Any]) -> dic
     }
 
 
-def existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) -> ProposalResult:
+def payload_differences(action: Action, payload: dict[str, Any], digest: str) -> dict[str, dict[str, Any]]:
+    """What makes ``payload`` another proposal than the one ``action`` holds; empty for the same one.
+
+    Composed the same way (one schema version), only an identical payload is the same proposal.
+    Composed by two versions of the kind (a retry that crossed a release), the fields the two
+    compositions share decide: a field one of them adds or drops is not the client's to send
+    again, so an identical retry replays the action instead of meeting a 409, and a different
+    amount is still a conflict.
+    """
     if action.payload_hash == digest:
+        return {}
+    existing = action.payload
+    if existing.get(PAYLOAD_SCHEMA_KEY, 0) == payload.get(PAYLOAD_SCHEMA_KEY, 0):
+        return _differing_fields(existing, payload)
+    shared = (existing.keys() & payload.keys()) - {PAYLOAD_SCHEMA_KEY}
+    return _differing_fields({k: existing[k] for k in shared}, {k: payload[k] for k in shared})
+
+
+def existing_or_conflict(action: Action, payload: dict[str, Any], digest: str) -> ProposalResult:
+    differing = payload_differences(action, payload, digest)
+    if not differing:
         return ProposalResult(action=action, created=False)
-    raise ProposalConflict(action, _differing_fields(action.payload, payload))
+    raise ProposalConflict(action, differing)
 
 
 def existing_proposal(action_id: str, payload: dict[str, Any], digest: str) -> ProposalResult | None:

@@ -1,7 +1,10 @@
 """A typed Python client for the effect console's agent API (docs/agents/python-client.md).
 
-It needs only ``requests``, not Django: copy the folder into an agent's project, or put this
-repository on its path.
+It needs only ``requests``, not Django. Install it as a package (``pip install ./console_client``
+from a checkout, or the wheel ``python -m pip wheel --no-deps ./console_client`` builds): its
+version, 1.0.0, speaks API version 2026-12-01 (``API_VERSION``), which it names in the
+``Console-Version`` header of every request, so that the console answers it the way it was
+written for, whatever the token's own version (docs/api-versions.md).
 
     from console_client import ConsoleClient
 
@@ -13,7 +16,7 @@ repository on its path.
 
 from __future__ import annotations
 
-from console_client.client import ConsoleClient, RetryPolicy
+from console_client.client import API_VERSION, ConsoleClient, RetryPolicy
 from console_client.errors import (
     BadInput,
     Conflict,
@@ -27,7 +30,10 @@ from console_client.errors import (
 )
 from console_client.models import FINAL_STATUSES, Action, ActionPage, Explanation, RefundRequest
 
+__version__ = "1.0.0"
+
 __all__ = [
+    "API_VERSION",
     "FINAL_STATUSES",
     "Action",
     "ActionPage",

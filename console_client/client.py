@@ -36,6 +36,9 @@ from console_client.models import DECISION_STATUSES, Action, ActionPage, RefundR
 
 _RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 
+# The API version this client is written against, sent as Console-Version with every request.
+API_VERSION = "2026-12-01"
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -54,7 +57,7 @@ class RetryPolicy:
     def delay(self, retry: int, retry_after: float | None = None) -> float:
         if retry_after is not None:
             return min(retry_after, self.max_delay)
-        delay = min(self.base_delay * (2**retry), self.max_delay)
+        delay = min(self.base_delay * (2.0**retry), self.max_delay)
         return delay * (1 - self.jitter * random.random())
 
 
@@ -82,6 +85,7 @@ class ConsoleClient:
         self.session = session or requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
         self.session.headers["Accept"] = "application/json, application/problem+json"
+        self.session.headers["Console-Version"] = API_VERSION
         self._sleep = sleep
         self._clock = clock
 

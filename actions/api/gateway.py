@@ -5,8 +5,10 @@ In this order, so that cheap refusals come first and nothing unauthenticated is 
    valid token (a public document, a missing or guessed token) counts against its client
    address's rate limit (429 with Retry-After),
 2. the per-token rate limit (429 with Retry-After), so that refused bodies count too,
-3. the body size cap (413), decided from Content-Length before the body is read,
-4. JSON only (415).
+3. the API version the request is answered in (``actions.api.versions``): the one its
+   ``Console-Version`` header names (422 for an unknown one), else its token's,
+4. the body size cap (413), decided from Content-Length before the body is read,
+5. JSON only (415).
 Then ninja runs the operation. Any answer that is an error but not a problem document (ninja's
 405, Django's 404) is turned into one here, and one JSON log line records the request.
 
@@ -34,6 +36,7 @@ from actions.api.auth import authenticate_request, presented_token
 from actions.api.logs import bind, log_context, log_event
 from actions.api.problems import ApiProblem, is_problem, kind_for_status, problem_response
 from actions.api.ratelimit import anonymous_rate_limit_per_minute, ratelimit_hit
+from actions.api.versions import HEADER, version_headers, version_resolve
 from actions.models import AgentToken
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -101,6 +104,11 @@ def _admit(
             f"{decision.retry_after} seconds, then send the same request again.",
             headers={"Retry-After": str(decision.retry_after)},
         )
+    version = version_resolve(requested=request.headers.get(HEADER, ""), token_created_at=token.created_at)
+    # Read by the JSON parser (StrictJsonParser), which answers an older version's body as it
+    # promised, and by the response's headers below.
+    request.console_version = version  # type: ignore[attr-defined]
+    bind(api_version=version)
     if request.method in _BODY_METHODS:
         _check_body(request)
 
@@ -195,6 +203,10 @@ def api_view(
                 )
             response = _as_problem(request, response)
             response["X-Request-Id"] = request_id
+            version = getattr(request, "console_version", None)
+            if version is not None:
+                for name, value in version_headers(version).items():
+                    response[name] = value
             status = response.status_code
             log_event(
                 "request.finished",

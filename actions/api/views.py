@@ -45,6 +45,7 @@ from actions.api.schemas import (
     StatusExplanationOut,
     SupplierEmailProposal,
 )
+from actions.api.versions import request_upgrade
 from actions.models import Action, Agent, Order, RefundRequest
 from actions.proposals.orders import agent_order_upsert
 from actions.proposals.outcomes import AgentRefusal
@@ -69,6 +70,13 @@ order each time it changes; agents with the scope `refund` propose refunds on th
 the scope `invoice_adjustment` open adjustment requests on supplier bills that failed their
 purchase-order match (`POST /api/v1/adjustment-requests`) and propose credit notes against them
 (`POST /api/v1/invoice-adjustments`), with the same semantics.
+
+Versions are dated. Each token is pinned to the version of the day it was created; send
+`Console-Version: <date>` to choose another. Every answer names its version in the same
+header; an answer in a superseded version also carries `Deprecation` and `Sunset` headers.
+A request of an older version is answered as that version promised, except where a change
+could not be kept: then a 422 names the field and the version that requires it. Treat a value
+of a response enum that you do not know (a new status) as "not known to this client".
 
 Sending the same proposal again is always safe: it returns the existing action (200). A 409
 means the business reference already names a different proposal: read it, never invent a new
@@ -102,7 +110,13 @@ class StrictJsonParser(Parser):
     different amounts from one body."""
 
     def parse_body(self, request: HttpRequest) -> Any:
-        return json.loads(request.body, object_pairs_hook=_refuse_duplicate_keys)
+        data = json.loads(request.body, object_pairs_hook=_refuse_duplicate_keys)
+        version = getattr(request, "console_version", None)
+        match = request.resolver_match
+        if version is not None and match is not None and isinstance(data, dict):
+            # A request of an older API version, answered as that version promised.
+            data = request_upgrade(version=version, operation=match.url_name or "", body=data)
+        return data
 
 
 class ConsoleApi(NinjaAPI):
@@ -267,7 +281,10 @@ def _on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResp
 
 @api.exception_handler(HttpError)
 def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
-    if exc.status_code == 400 and isinstance(exc.__cause__, DuplicateKeys):
+    if isinstance(exc.__cause__, ApiProblem):
+        # Raised by the parser: an older version's request that the newest code cannot take.
+        problem = exc.__cause__
+    elif exc.status_code == 400 and isinstance(exc.__cause__, DuplicateKeys):
         keys = exc.__cause__.keys
         problem = ApiProblem(
             "invalid-request",

@@ -287,6 +287,11 @@ class EffectKind:
     # For a kind that corrects another (a compensation, a void): what happens once a manager
     # approves it, in an admin's words.
     correction_followup: ClassVar[str] = ""
+    # The version of the payload this kind composes, stamped on every payload and so part of its
+    # hash. Raise it whenever the composition changes (a field added, dropped or renamed): a
+    # retry composed the new way then replays the action composed the old way when every field
+    # both share agrees, instead of meeting a 409 (actions.services, payload_same_proposal).
+    payload_schema_version: ClassVar[int] = 1
 
     # --- the receiver -----------------------------------------------------------------
 

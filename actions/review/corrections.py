@@ -47,7 +47,9 @@ from actions.providers.base import validate_idempotency_key
 from actions.review.services import action_owner_record
 from actions.services import (
     ProposalConflict,
+    payload_differences,
     payload_hash,
+    payload_versioned,
     proposal_record,
 )
 
@@ -265,7 +267,7 @@ def _compensation_proposed(
 
     # The original payload's amount keeps the currency's own decimals ("500" for JPY).
     amount = Decimal(original.payload.get("amount", original.amount)) * len(duplicates)
-    payload = {
+    payload = payload_versioned({
         "kind": ActionKind.COMPENSATION.value,
         "compensates": original.action_id,
         "duplicate_refunds": duplicates,
@@ -274,11 +276,11 @@ def _compensation_proposed(
         "amount": str(amount),
         "currency": original.currency,
         "reason_code": ReasonCode.DUPLICATE_CHARGE.value,
-    }
+    })
     digest = payload_hash(payload)
 
     action = Action.objects.filter(action_id=action_id).first()
-    if action is not None and action.payload_hash != digest:
+    if action is not None and payload_differences(action, payload, digest):
         raise CorrectionRefused(
             f"{action_id} already exists for another discrepancy or amount. Nothing was changed.",
             code="conflict",

@@ -187,6 +187,7 @@ def test_a_duplicate_effect_is_compensated_by_a_new_proposed_action_never_by_edi
         "amount": "40.00",
         "currency": "EUR",
         "reason_code": "duplicate_charge",
+        "schema_version": 1,
     }
     assert compensation.payload_hash == payload_hash(compensation.payload) != original.payload_hash
     assert "charge" not in compensation.payload, "nothing in it can be sent as a refund"

@@ -50,6 +50,7 @@ def test_it_composes_the_action_id_from_the_order_and_the_request(propose: Propo
         "amount": "40.00",
         "currency": "EUR",
         "reason_code": "damaged",
+        "schema_version": 1,
     }
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", action.payload_hash)
     assert action.payload_hash == payload_hash(action.payload)

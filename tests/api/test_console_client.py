@@ -1,8 +1,9 @@
-"""The Python client (console_client) against the real agent API, in process.
+"""The Python client (console_client) against the live agent API.
 
-A requests transport adapter hands each request to Django's test client, so the answers are
-the API's own, and injects the faults that matter: the answer lost after the console
-recorded the request (a read timeout), a refused connection, a 503.
+A requests transport adapter sends each request over HTTP to the console served by
+pytest-django's live server, so the answers are the API's own, through its whole stack, and
+injects the faults that matter: the answer lost after the console recorded the request (a read
+timeout), a refused connection, a 503.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Any
 
 import pytest
 import requests
-from django.test import Client
-from requests.adapters import BaseAdapter
+from requests.adapters import BaseAdapter, HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
 from actions.models import Action, RefundRequest
@@ -36,9 +36,15 @@ BASE = "http://console.test"
 class ConsoleAdapter(BaseAdapter):
     """Serves requests from the Django app; ``faults`` are used up one per request."""
 
-    def __init__(self, respond: Callable[[requests.PreparedRequest], requests.Response] | None = None) -> None:
+    def __init__(
+        self,
+        respond: Callable[[requests.PreparedRequest], requests.Response] | None = None,
+        *,
+        live_url: str = "",
+    ) -> None:
         super().__init__()
-        self.client = Client()
+        self.live_url = live_url
+        self.http = HTTPAdapter()
         self.faults: list[str] = []
         self.sent: list[tuple[str, str]] = []
         self.respond = respond
@@ -53,21 +59,17 @@ class ConsoleAdapter(BaseAdapter):
             return _response(request, 503, b"", {"Retry-After": "2"})
         if self.respond is not None:
             return self.respond(request)
-        body = request.body or b""
-        answer = self.client.generic(
-            request.method,
-            request.path_url,
-            data=body.encode() if isinstance(body, str) else body,
-            content_type=str(request.headers.get("Content-Type", "application/octet-stream")),
-            headers={"Authorization": str(request.headers.get("Authorization", ""))},
-        )
+        assert self.live_url, "an adapter without a script forwards to the live server"
+        forwarded = request.copy()
+        forwarded.url = self.live_url + request.path_url
+        answer = self.http.send(forwarded, timeout=30)
         if fault == "lost_answer":
             # The console recorded the request; the answer never reached the agent.
             raise requests.ReadTimeout("read timed out")
         return _response(request, answer.status_code, answer.content, dict(answer.headers))
 
     def close(self) -> None:
-        pass
+        self.http.close()
 
 
 def _response(request: requests.PreparedRequest, status: int, content: bytes, headers: dict[str, str]) -> Any:
@@ -87,8 +89,8 @@ def sleeps() -> list[float]:
 
 
 @pytest.fixture
-def adapter() -> ConsoleAdapter:
-    return ConsoleAdapter()
+def adapter(live_server: Any, transactional_db: None) -> ConsoleAdapter:
+    return ConsoleAdapter(live_url=live_server.url)
 
 
 def _client(token: str, adapter: BaseAdapter, sleeps: list[float], **kwargs: Any) -> ConsoleClient:

@@ -32,6 +32,7 @@ from actions.services import (
     answers_a_lost_proposal_race,
     existing_proposal,
     payload_hash,
+    payload_versioned,
     proposal_record,
 )
 
@@ -74,14 +75,16 @@ def action_propose_credit_note_void(
     with transaction.atomic(durable=True):
         action_id = credit_note_void_action_id(credit_note_id=credit_note_id)
         validate_idempotency_key(action_id)
-        payload = {
-            "kind": ActionKind.CREDIT_NOTE_VOID.value,
-            "credit_note": credit_note_id,
-            "voids_duplicate_of": adjustment.action_id,
-            "bill": adjustment.payload.get("bill"),
-            "amount": str(money),
-            "currency": adjustment.currency,
-        }
+        payload = payload_versioned(
+            {
+                "kind": ActionKind.CREDIT_NOTE_VOID.value,
+                "credit_note": credit_note_id,
+                "voids_duplicate_of": adjustment.action_id,
+                "bill": adjustment.payload.get("bill"),
+                "amount": str(money),
+                "currency": adjustment.currency,
+            }
+        )
         digest = payload_hash(payload)
         existing = existing_proposal(action_id, payload, digest)
         if existing is not None:

@@ -29,6 +29,7 @@ from actions.services import (
     answers_a_lost_proposal_race,
     existing_proposal,
     payload_hash,
+    payload_versioned,
     proposal_record,
 )
 
@@ -69,7 +70,7 @@ def action_propose_invoice_adjustment(
         bill_accounting_check(bill, fields)
         action_id = invoice_adjustment_action_id(bill_number=bill.number, adjustment_number=request.number)
         validate_idempotency_key(action_id)
-        payload = adjustment_payload(bill, request, fields)
+        payload = payload_versioned(adjustment_payload(bill, request, fields))
         digest = payload_hash(payload)
         # An identical retry returns what exists before any check its own reservation could fail.
         existing = existing_proposal(action_id, payload, digest)

@@ -32,6 +32,7 @@ from actions.services import (
     answers_a_lost_proposal_race,
     existing_proposal,
     payload_hash,
+    payload_versioned,
     proposal_record,
 )
 
@@ -72,7 +73,7 @@ def action_propose_refund(
         order_payment_check(order, fields)
         action_id = refund_action_id(order_number=order.number, request_number=request.number)
         validate_idempotency_key(action_id)
-        payload = refund_payload(order, request, fields)
+        payload = payload_versioned(refund_payload(order, request, fields))
         digest = payload_hash(payload)
         if exceeds_refundable_balance(order, fields):
             return identical_retry_or_refusal(

@@ -25,6 +25,7 @@ from actions.services import (
     answers_a_lost_proposal_race,
     existing_proposal,
     payload_hash,
+    payload_versioned,
     proposal_record,
 )
 
@@ -57,7 +58,7 @@ def supplier_email_propose(
             supplier=target.code, reference=fields.reference, template=fields.template.name
         )
         validate_idempotency_key(action_id)
-        payload = email_payload(target, fields, action_id=action_id)
+        payload = payload_versioned(email_payload(target, fields, action_id=action_id))
         digest = payload_hash(payload)
         existing = existing_proposal(action_id, payload, digest)
         if existing is not None:
