@@ -236,6 +236,23 @@ class ScheduleSampler:
             counts[host] = counts.get(host, 0) + 1
         return counts
 
+    def fresh(self) -> bool:
+        """In the latest sample, every sweep finished within its stale threshold."""
+        if not self.samples or not self.sweeps():
+            return False
+        latest = self.samples[-1]
+        return all(
+            (age := latest.ages.get(entry)) is not None and age <= self.thresholds[entry] for entry in self.sweeps()
+        )
+
+    def dump(self, path: str) -> None:
+        """Every sample as JSON lines, for a closer look at a run."""
+        import json
+
+        with open(path, "w") as out:
+            for sample in self.samples:
+                out.write(json.dumps(vars(sample)) + "\n")
+
     def first_complete(self) -> float:
         """When every sweep had finished at least once (seconds since the run began)."""
         for sample in self.samples:

@@ -508,6 +508,7 @@ class ChaosRun:
         self.started = time.monotonic()
         self.sampler: ScheduleSampler | None = None
         self.drain_at: float | None = None
+        self.loss_due_at: float | None = None  # when the host's loss became due (time.monotonic())
         self.lock = threading.Lock()
         db = connection.settings_dict
         self.database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
@@ -1281,6 +1282,7 @@ class ChaosRun:
         if len(self.hosts) > 1:
             if self.sampler is not None:
                 self.sampler.stop()
+                self.sampler.dump(str(self.workdir / "schedule-samples.jsonl"))
             self.report.hosts = hosts_summary(
                 self.hosts,
                 self.sampler,
@@ -1318,6 +1320,11 @@ class ChaosRun:
         host.back_at = self._elapsed()
         host.up = True
 
+    def _host_loss_pending(self) -> bool:
+        """The hosts mode loses a host during the storm: the storm goes on until it is back."""
+        lost = self.hosts[0]
+        return len(self.hosts) > 1 and bool(self.config.lose_host_at) and lost.back_at is None
+
     def _hosts_step(self, *, with_faults: bool, storm: _Storm | None = None) -> None:
         """The first host is lost once its share of the actions exists (not within five seconds
         of the PostgreSQL restart, so that the survivor's sweeps are judged on the host's loss
@@ -1333,14 +1340,20 @@ class ChaosRun:
             total, _final = self.counts()
             settled = storm.restarted_at is None or time.monotonic() - storm.restarted_at >= 5
             due = c.restart_postgres and not storm.restarted
-            # The survivors' workers have been up a while (started, imported, consuming): a
-            # survivor whose only worker was killed just before would measure that kill.
+            if total < c.actions * c.lose_host_at or not settled or due:
+                return
+            self.loss_due_at = self.loss_due_at or time.monotonic()
+            # The survivors' workers have been up a while (started, imported, consuming) and the
+            # schedule runs (every sweep finished within its threshold): a survivor whose only
+            # worker was killed just before, or a schedule not yet started, would be measured
+            # instead of the host's loss. Past SURVIVOR_WAIT_SECONDS the host is lost anyway,
+            # and the report shows what the survivor did.
             ready = all(
                 time.monotonic() - process.started >= SURVIVOR_READY_SECONDS
                 for process in self.workers
                 if process.host != host.name
-            )
-            if total >= c.actions * c.lose_host_at and settled and not due and ready:
+            ) and (self.sampler is None or self.sampler.fresh())
+            if ready or time.monotonic() - self.loss_due_at >= SURVIVOR_WAIT_SECONDS:
                 self.lose_host(host)
         elif host.back_at is None and self._elapsed() - host.killed_at >= c.host_back_after_seconds:
             self.restore_host(host, with_faults=with_faults)
@@ -1374,7 +1387,7 @@ class ChaosRun:
             outside_total=int(len(self.charges) * self.config.outside_refund_share),
             outage_over=self.config.outage_seconds <= 0,
         )
-        while proposer.is_alive() or self.counts()[1] < self._proposed() * 0.6:
+        while proposer.is_alive() or self.counts()[1] < self._proposed() * 0.6 or self._host_loss_pending():
             total, _final = self.counts()
             # Outside refunds keep pace with the proposals, so they land on orders under way.
             due_outside = storm.outside_total * min(total / max(self.config.actions, 1), 1.0)
@@ -1383,10 +1396,12 @@ class ChaosRun:
             self._outage_step(storm, total)
             self.approve_waiting()
             self._reap(with_faults=True)
-            # While a host is down the run kills none of the survivors' workers: what is measured
-            # then is the survivors' taking over, not a survivor left without a worker.
-            hosts_up = all(host.up for host in self.hosts)
-            if time.monotonic() >= storm.next_kill and self.workers and hosts_up:
+            # From the moment a host's loss is due until it is back, the run kills none of the
+            # survivors' workers: what is measured then is the survivors' taking over, not a
+            # survivor left without a worker.
+            quiet = self.loss_due_at is not None and not all(host.up for host in self.hosts)
+            quiet = quiet or (self.loss_due_at is not None and self.hosts[0].killed_at is None)
+            if time.monotonic() >= storm.next_kill and self.workers and not quiet:
                 victim = self.rng.choice(self.workers + self.dispatchers)
                 victim.kill()
                 self.report.kills += 1
@@ -1753,6 +1768,7 @@ POSTGRES_CONFIG_ROOT = Path("/etc/postgresql")
 # How long the surviving hosts' workers must have been running before a host is lost (a worker
 # takes a few seconds to start on a loaded machine).
 SURVIVOR_READY_SECONDS = 10.0
+SURVIVOR_WAIT_SECONDS = 90.0
 
 
 def postgres_restart_command() -> list[str]:
