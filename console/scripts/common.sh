@@ -80,3 +80,16 @@ start_sandbox() {
         sleep 0.1
     done
 }
+
+# The chaos test's hosts mode skews one simulated host's clock with Debian's libfaketime
+# (harness/chaos/hosts.py), preloaded into every process of that host.
+ensure_faketime() {
+    if compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null; then return 0; fi
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "==> installing Debian's faketime (libfaketime) for the chaos test's skewed host"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+    else
+        echo "libfaketime is missing: install Debian's faketime package for the chaos test" >&2
+        return 1
+    fi
+}

@@ -9,6 +9,7 @@ ensure_venv "$REPO_ROOT/requirements-dev.txt"
 ensure_postgres
 ensure_redis
 ensure_chromium
+ensure_faketime
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 export CELERY_BROKER_URL="${CELERY_BROKER_URL:-redis://127.0.0.1:6379/15}"

@@ -103,6 +103,17 @@ from approvals.models import ApprovalLimit, ApprovalPolicy, Decision
 from approvals.policy import latest_approval
 from approvals.services import DecisionRefused, action_reopen, approval_decide
 from console.roles import ACCOUNTS_PAYABLE, ensure_roles
+from harness.chaos.hosts import (
+    HOST_ENV,
+    Host,
+    ScheduleSampler,
+    hosts_report_lines,
+    hosts_summary,
+    kill_host,
+    measured_skew,
+    round_robin,
+    skew_environment,
+)
 from harness.chaos.workflows import WorkflowChaos, workflow_report_lines
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -190,6 +201,18 @@ class ChaosConfig:
     # Workflows (po_mismatch_resolution) as a share of the run's work: single actions, emails and
     # workflows together (at least 10%, enough coordinators to crash mid-step). Needs the accounting sandbox.
     workflow_share: float = 0.12
+    # The hosts mode (harness.chaos.hosts): this many simulated hosts, each with its own web
+    # process, ``workers`` workers, ``dispatchers`` dispatchers and a beat, on the same
+    # PostgreSQL and Redis; the proposers spread their requests over the hosts' web processes.
+    # 1 is the single-host run.
+    hosts: int = 1
+    # The first host is SIGKILLed whole (beat included) once this share of the actions exists
+    # (0: never), and comes back, every process restarted, this many seconds later.
+    lose_host_at: float = 0.0
+    host_back_after_seconds: float = 20.0
+    # The last host's wall clock runs this many seconds ahead (or behind, negative) for all its
+    # processes, through libfaketime.
+    skew_seconds: int = 0
 
     @property
     def adjustments(self) -> int:
@@ -242,6 +265,7 @@ class ChaosReport:
     # earlier run's receivers are gone, so their effects read as missing. Use a fresh database.
     actions_before: int = 0
     workflows: dict[str, Any] = field(default_factory=dict)  # harness.chaos.workflows' audit
+    hosts: dict[str, Any] = field(default_factory=dict)  # harness.chaos.hosts' summary
 
     def per_kind(self) -> list[tuple[str, str, int, int]]:
         """(label, kind, duplicates, lost) for each kind the run proposes."""
@@ -268,7 +292,16 @@ class ChaosReport:
             and not self.money_mismatches
             and self.webhooks.get("pending", 0) == 0
             and self.workflows.get("ok", True)
+            and self.hosts_ok
         )
+
+    @property
+    def hosts_ok(self) -> bool:
+        """A lost host came back, and the sweeps never went stale while the survivor ran alone."""
+        if not self.hosts.get("lost"):
+            return True
+        lost = next(host for host in self.hosts["hosts"] if host["name"] == self.hosts["lost"])
+        return lost["back_at"] is not None and bool(self.hosts.get("sweeps_kept_running"))
 
     def work(self) -> int:
         """Everything the run proposed: single actions, emails and workflows."""
@@ -324,9 +357,9 @@ class ChaosReport:
             f"{round(self.config['actions'] * self.config['adjustment_share'])} planned; accounting ledger: "
             f"{self.credit_notes} credit note(s) on {self.bills_checked} bill(s), "
             f"{len(self.accounting_problems)} problem(s) (must be 0)",
-            "  accounting faults "
-            + ", ".join(f"{k} {v}" for k, v in sorted(self.accounting_faults_fired.items())),
+            "  accounting faults " + ", ".join(f"{k} {v}" for k, v in sorted(self.accounting_faults_fired.items())),
             *workflow_report_lines(self.workflows, work=self.work()),
+            *hosts_report_lines(self.hosts),
             f"  invariants       {'all hold' if audit and audit.ok and not self.accounting_problems else 'VIOLATED'}",
         ]
         if self.actions_before:
@@ -360,8 +393,10 @@ class Process:
     set-up under test); the run's own kills take the whole worker down.
     """
 
-    def __init__(self, name: str, command: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log_path: Path, host: str = "") -> None:
         self.name = name
+        self.host = host  # the simulated host it belongs to (harness.chaos.hosts)
+        self.started = time.monotonic()
         self.command = command
         self.log_path = log_path
         with open(log_path, "ab") as log:
@@ -436,6 +471,7 @@ class _Storm:
     outage_started: float | None = None
     creates_down: bool = False
     restarted: bool = False
+    restarted_at: float | None = None
     flushed: bool = False
 
 
@@ -456,8 +492,23 @@ class ChaosRun:
         self.mail_url = ""
         self.mail_smtp_port = 0
         self.stamp = ""
-        self.web_url = ""
+        self.web_url = ""  # the web process the sandbox's webhooks go to (the host never lost)
         self.token = ""
+        # Simulated hosts (harness.chaos.hosts): the first is the one lost in the hosts mode, the
+        # last the one whose clock is skewed. A single-host run has one, with no skew.
+        self.hosts = (
+            [
+                Host(name=chr(ord("a") + index), skew_seconds=config.skew_seconds if index == config.hosts - 1 else 0)
+                for index in range(config.hosts)
+            ]
+            if config.hosts > 1
+            else [Host(name="a")]
+        )
+        self.api_url = round_robin(lambda: [host.web_url for host in self.hosts])
+        self.started = time.monotonic()
+        self.sampler: ScheduleSampler | None = None
+        self.drain_at: float | None = None
+        self.loss_due_at: float | None = None  # when the host's loss became due (time.monotonic())
         self.lock = threading.Lock()
         db = connection.settings_dict
         self.database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
@@ -465,10 +516,13 @@ class ChaosRun:
 
     # --- set-up ------------------------------------------------------------------------------
 
-    def environment(self, *, fault_points: str = "") -> dict[str, str]:
+    def environment(self, *, fault_points: str = "", host: Host | None = None) -> dict[str, str]:
+        """The processes' environment; a host's processes also carry its name and its clock's skew."""
         c = self.config
+        on_host = {HOST_ENV: host.name, **skew_environment(host.skew_seconds)} if host is not None else {}
         return {
             **os.environ,
+            **on_host,
             "PYTHONPATH": str(REPO_ROOT),
             "DJANGO_SETTINGS_MODULE": "console.settings",
             "DATABASE_URL": self.database_url,
@@ -510,6 +564,23 @@ class ChaosRun:
             # Before anything starts: a cluster name that does not exist would fail a third of
             # the way into the run.
             postgres_restart_command()
+        c = self.config
+        if c.hosts < 1:
+            raise RuntimeError(f"hosts={c.hosts}: a run needs at least one host")
+        if c.hosts == 1 and (c.lose_host_at or c.skew_seconds):
+            raise RuntimeError("losing a host or skewing a host's clock needs the hosts mode: hosts=2 or more")
+        if not 0 <= c.lose_host_at < 1:
+            raise RuntimeError(f"lose_host_at={c.lose_host_at}: a share of the actions, at least 0 and below 1")
+        for host in self.hosts:
+            if host.skew_seconds:
+                # Fails here, naming the package, if libfaketime is missing; then checks that the
+                # skew really applies to a process started with the host's environment.
+                host.measured_skew = measured_skew(self.environment(host=host))
+                if abs(host.measured_skew - host.skew_seconds) > 5:
+                    raise RuntimeError(
+                        f"host {host.name}: its clock should be {host.skew_seconds:+d} s off, a process started "
+                        f"with its environment sees {host.measured_skew:+.1f} s: libfaketime is not preloaded"
+                    )
 
     def start_sandbox(self) -> None:
         port = _free_port()
@@ -620,17 +691,31 @@ class ChaosRun:
         settings.EMAIL_TIMEOUT = self.config.provider_timeout_seconds
         settings.MAIL_SANDBOX_URL = self.mail_url
 
-    def start_web(self) -> None:
-        port = _free_port()
-        self.web_url = f"http://127.0.0.1:{port}"
-        process = Process(
-            "web",
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--nothreading"],
-            {**self.environment(), "DEBUG": "0"},
-            self.workdir / "web.log",
+    def _suffix(self, host: Host) -> str:
+        return f"-{host.name}" if len(self.hosts) > 1 else ""
+
+    def start_host_web(self, host: Host) -> None:
+        """A host's web process; one that comes back keeps its address."""
+        host.web_port = host.web_port or _free_port()
+        name = f"web{self._suffix(host)}"
+        host.web = Process(
+            name,
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{host.web_port}", "--noreload", "--nothreading"],
+            {**self.environment(host=host), "DEBUG": "0"},
+            self.workdir / f"{name}.log",
+            host=host.name,
         )
-        self.others.append(process)
-        _wait_for(lambda: self._healthy(f"{self.web_url}/api/v1/openapi.json"), 60, "the web server")
+
+    def wait_host_web(self, host: Host) -> None:
+        _wait_for(lambda: self._healthy(f"{host.web_url}/api/v1/openapi.json"), 90, f"host {host.name}'s web server")
+
+    def start_web(self) -> None:
+        for host in self.hosts:
+            self.start_host_web(host)
+        for host in self.hosts:
+            self.wait_host_web(host)
+        # The webhooks go to the host that is never lost (the last one).
+        self.web_url = self.hosts[-1].web_url
         # The sandbox signs its events for the web server's endpoint, and retries until a 2xx.
         _http(
             "POST",
@@ -653,7 +738,8 @@ class ChaosRun:
         except (urllib.error.URLError, OSError):
             return False
 
-    def start_worker(self, *, with_faults: bool = True) -> Process:
+    def start_worker(self, *, with_faults: bool = True, host: Host | None = None) -> Process:
+        host = host or self.hosts[0]
         p = self.config.worker_fault_probability
         points = ",".join(f"{name}@{p}" for name in WORKER_FAULT_POINTS) if with_faults and p > 0 else ""
         name = f"worker{next(self.worker_numbers)}"
@@ -678,15 +764,17 @@ class ChaosRun:
                 "--without-mingle",
                 "--without-heartbeat",
             ],
-            self.environment(fault_points=points),
+            self.environment(fault_points=points, host=host),
             self.workdir / f"{name}.log",
+            host=host.name,
         )
         self.workers.append(process)
         return process
 
-    def start_dispatcher(self, *, with_faults: bool = True) -> Process:
+    def start_dispatcher(self, *, with_faults: bool = True, host: Host | None = None) -> Process:
         """A dispatcher process: batched claims, many calls in flight, the workers' fault points
         (one kill takes every call it has in flight down with it)."""
+        host = host or self.hosts[0]
         p = self.config.worker_fault_probability
         points = ",".join(f"{name}@{p}" for name in WORKER_FAULT_POINTS) if with_faults and p > 0 else ""
         name = f"dispatcher{next(self.worker_numbers)}"
@@ -704,40 +792,48 @@ class ChaosRun:
                 "--idle",
                 "0.05",
             ],
-            self.environment(fault_points=points),
+            self.environment(fault_points=points, host=host),
             self.workdir / f"{name}.log",
+            host=host.name,
         )
         self.dispatchers.append(process)
         return process
 
     def _replace(self, process: Process, *, with_faults: bool) -> None:
         """Start a fresh process of the same kind in place of one that died or was killed."""
+        host = self._host(process.host)
         if process in self.dispatchers:
             self.dispatchers.remove(process)
-            self.start_dispatcher(with_faults=with_faults)
+            self.start_dispatcher(with_faults=with_faults, host=host)
         else:
             self.workers.remove(process)
-            self.start_worker(with_faults=with_faults)
+            self.start_worker(with_faults=with_faults, host=host)
 
-    def start_beat(self) -> None:
-        self.others.append(
-            Process(
+    def _host(self, name: str) -> Host:
+        return next((host for host in self.hosts if host.name == name), self.hosts[0])
+
+    def start_beat(self, host: Host | None = None) -> None:
+        """A host's ``celery beat``: every host runs one, and each periodic task claims its period
+        in the database (actions.foundation.schedule)."""
+        host = host or self.hosts[0]
+        name = f"beat{self._suffix(host)}"
+        host.beat = Process(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "console",
                 "beat",
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "console",
-                    "beat",
-                    "--loglevel",
-                    "INFO",
-                    "--schedule",
-                    str(self.workdir / "beat-schedule"),
-                ],
-                self.environment(),
-                self.workdir / "beat.log",
-            )
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(self.workdir / f"{name}-schedule"),
+            ],
+            self.environment(host=host),
+            self.workdir / f"{name}.log",
+            host=host.name,
         )
 
     def seed(self) -> list[tuple[str, int, str, str]]:
@@ -954,7 +1050,7 @@ class ChaosRun:
             # An agent's retry is always safe: the same proposal returns the same action.
             for _attempt in range(20):
                 try:
-                    _http("POST", f"{self.web_url}/api/v1/refunds", body, headers)
+                    _http("POST", f"{self.api_url()}/api/v1/refunds", body, headers)
                     with self.lock:
                         self.report.proposed += 1
                     return
@@ -985,7 +1081,7 @@ class ChaosRun:
             }
             for _attempt in range(20):
                 try:
-                    _http("POST", f"{self.web_url}/api/v1/supplier-emails", body, headers)
+                    _http("POST", f"{self.api_url()}/api/v1/supplier-emails", body, headers)
                     with self.lock:
                         self.report.emails_proposed += 1
                     return
@@ -1014,7 +1110,7 @@ class ChaosRun:
             }
             for _attempt in range(20):
                 try:
-                    _http("POST", f"{self.web_url}/api/v1/invoice-adjustments", body, headers)
+                    _http("POST", f"{self.api_url()}/api/v1/invoice-adjustments", body, headers)
                     with self.lock:
                         self.report.adjustments_proposed += 1
                     return
@@ -1111,9 +1207,7 @@ class ChaosRun:
         )
 
     def _adjustments(self) -> Any:
-        return Action.objects.filter(
-            action_id__startswith=f"{ActionKind.INVOICE_ADJUSTMENT}:bill-CB{self.stamp}-"
-        )
+        return Action.objects.filter(action_id__startswith=f"{ActionKind.INVOICE_ADJUSTMENT}:bill-CB{self.stamp}-")
 
     def _run_actions(self) -> Any:
         # This run's own orders only: a database that held an earlier run keeps its actions.
@@ -1149,18 +1243,120 @@ class ChaosRun:
 
     def run(self) -> ChaosReport:
         self._checks()
-        started = time.monotonic()
+        started = self.started = time.monotonic()
+        schedule = _override(CELERY_BEAT_SCHEDULE=self._run_schedule())
+        schedule.__enter__()
         try:
             proposals = self._start_everything()
+            if len(self.hosts) > 1:
+                self.sampler = ScheduleSampler(started=started, every=1.0)
+                self.sampler.start()
             self._storm(proposals, started=started)
             self._drain()
             sys.stderr.write("\n")
             self.report.seconds = time.monotonic() - started
+            self._summarize_hosts()
             self._count_self_kills()
             return self._audit()
         finally:
-            for process in [*self.workers, *self.dispatchers, *self.others]:
+            if self.sampler is not None:
+                self.sampler.stop()
+            schedule.__exit__()
+            hosts = [process for host in self.hosts for process in (host.web, host.beat) if process is not None]
+            for process in [*self.workers, *self.dispatchers, *hosts, *self.others]:
                 process.stop()
+
+    def _run_schedule(self) -> dict[str, Any]:
+        """The beat schedule as the run's processes have it (their SWEEP_INTERVAL_SECONDS), so
+        that this process reads the schedule's liveness against the run's own intervals."""
+        ours = float(settings.SWEEP_INTERVAL_SECONDS)
+        schedule: dict[str, dict[str, Any]] = settings.CELERY_BEAT_SCHEDULE
+        return {
+            name: {**entry, "schedule": float(self.config.sweep_interval_seconds)}
+            if float(entry["schedule"]) == ours
+            else entry
+            for name, entry in schedule.items()
+        }
+
+    def _summarize_hosts(self) -> None:
+        if len(self.hosts) > 1:
+            if self.sampler is not None:
+                self.sampler.stop()
+                self.sampler.dump(str(self.workdir / "schedule-samples.jsonl"))
+            self.report.hosts = hosts_summary(
+                self.hosts,
+                self.sampler,
+                interval=float(self.config.sweep_interval_seconds),
+                drain_at=self.drain_at,
+                ended_at=time.monotonic() - self.started,
+            )
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def start_host_processes(self, host: Host, *, with_faults: bool) -> None:
+        """A host's workers, dispatchers and beat (its web process is started on its own)."""
+        for _ in range(self.config.workers):
+            self.start_worker(with_faults=with_faults, host=host)
+        for _ in range(self.config.dispatchers):
+            self.start_dispatcher(with_faults=with_faults, host=host)
+        self.start_beat(host)
+
+    def lose_host(self, host: Host) -> None:
+        """SIGKILL every process of the host in the same instant: web, workers, dispatchers, beat."""
+        mine = [process for process in [*self.workers, *self.dispatchers] if process.host == host.name]
+        processes = [*mine, *(process for process in (host.web, host.beat) if process is not None)]
+        host.processes_killed = kill_host(processes)
+        host.killed_at = self._elapsed()
+        host.up = False
+        self.workers = [process for process in self.workers if process.host != host.name]
+        self.dispatchers = [process for process in self.dispatchers if process.host != host.name]
+
+    def restore_host(self, host: Host, *, with_faults: bool) -> None:
+        """The lost host comes back: every one of its processes started again, its web at the
+        same address."""
+        self.start_host_web(host)
+        self.start_host_processes(host, with_faults=with_faults)
+        host.back_at = self._elapsed()
+        host.up = True
+
+    def _host_loss_pending(self) -> bool:
+        """The hosts mode loses a host during the storm: the storm goes on until it is back."""
+        lost = self.hosts[0]
+        return len(self.hosts) > 1 and bool(self.config.lose_host_at) and lost.back_at is None
+
+    def _hosts_step(self, *, with_faults: bool, storm: _Storm | None = None) -> None:
+        """The first host is lost once its share of the actions exists (not within five seconds
+        of the PostgreSQL restart, so that the survivor's sweeps are judged on the host's loss
+        alone), and comes back after the configured time. Only the storm loses it (``storm``);
+        the drain only brings it back."""
+        c = self.config
+        host = self.hosts[0]
+        if len(self.hosts) < 2 or not c.lose_host_at:
+            return
+        if host.killed_at is None:
+            if storm is None:
+                return
+            total, _final = self.counts()
+            settled = storm.restarted_at is None or time.monotonic() - storm.restarted_at >= 5
+            due = c.restart_postgres and not storm.restarted
+            if total < c.actions * c.lose_host_at or not settled or due:
+                return
+            self.loss_due_at = self.loss_due_at or time.monotonic()
+            # The survivors' workers have been up a while (started, imported, consuming) and the
+            # schedule runs (every sweep finished within its threshold): a survivor whose only
+            # worker was killed just before, or a schedule not yet started, would be measured
+            # instead of the host's loss. Past SURVIVOR_WAIT_SECONDS the host is lost anyway,
+            # and the report shows what the survivor did.
+            ready = all(
+                time.monotonic() - process.started >= SURVIVOR_READY_SECONDS
+                for process in self.workers
+                if process.host != host.name
+            ) and (self.sampler is None or self.sampler.fresh())
+            if ready or time.monotonic() - self.loss_due_at >= SURVIVOR_WAIT_SECONDS:
+                self.lose_host(host)
+        elif host.back_at is None and self._elapsed() - host.killed_at >= c.host_back_after_seconds:
+            self.restore_host(host, with_faults=with_faults)
 
     def _start_everything(self) -> list[tuple[str, int, str, str]]:
         """The receivers' sandboxes, the seeded orders, the web process, the workers, the
@@ -1177,11 +1373,8 @@ class ChaosRun:
         proposals = self.seed()
         self.start_web()
         self.configure_faults(on=True)
-        for _ in range(self.config.workers):
-            self.start_worker()
-        for _ in range(self.config.dispatchers):
-            self.start_dispatcher()
-        self.start_beat()
+        for host in self.hosts:
+            self.start_host_processes(host, with_faults=True)
         return proposals
 
     def _storm(self, proposals: list[tuple[str, int, str, str]], *, started: float) -> None:
@@ -1194,7 +1387,7 @@ class ChaosRun:
             outside_total=int(len(self.charges) * self.config.outside_refund_share),
             outage_over=self.config.outage_seconds <= 0,
         )
-        while proposer.is_alive() or self.counts()[1] < self._proposed() * 0.6:
+        while proposer.is_alive() or self.counts()[1] < self._proposed() * 0.6 or self._host_loss_pending():
             total, _final = self.counts()
             # Outside refunds keep pace with the proposals, so they land on orders under way.
             due_outside = storm.outside_total * min(total / max(self.config.actions, 1), 1.0)
@@ -1203,13 +1396,19 @@ class ChaosRun:
             self._outage_step(storm, total)
             self.approve_waiting()
             self._reap(with_faults=True)
-            if time.monotonic() >= storm.next_kill and self.workers:
+            # From the moment a host's loss is due until it is back, the run kills none of the
+            # survivors' workers: what is measured then is the survivors' taking over, not a
+            # survivor left without a worker.
+            quiet = self.loss_due_at is not None and not all(host.up for host in self.hosts)
+            quiet = quiet or (self.loss_due_at is not None and self.hosts[0].killed_at is None)
+            if time.monotonic() >= storm.next_kill and self.workers and not quiet:
                 victim = self.rng.choice(self.workers + self.dispatchers)
                 victim.kill()
                 self.report.kills += 1
                 self._replace(victim, with_faults=True)
                 storm.next_kill = time.monotonic() + self.config.kill_every_seconds
             self._restarts_step(storm)
+            self._hosts_step(with_faults=True, storm=storm)
             self.progress("chaos")
             time.sleep(0.5)
             if time.monotonic() - started > self.config.drain_deadline_seconds:
@@ -1247,6 +1446,7 @@ class ChaosRun:
         if self.config.restart_postgres and not storm.restarted and total >= self.config.actions // 3:
             self.restart_postgres()
             storm.restarted = True
+            storm.restarted_at = time.monotonic()
         if self.config.flush_redis and not storm.flushed and total >= self.config.actions // 2:
             if self.config.restart_redis:
                 self.restart_redis()
@@ -1262,21 +1462,29 @@ class ChaosRun:
         mail_fired = _http("GET", f"{self.mail_url}/faults").get("fired", {})
         self.report.mail_faults_fired = {str(k): int(v) for k, v in mail_fired.items()}
         self.configure_faults(on=False)
+        self.drain_at = self._elapsed()
         for worker in [*self.workers, *self.dispatchers]:
             worker.kill()
         self.workers.clear()
         self.dispatchers.clear()
-        for _ in range(self.config.workers):
-            self.start_worker(with_faults=False)
-        for _ in range(self.config.dispatchers):
-            self.start_dispatcher(with_faults=False)
+        for host in self.hosts:
+            if not host.up:
+                continue
+            for _ in range(self.config.workers):
+                self.start_worker(with_faults=False, host=host)
+            for _ in range(self.config.dispatchers):
+                self.start_dispatcher(with_faults=False, host=host)
         deadline = time.monotonic() + self.config.drain_deadline_seconds
         while time.monotonic() < deadline:
             self.approve_waiting()
             self._reap(with_faults=False)
+            # A host lost late in the storm comes back during the drain; the run is not drained
+            # before it is back.
+            self._hosts_step(with_faults=False)
             total, final = self.counts()
             self.progress("draining")
-            if final >= total and total >= self._proposed() and self.workflow_chaos.settled():
+            hosts_back = all(host.up for host in self.hosts)
+            if final >= total and total >= self._proposed() and self.workflow_chaos.settled() and hosts_back:
                 self.report.drained = True
                 break
             time.sleep(0.5)
@@ -1305,10 +1513,9 @@ class ChaosRun:
             ).count()
         )
         self.report.reached_review = _db_retry(
-            lambda: ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW)
-            .values("action_id")
-            .distinct()
-            .count()
+            lambda: (
+                ActionEvent.objects.filter(to_state=ActionStatus.NEEDS_REVIEW).values("action_id").distinct().count()
+            )
         )
         receivers: dict[str, Receiver] = {ActionKind.REFUND.value: RefundReceiver(provider)}
         if self.accounting_url:
@@ -1532,7 +1739,12 @@ class ChaosRun:
         last_change = _db_retry(lambda: Action.objects.aggregate(last=Max("status_changed_at"))["last"])
         if last_change is None:
             return
-        settled_at = last_change + timedelta(seconds=self.config.visibility_delay_seconds + 0.5)
+        # A host whose clock runs ahead stamps its changes in the future, one whose clock runs
+        # behind in the past: the change happened no later than now, and no earlier than its
+        # stamp less the largest skew behind.
+        behind = max(0, *(-host.skew_seconds for host in self.hosts))
+        changed = min(last_change + timedelta(seconds=behind), timezone.now())
+        settled_at = changed + timedelta(seconds=self.config.visibility_delay_seconds + 0.5)
         _wait_for(lambda: timezone.now() >= settled_at, timeout=60, what="the provider's list to catch up")
 
     def _reap(self, *, with_faults: bool) -> None:
@@ -1553,6 +1765,10 @@ def _interleave(base: list[Any], extra: list[Any]) -> list[Any]:
 
 
 POSTGRES_CONFIG_ROOT = Path("/etc/postgresql")
+# How long the surviving hosts' workers must have been running before a host is lost (a worker
+# takes a few seconds to start on a loaded machine).
+SURVIVOR_READY_SECONDS = 10.0
+SURVIVOR_WAIT_SECONDS = 90.0
 
 
 def postgres_restart_command() -> list[str]:
@@ -1592,9 +1808,7 @@ def money_per_order(ledger: list[Any]) -> list[str]:
     """Per order, the provider's refunds (succeeded or pending) must equal what the console
     booked: refunded by its actions plus refunded outside. The refunds of actions still in
     NEEDS_REVIEW are left out: their money is reserved, waiting for finance's word."""
-    in_review = set(
-        Action.objects.filter(status=ActionStatus.NEEDS_REVIEW).values_list("action_id", flat=True)
-    )
+    in_review = set(Action.objects.filter(status=ActionStatus.NEEDS_REVIEW).values_list("action_id", flat=True))
     by_charge: dict[str, int] = {}
     for effect in ledger:
         if effect.is_effect and (effect.action_id or "") not in in_review:

@@ -138,7 +138,7 @@ class WorkflowChaos:
         headers = {"Authorization": f"Bearer {self.run.token}"}
         for _attempt in range(20):
             try:
-                _http("POST", f"{self.run.web_url}/api/v1/workflows", body, headers)
+                _http("POST", f"{self.run.api_url()}/api/v1/workflows", body, headers)
                 with self.run.lock:
                     self.proposed += 1
                 return

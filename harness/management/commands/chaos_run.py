@@ -10,6 +10,7 @@ and name that cluster, and nobody else's connections are cut.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -104,12 +105,46 @@ class Command(BaseCommand):
             default=defaults.workflow_share,
             help="workflows (po_mismatch_resolution) as a share of the run's work; needs adjustments",
         )
+        parser.add_argument(
+            "--hosts",
+            type=int,
+            default=defaults.hosts,
+            help="simulated hosts, each with its own web process, --workers workers, --dispatchers dispatchers "
+            "and beat, on the same PostgreSQL and Redis (1: a single host)",
+        )
+        parser.add_argument(
+            "--lose-host-at",
+            type=float,
+            default=defaults.lose_host_at,
+            help="SIGKILL the first host whole (beat included) once this share of the actions exists (0: never)",
+        )
+        parser.add_argument(
+            "--host-back-after",
+            type=float,
+            default=defaults.host_back_after_seconds,
+            help="seconds until the lost host comes back, every process restarted",
+        )
+        parser.add_argument(
+            "--skew-seconds",
+            type=int,
+            default=defaults.skew_seconds,
+            help="the last host's clock runs this far ahead (negative: behind), through libfaketime "
+            "(apt-get install -y faketime)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["adjustment_share"] <= 1:
             raise CommandError("--adjustment-share must be between 0 and 1.")
         if not 0 <= options["workflow_share"] < 1:
             raise CommandError("--workflow-share must be at least 0 and below 1.")
+        if options["hosts"] < 1:
+            raise CommandError("--hosts must be at least 1.")
+        if not 0 <= options["lose_host_at"] < 1:
+            raise CommandError("--lose-host-at must be at least 0 and below 1.")
+        if options["hosts"] == 1 and (options["lose_host_at"] or options["skew_seconds"]):
+            raise CommandError("--lose-host-at and --skew-seconds need --hosts 2 or more.")
+        if options["host_back_after"] <= 0:
+            raise CommandError("--host-back-after must be above 0 seconds.")
         config = ChaosConfig(
             actions=options["actions"],
             adjustment_share=options["adjustment_share"],
@@ -131,13 +166,25 @@ class Command(BaseCommand):
             outside_refund_share=options["outside_refunds"],
             finance_resolves=not options["no_finance"],
             workflow_share=options["workflow_share"],
+            hosts=options["hosts"],
+            lose_host_at=options["lose_host_at"],
+            host_back_after_seconds=options["host_back_after"],
+            skew_seconds=options["skew_seconds"],
         )
         if config.restart_postgres:
             try:
                 postgres_restart_command()  # names a cluster that exists, before anything starts
             except RuntimeError as error:
                 raise CommandError(str(error)) from None
-        report = ChaosRun(config).run()
+        # A SIGTERM (a CI timeout, a person's kill) unwinds the run, so that it stops the
+        # processes it started instead of leaving them running.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            report = ChaosRun(config).run()
+        except RuntimeError as error:
+            # A check before anything starts (libfaketime missing, the skew not applying) or a
+            # process that never came up: the message names it.
+            raise CommandError(str(error)) from None
         for line in report.lines():
             self.stdout.write(line)
         if not report.ok:
