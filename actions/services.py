@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django_fsm import has_transition_perm
 
 from actions.foundation.refusals import Refused
+from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor, Writes, action_transition, event_record
 from actions.kinds.fields import FieldProblem
 from actions.kinds.registry import kind_for
@@ -183,6 +184,7 @@ def answers_a_lost_proposal_race(
     return propose_or_read_the_winner
 
 
+@traced("action.propose", outcome=lambda result: str(result.action.status))
 def proposal_record(
     *,
     action: Action,

@@ -133,12 +133,14 @@ def notify_people() -> int:
 
 
 @shared_task(name="actions.tasks.trail_checkpoint")
+@once_per_period("trail-checkpoint")
 def trail_checkpoint() -> int | None:
     made = checkpoint_make().checkpoint
     return made.number if made is not None else None
 
 
 @shared_task(name="actions.tasks.trail_verify")
+@once_per_period("trail-verify")
 def trail_verify() -> int:
     """The number of breaks found (finance is told of each)."""
     return len(trail_check(key=signing_key()).breaks)

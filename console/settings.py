@@ -12,6 +12,7 @@ import contextlib
 import os
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -554,49 +555,28 @@ MAIL_SANDBOX_URL = env_str("MAIL_SANDBOX_URL", "")
 
 # Periodic sweeps: these, not the broker, make the system durable. Each claims rows with
 # SELECT ... FOR UPDATE SKIP LOCKED, so any number of beat-driven workers is safe.
-CELERY_BEAT_SCHEDULE = {
-    "sweep-authorized": {
-        "task": "actions.tasks.sweep_authorized",
-        "schedule": float(SWEEP_INTERVAL_SECONDS),
-    },
-    "sweep-expired-leases": {
-        "task": "actions.tasks.sweep_expired_leases",
-        "schedule": float(SWEEP_INTERVAL_SECONDS),
-    },
-    "sweep-reconcile": {
-        "task": "actions.tasks.sweep_reconcile",
-        "schedule": float(SWEEP_INTERVAL_SECONDS),
-    },
-    "sweep-workflows": {
-        "task": "actions.tasks.sweep_workflows",
-        "schedule": float(SWEEP_INTERVAL_SECONDS),
-    },
-    "ledger-audit": {
-        "task": "actions.tasks.ledger_audit",
-        "schedule": float(LEDGER_AUDIT_INTERVAL_SECONDS),
-    },
+# Each entry runs the task actions.tasks.<the name with "_" for "-"> every <interval> seconds.
+_PERIODIC_TASKS = {
+    "sweep-authorized": SWEEP_INTERVAL_SECONDS,
+    "sweep-expired-leases": SWEEP_INTERVAL_SECONDS,
+    "sweep-reconcile": SWEEP_INTERVAL_SECONDS,
+    "sweep-workflows": SWEEP_INTERVAL_SECONDS,
+    "ledger-audit": LEDGER_AUDIT_INTERVAL_SECONDS,
     # Pending rejections whose undo window passed but whose own task was lost.
-    "sweep-rejections": {
-        "task": "actions.tasks.sweep_rejections",
-        "schedule": float(SWEEP_INTERVAL_SECONDS),
-    },
+    "sweep-rejections": SWEEP_INTERVAL_SECONDS,
     # Agent webhooks whose publish was lost, or whose retry is due (actions.agents.webhooks).
-    "sweep-agent-webhooks": {
-        "task": "actions.tasks.sweep_agent_webhooks",
-        "schedule": float(SWEEP_INTERVAL_SECONDS),
-    },
+    "sweep-agent-webhooks": SWEEP_INTERVAL_SECONDS,
     # Notifications: waiting proposals, escalations and overdue items (actions.notifications).
-    "notify-people": {
-        "task": "actions.tasks.notify_people",
-        "schedule": float(NOTIFICATION_INTERVAL_SECONDS),
-    },
-    "trail-checkpoint": {"task": "actions.tasks.trail_checkpoint", "schedule": float(TRAIL_INTERVAL_SECONDS)},
-    "trail-verify": {"task": "actions.tasks.trail_verify", "schedule": float(TRAIL_INTERVAL_SECONDS)},
+    "notify-people": NOTIFICATION_INTERVAL_SECONDS,
+    # The audit trail's signed checkpoints and its check (actions.evidence).
+    "trail-checkpoint": TRAIL_INTERVAL_SECONDS,
+    "trail-verify": TRAIL_INTERVAL_SECONDS,
     # Storage tidying, not durability (actions.engine.housekeeping).
-    "housekeeping-prune-attempt-bodies": {
-        "task": "actions.tasks.housekeeping_prune_attempt_bodies",
-        "schedule": float(HOUSEKEEPING_INTERVAL_SECONDS),
-    },
+    "housekeeping-prune-attempt-bodies": HOUSEKEEPING_INTERVAL_SECONDS,
+}
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
+    name: {"task": "actions.tasks." + name.replace("-", "_"), "schedule": float(interval)}
+    for name, interval in _PERIODIC_TASKS.items()
 }
 # A periodic task that waited in the queue longer than its interval is superseded by the next
 # one: it expires and the worker discards it instead of running it, so a deep queue (a backlog

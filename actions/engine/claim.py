@@ -21,6 +21,7 @@ from actions.engine.faults import fault_point
 from actions.engine.leases import lease_take
 from actions.foundation import sql
 from actions.foundation.clock import database_clock_now
+from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor, Writes, action_transition
 from actions.kinds import kind_for
 from actions.kinds.base import BindingFailure
@@ -73,6 +74,7 @@ def binding_failures(action: Action, approval: Approval | None, now: datetime) -
     return failures
 
 
+@traced("action.claim", outcome=lambda claim: claim.outcome.value)
 def submission_begin(
     *, action_pk: int, now: datetime | None = None, actor: Actor | None = None, skip_locked: bool = False
 ) -> Claim:

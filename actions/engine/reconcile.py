@@ -37,6 +37,7 @@ from actions.engine.leases import Lease, lease_take
 from actions.engine.outcomes import apply_outcome, next_reconcile_time, not_before_retry_after
 from actions.engine.send import receiver_for
 from actions.foundation.clock import database_clock_now
+from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
@@ -142,6 +143,7 @@ def retry_allowed(*, action: Action, contract: ReceiverContract, now: datetime) 
     return True, "Authoritative not-found after the receiver's visibility delay: retry with the same key."
 
 
+@traced("action.reconcile", outcome=str)
 def reconcile_action(
     *,
     action_pk: int,

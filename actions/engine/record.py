@@ -23,6 +23,7 @@ from actions.engine.escalation import action_escalate
 from actions.engine.outcomes import outcome_book, outcome_transition
 from actions.engine.send import Sent
 from actions.foundation import sql
+from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor, Writes, attempt_answer_write
 from actions.kinds.base import Answer, Outcome, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 S = ActionStatus
 
 
+@traced("action.record", outcome=str)
 def submission_record(
     *,
     action_pk: int,

@@ -13,6 +13,7 @@ from django.db import transaction
 
 from actions.engine.faults import fault_point
 from actions.foundation.clock import database_clock_now
+from actions.foundation.tracing import action_span, outcome_set
 from actions.kinds import kind_for
 from actions.kinds.base import Answer, Receiver, ReceiverContract
 from actions.models import Action, Attempt
@@ -57,7 +58,9 @@ def submission_send(
         log.warning("action_id=%s lease nearly expired before the receiver call; not sending", action.action_id)
         return None
     fault_point("before_provider_call")
-    answer = receiver_send(action=action, receiver=receiver)
+    with action_span("receiver.call", kind=action.kind, action_id=action.action_id) as span:
+        answer = receiver_send(action=action, receiver=receiver)
+        outcome_set(span, answer.outcome.value)
     fault_point("after_provider_answer")
     return Sent(
         action=action, attempt_pk=attempt.pk, lease_token=lease_token, answer=answer, contract=receiver.contract

@@ -572,31 +572,25 @@ def _money(amount: Decimal) -> Any:
     return Order._meta.get_field("reserved_amount").get_db_prep_save(amount, _connection(Order))
 
 
-# --- the one clock ----------------------------------------------------------------------------
+# --- the server's clock, and the audit trail's checkpoints ---------------------------------------
 
 
 def database_now() -> datetime:
-    """The database server's clock, as an aware datetime in UTC."""
+    """The database server's clock, as an aware datetime in UTC (SQLite's is a naive text)."""
     connection = _connection(Action, write=False)
     with connection.cursor() as cursor:
         cursor.execute(_dialect(connection).now)
         (value,) = cursor.fetchone()
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    value = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
 
-
-# --- the audit trail's checkpoints -----------------------------------------------------------------
 
 TRANSACTIONS_ENDED_BELOW = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
 
 
 def transactions_ended_below() -> int | None:
-    """The lowest transaction id still running on PostgreSQL: every transaction with a lower id
-    has committed or rolled back, so the set of events it wrote is final (a checkpoint covers
-    those: actions.evidence.checkpoints). None on SQLite, which has no such ids."""
+    """The lowest transaction id still running on PostgreSQL: every lower one has ended, so the
+    events it wrote are final (actions.evidence.checkpoints covers those). None on SQLite."""
     connection = _connection(ActionEvent, write=False)
     if connection.vendor != "postgresql":
         return None

@@ -105,6 +105,13 @@ def test_one_actions_spans_form_one_trace_from_the_api_to_the_receiver(
     same_trace = wait_until(in_the_workers_log, timeout=15, what="the worker's spans of this trace")
     names = {span["name"] for span in same_trace}
     assert "run/actions.tasks.dispatch" in names
+    # The engine's own steps, with the kind and the outcome as attributes.
+    assert {"action.claim", "receiver.call", "action.record"} <= names, names
+    [call] = [s for s in same_trace if s["name"] == "receiver.call"]
+    assert call["attributes"]["console.kind"] == "refund"
+    assert call["attributes"]["console.outcome"] == "succeeded"
+    [proposed] = [span for span in spans.get_finished_spans() if span.name == "action.propose"]
+    assert format(proposed.context.trace_id, "#034x") == trace_id
     # The receiver's call: the HTTP client span to the payment sandbox, in the same trace.
     receiver_calls = [s for s in same_trace if s["kind"] == "SpanKind.CLIENT" and s["attributes"].get("http.method")]
     assert receiver_calls, names
