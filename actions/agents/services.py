@@ -111,7 +111,9 @@ def agent_scope_choices() -> list[tuple[str, str]]:
     for kind in all_kinds():
         scope = SCOPE_FOR_KIND.get(kind.name)
         if scope is not None:
-            labels.setdefault(scope, []).append(kind.label)
+            names = labels.setdefault(scope, [])
+            # The kind the scope is named after comes first: "Refund and Customer email".
+            names.insert(0 if kind.name == scope else len(names), kind.label)
     choices = [(scope, " and ".join(names)) for scope, names in labels.items()]
     choices += list(OTHER_SCOPES.items())
     return sorted(choices)

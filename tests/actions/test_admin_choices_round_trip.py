@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from django import forms
 from django.apps import apps
-from django.core.exceptions import FieldDoesNotExist
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
+from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 from django.test import RequestFactory
 
@@ -75,7 +75,11 @@ def _admin_forms() -> Iterator[tuple[type[models.Model], type[forms.BaseForm]]]:
         # As the admin's own change view builds its form: only where the admin may add or
         # change (elsewhere every field is shown read-only, not as a choice).
         for obj in (None, model()):
-            may = model_admin.has_add_permission(request) if obj is None else model_admin.has_change_permission(request, obj)
+            may = (
+                model_admin.has_add_permission(request)
+                if obj is None
+                else model_admin.has_change_permission(request, obj)
+            )
             if may:
                 fields = flatten_fieldsets(model_admin.get_fieldsets(request, obj))
                 yield model, model_admin.get_form(request, obj, change=obj is not None, fields=fields)

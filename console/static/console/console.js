@@ -16,6 +16,17 @@
     notice("The console could not be reached. Check your connection and reload the page.");
   });
 
+  // In DEBUG, django-htmx's script (a listener on document) replaces the whole page with any
+  // 400 or 403 answer, to show Django's error pages. A refusal is no error page: it is the card
+  // or row that says why, and htmx's responseHandling (the htmx-config in base.html) swaps it in
+  // place. So refusals stop here, on the root element, before they reach that listener; a 500
+  // goes on and DEBUG still shows its error page.
+  var REFUSALS = [400, 403, 409];
+  document.documentElement.addEventListener("htmx:beforeOnLoad", function (event) {
+    var xhr = event.detail && event.detail.xhr;
+    if (xhr && REFUSALS.indexOf(xhr.status) !== -1) { event.stopPropagation(); }
+  });
+
   // A toast when an action the page follows has become final (the server sends HX-Trigger
   // consoleToast with {level, text}). It stays a few seconds, and can be closed.
   document.body.addEventListener("consoleToast", function (event) {
