@@ -228,3 +228,32 @@ def evidence_rows(details: dict[str, Any], *, currency: str = "") -> list[tuple[
             text = _STATUS_WORDS.get(str(value), str(value))
         rows.append((label, text))
     return rows
+
+
+# --- a workflow's steps ------------------------------------------------------------------------
+
+# A step's state as the plan page shows it: the child action's status, or PENDING before it
+# exists. A status missing here falls back to its own label.
+STEP_STATES: dict[str, str] = {
+    "PENDING": "Not started",
+    "PROPOSED": "Starting",
+    "AUTHORIZED": "Starting",
+    "SUBMITTING": "Being sent",
+    "SETTLING": "Accepted; the final result comes later",
+    "SUCCEEDED": "Done",
+    "UNKNOWN": "No clear answer yet; being checked",
+    "NEEDS_REVIEW": "With a person to check",
+    "FAILED_FINAL": "Failed",
+    "STALE": "Waiting for a new decision",
+    "REJECTED": "Rejected",
+    "CANCELLED": "Cancelled",
+}
+
+
+def step_words(name: str) -> str:
+    """A template step's name as a heading: ``read_documents`` -> "Read documents"."""
+    return name.replace("_", " ").strip().capitalize()
+
+
+def step_state_words(state: str) -> str:
+    return STEP_STATES.get(state, state.replace("_", " ").capitalize())

@@ -40,6 +40,18 @@
     setTimeout(function () { toast.remove(); }, 8000);
   });
 
+  // "Copy" next to an id in the technical details: copies the text of the element its
+  // data-copy names, and says so on the button.
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest("[data-copy]") : null;
+    if (!button) { return; }
+    var source = document.querySelector(button.getAttribute("data-copy"));
+    if (!source || !navigator.clipboard) { return; }
+    navigator.clipboard.writeText(source.textContent.trim()).then(function () {
+      button.textContent = "Copied";
+    });
+  });
+
   // A pending rejection's countdown. Display only: the server commits the rejection when the
   // window has passed, whatever this page does.
   setInterval(function () {
