@@ -40,6 +40,40 @@
     setTimeout(function () { toast.remove(); }, 8000);
   });
 
+  // A region that refreshes itself (data-pause-while-choosing, the review queue) skips its
+  // refresh while a person is choosing in it: a select or field in it has the focus, or holds
+  // a change not yet submitted. Otherwise the refresh would reset a half-chosen reassignment
+  // and take the focus away. Only the region's own requests are held; its forms still post.
+  function changedControl(control) {
+    if (control.type === "hidden" || control.disabled) { return false; }
+    if (control.tagName === "SELECT") {
+      var defaultIndex = 0;
+      for (var i = 0; i < control.options.length; i++) {
+        if (control.options[i].defaultSelected) { defaultIndex = i; break; }
+      }
+      return control.options.length > 0 && control.selectedIndex !== defaultIndex;
+    }
+    if (control.type === "checkbox" || control.type === "radio") { return control.checked !== control.defaultChecked; }
+    return control.value !== control.defaultValue;
+  }
+  function choosing(region) {
+    var active = document.activeElement;
+    if (active && active !== region && region.contains(active) && /^(SELECT|INPUT|TEXTAREA)$/.test(active.tagName)) {
+      return true;
+    }
+    var controls = region.querySelectorAll("select, input, textarea");
+    for (var i = 0; i < controls.length; i++) {
+      if (changedControl(controls[i])) { return true; }
+    }
+    return false;
+  }
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (elt && elt.hasAttribute && elt.hasAttribute("data-pause-while-choosing") && choosing(elt)) {
+      event.preventDefault();
+    }
+  });
+
   // "Copy" next to an id in the technical details: copies the text of the element its
   // data-copy names, and says so on the button.
   document.addEventListener("click", function (event) {
