@@ -29,7 +29,7 @@ from actions import permissions as perms
 from actions.kinds import kind_for
 from actions.models import Action
 from actions.models.actions import TERMINAL_STATUSES
-from actions.plain import without_status_codes
+from actions.plain import action_words, without_status_codes
 from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem, page_version
 from approvals.models import Decision, RejectionReason
 from approvals.selectors.decided import decided_list_get
@@ -126,7 +126,7 @@ def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     action = approval.action
     assert approval.expires_at is not None
     message = (
-        f"Approved {action.action_id} for {action.amount} {action.currency}. It is on its way to the "
+        f"Approved: {action_words(action)}. It is on its way to the "
         f"{_receiver(action)}; this card shows the result as soon as it is known."
     )
     return _done(request, pk, message)
@@ -154,7 +154,7 @@ def _reject(request: HtmxHttpRequest, pk: int, form: DecisionForm) -> HttpRespon
     return _done(
         request,
         pk,
-        f"Rejecting {pending.action.action_id} ({pending.get_reason_code_display().lower()}). It takes effect in "
+        f"Rejecting {action_words(pending.action)} ({pending.get_reason_code_display().lower()}). It takes effect in "
         f"{seconds} seconds; until then you can undo it.",
     )
 
@@ -169,7 +169,7 @@ def undo_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
-    return _done(request, pk, f"Rejection undone: {action.action_id} is waiting for a decision again.")
+    return _done(request, pk, f"Rejection undone: {action_words(action)} is waiting for a decision again.")
 
 
 @require_safe
@@ -224,12 +224,11 @@ def _toast_if_final(response: HttpResponse, action: Action, *, was: str) -> None
         return
     if action.status == "SUCCEEDED":
         level = "success"
-        reference = f" ({action.provider_reference})" if action.provider_reference else ""
-        text = f"{action.action_id} succeeded{reference}: {action.amount} {action.currency}."
+        text = f"{action_words(action)}: succeeded."
     elif action.status == "REJECTED":
-        level, text = "info", f"{action.action_id} is rejected. Nothing was sent."
+        level, text = "info", f"{action_words(action)}: rejected. Nothing was sent."
     else:
-        level, text = "error", f"{action.action_id}: {action.get_status_display().lower()}. Open it to see why."
+        level, text = "error", f"{action_words(action)}: {action.get_status_display().lower()}. Open it to see why."
     # Besides the toast, the parts of the page that show money and counts follow the outcome:
     # its group's money line ("consoleOutcome-<group key>") and the navigation's count.
     response["HX-Trigger"] = json.dumps(
@@ -361,7 +360,7 @@ def reopen(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
-    return _done(request, pk, f"Asked for a new decision on {action.action_id}: it is waiting in the inbox again.")
+    return _done(request, pk, f"Asked for a new decision on {action_words(action)}: it is waiting in the inbox again.")
 
 
 def _require_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse | None:

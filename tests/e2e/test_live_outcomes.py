@@ -85,12 +85,12 @@ def test_a_manager_approves_and_sees_succeeded_without_reloading(
         page.evaluate("window.consoleTestMarker = 'no reload'")
         card = page.locator(f"#action-{action.pk}")
         card.get_by_role("button", name="Approve").click()
-        expect(card).to_contain_text(f"Approved {action.action_id} for 45.00 EUR.")
+        expect(card).to_contain_text("Approved: Refund · 45.00 EUR · Order")
         # The card follows the action by itself until the provider's answer is recorded.
         expect(card).to_have_attribute("data-status", "SUCCEEDED")
         expect(card.get_by_test_id("status-badge")).to_have_text("Succeeded")
         expect(card.get_by_test_id("outcome")).to_contain_text("Succeeded: re_")
-        expect(page.locator("#toasts")).to_contain_text(f"{action.action_id} succeeded")
+        expect(page.locator("#toasts")).to_contain_text("Refund · 45.00 EUR · Order")
         assert page.evaluate("window.consoleTestMarker") == "no reload"
         page.screenshot(path=str(screenshot_dir / "manager-live-outcome.png"), full_page=True)
 

@@ -43,6 +43,7 @@ from actions.review.selectors.common import (
     RANK,
     ItemKind,
     attempt_summary,
+    attempt_words,
     review_people_get,
 )
 
@@ -97,10 +98,22 @@ class QueueRow:
     # Reassign list offers; set for the rows of the page shown.
     work_refusal: str | None = None
     members: tuple[Any, ...] = ()
+    # The receiver's own words for ``last_answer``, for the technical details; empty when the
+    # sentence above says all there is.
+    last_answer_technical: str = ""
 
     @property
     def pk(self) -> int:
         return int(self.item.pk)
+
+    @property
+    def technical_id(self) -> str:
+        """The id behind the item, for the technical details: the action's id, or the id of
+        the action a follow-up is about."""
+        if self.kind == ItemKind.ACTION:
+            return str(self.item.action_id)
+        action = getattr(self.item, "action", None)
+        return str(action.action_id) if action is not None else ""
 
     @property
     def may_work(self) -> bool:
@@ -242,6 +255,13 @@ def _next_reconcile_note(action: Action) -> str:
     return ""
 
 
+def _answer_columns(attempt: Attempt | None, action: Action) -> dict[str, str]:
+    """The last answer in a clerk's words, and the receiver's own words when they differ."""
+    words = attempt_words(attempt, action=action)
+    raw = attempt_summary(attempt)
+    return {"last_answer": words, "last_answer_technical": raw if raw != words else ""}
+
+
 def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now: datetime) -> QueueRow:
     due = action_due(action, now=now)
     label = "Stuck submitting" if action.status == S.SUBMITTING else action.get_status_display()
@@ -260,7 +280,7 @@ def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now:
         order=action.order,
         submissions=action.attempt_count,
         lookups=int(getattr(action, "lookup_count", 0) or 0),
-        last_answer=attempt_summary(attempts.get(latest_pk) if latest_pk else None),
+        **_answer_columns(attempts.get(latest_pk) if latest_pk else None, action),
         next_reconcile_at=action.next_reconcile_at if action.status in (S.UNKNOWN, S.SETTLING) else None,
         next_reconcile_note=_next_reconcile_note(action),
         rank=RANK[action.status],
@@ -533,7 +553,7 @@ def review_queue_get(
     if attempt_pks:
         attempts = Attempt.objects.in_bulk(attempt_pks)
         page_rows = [
-            replace(row, last_answer=attempt_summary(attempts.get(row.item.latest_attempt_pk)))
+            replace(row, **_answer_columns(attempts.get(row.item.latest_attempt_pk), row.item))
             if row.kind == ItemKind.ACTION and getattr(row.item, "latest_attempt_pk", None)
             else row
             for row in page_rows
