@@ -45,7 +45,7 @@ STORED_VALUES = {
 }
 
 
-def _choice_fields(form_class: type[forms.BaseForm]) -> Iterator[str]:
+def _choice_fields(form_class: type[forms.ModelForm[Any]]) -> Iterator[str]:
     for name, field in form_class.base_fields.items():
         if isinstance(field, forms.ChoiceField) and not isinstance(field, forms.ModelChoiceField):
             yield name
@@ -55,7 +55,7 @@ def _stored_values(model: type[models.Model], name: str) -> list[Any]:
     if (model, name) in STORED_VALUES:
         return STORED_VALUES[(model, name)]()
     try:
-        model_field = model._meta.get_field(name)
+        model_field: Any = model._meta.get_field(name)
     except FieldDoesNotExist:
         return []  # a form-only field (the user form's "usable password"): it stores nothing
     assert model_field.choices, (
@@ -65,7 +65,7 @@ def _stored_values(model: type[models.Model], name: str) -> list[Any]:
     return [value for value, _ in model_field.flatchoices if value not in ("", None)]
 
 
-def _admin_forms() -> Iterator[tuple[type[models.Model], type[forms.BaseForm]]]:
+def _admin_forms() -> Iterator[tuple[type[models.Model], type[forms.ModelForm[Any]]]]:
     request = RequestFactory().get("/admin/")
     request.user = make_user("admin-choices", is_superuser=True, is_staff=True)
     for model in apps.get_models():
@@ -117,5 +117,6 @@ def _ticked(html: str, value: str) -> bool:
 
 
 def test_the_agent_form_offers_every_scope_an_agent_may_hold() -> None:
-    offered = {value for value, _ in admin.site.get_model_admin(Agent).form.base_fields["scopes"].choices}
+    scopes: Any = admin.site.get_model_admin(Agent).form.base_fields["scopes"]
+    offered = {value for value, _ in scopes.choices}
     assert {"refund", "orders", "supplier_email", "invoice_adjustment"} <= offered
