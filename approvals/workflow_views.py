@@ -155,5 +155,7 @@ def plan_decide_view(request: HttpRequest, pk: int) -> HttpResponse:
             context["reload_url"] = reverse("approvals-workflow", args=[pk])
         return render(request, "approvals/workflow_plan.html", context, status=refused.status)
     verb = "Approved" if decision == Decision.APPROVE else "Rejected"
-    messages.success(request, f"{verb} the plan of {workflow.workflow_id}.")
+    subject = plan_subject(workflow.parameters)
+    named = _template_label(workflow.template) + (f" · {subject}" if subject else "")
+    messages.success(request, f"{verb} the plan: {named}.")
     return redirect("approvals-workflow", pk=pk)
