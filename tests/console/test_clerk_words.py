@@ -31,6 +31,7 @@ def _outside_details(html: str) -> str:
 def test_a_refund_is_named_by_its_kind_money_order_and_customer(agent_actor: Actor) -> None:
     action = escalated(agent_actor)
     order = action.order
+    assert order is not None
     assert action_words(action) == f"Refund · {action.amount} EUR · Order {order.number} · {order.customer_name}"
 
 
@@ -40,6 +41,7 @@ def test_the_queue_leads_with_the_item_in_words_and_says_the_timeout_in_a_senten
     action = escalated(agent_actor, owner=finance)
     page = _client(finance).get("/review/").content.decode()
     shown = _outside_details(page)
+    assert action.order is not None
     assert f"Refund · Order {action.order.number}" in shown
     assert action.action_id not in shown
     assert "AmbiguousError" not in shown and "connection_error" not in shown

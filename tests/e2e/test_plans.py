@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, ViewportSize, expect
 
 from actions.models import Workflow, WorkflowState
 from actions.workflows.services import workflow_propose
@@ -20,7 +20,7 @@ from tests.workflows.conftest import World, po_parameters, world  # noqa: F401 (
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
-DESKTOP = {"width": 1366, "height": 900}
+DESKTOP: ViewportSize = {"width": 1366, "height": 900}
 
 
 def _plan(agent_actor: Any) -> Workflow:

@@ -31,6 +31,7 @@ def test_a_clerk_reads_a_queue_item_without_ids_or_raw_errors_and_can_copy_the_i
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     item = escalated(agent_actor, owner=finance)
     order = item.order
+    assert order is not None
 
     with chromium_page() as page:
         page.set_viewport_size({"width": 1366, "height": 900})

@@ -255,17 +255,23 @@ def _next_reconcile_note(action: Action) -> str:
     return ""
 
 
-def _answer_columns(attempt: Attempt | None, action: Action) -> dict[str, str]:
+def _answer_columns(attempt: Attempt | None, action: Action) -> tuple[str, str]:
     """The last answer in a clerk's words, and the receiver's own words when they differ."""
     words = attempt_words(attempt, action=action)
     raw = attempt_summary(attempt)
-    return {"last_answer": words, "last_answer_technical": raw if raw != words else ""}
+    return words, raw if raw != words else ""
+
+
+def _with_answer(row: QueueRow, attempt: Attempt | None) -> QueueRow:
+    words, technical = _answer_columns(attempt, row.item)
+    return replace(row, last_answer=words, last_answer_technical=technical)
 
 
 def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now: datetime) -> QueueRow:
     due = action_due(action, now=now)
     label = "Stuck submitting" if action.status == S.SUBMITTING else action.get_status_display()
     latest_pk = getattr(action, "latest_attempt_pk", None)
+    last_answer, last_answer_technical = _answer_columns(attempts.get(latest_pk) if latest_pk else None, action)
     return QueueRow(
         kind=ItemKind.ACTION,
         item=action,
@@ -280,7 +286,8 @@ def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now:
         order=action.order,
         submissions=action.attempt_count,
         lookups=int(getattr(action, "lookup_count", 0) or 0),
-        **_answer_columns(attempts.get(latest_pk) if latest_pk else None, action),
+        last_answer=last_answer,
+        last_answer_technical=last_answer_technical,
         next_reconcile_at=action.next_reconcile_at if action.status in (S.UNKNOWN, S.SETTLING) else None,
         next_reconcile_note=_next_reconcile_note(action),
         rank=RANK[action.status],
@@ -553,7 +560,7 @@ def review_queue_get(
     if attempt_pks:
         attempts = Attempt.objects.in_bulk(attempt_pks)
         page_rows = [
-            replace(row, **_answer_columns(attempts.get(row.item.latest_attempt_pk), row.item))
+            _with_answer(row, attempts.get(row.item.latest_attempt_pk))
             if row.kind == ItemKind.ACTION and getattr(row.item, "latest_attempt_pk", None)
             else row
             for row in page_rows
