@@ -228,3 +228,67 @@ def evidence_rows(details: dict[str, Any], *, currency: str = "") -> list[tuple[
             text = _STATUS_WORDS.get(str(value), str(value))
         rows.append((label, text))
     return rows
+
+
+# --- a workflow's steps ------------------------------------------------------------------------
+
+# A step's state as the plan page shows it: the child action's status, or PENDING before it
+# exists. A status missing here falls back to its own label.
+STEP_STATES: dict[str, str] = {
+    "PENDING": "Not started",
+    "PROPOSED": "Starting",
+    "AUTHORIZED": "Starting",
+    "SUBMITTING": "Being sent",
+    "SETTLING": "Accepted; the final result comes later",
+    "SUCCEEDED": "Done",
+    "UNKNOWN": "No clear answer yet; being checked",
+    "NEEDS_REVIEW": "With a person to check",
+    "FAILED_FINAL": "Failed",
+    "STALE": "Waiting for a new decision",
+    "REJECTED": "Rejected",
+    "CANCELLED": "Cancelled",
+}
+
+
+def step_words(name: str) -> str:
+    """A template step's name as a heading: ``read_documents`` -> "Read documents"."""
+    return name.replace("_", " ").strip().capitalize()
+
+
+def step_state_words(state: str) -> str:
+    return STEP_STATES.get(state, state.replace("_", " ").capitalize())
+
+
+# --- an action, as a clerk names it ----------------------------------------------------------
+
+
+def action_words(action: Any) -> str:
+    """What a clerk knows an action by: "Refund · 45.00 EUR · Order 4909 · Adele Goldberg", or
+    "Invoice adjustment · 20.00 EUR · Bill INV-2291 · Acme Supplies". Its id is a technical
+    detail."""
+    parts = [str(action.get_kind_display())]
+    if action.currency:
+        parts.append(f"{action.amount} {action.currency}")
+    if action.order_id is not None:
+        parts += [f"Order {action.order.number}", action.order.customer_name]
+    elif action.bill_id is not None:
+        parts += [f"Bill {action.bill.number}", action.bill.supplier_name]
+    return " · ".join(part for part in parts if part)
+
+
+# --- the engine's own phrases, where a page quotes them to clerks ------------------------------
+
+# The kinds' explanations are written for the people who build kinds; the kinds page shows them
+# to finance. These phrases are said in a clerk's words there; the longest first.
+_CLERK_PHRASES: tuple[tuple[str, str], ...] = (
+    ("(its payload hash differs: 409 naming the fields)", "(its contents differ; the agent is told which)"),
+    ("through the payload hash", "through the proposal's exact contents"),
+    ("payload hash", "the proposal's exact contents"),
+)
+
+
+def clerk_words(text: str) -> str:
+    """``text`` with the engine's phrases ("payload hash", "409 naming the fields") in words."""
+    for phrase, words in _CLERK_PHRASES:
+        text = text.replace(phrase, words)
+    return without_status_codes(text)

@@ -13,6 +13,7 @@ urlpatterns = [
     path("<int:pk>/row", views.row, name="approvals-row"),
     path("<int:pk>/outcome", views.outcome, name="approvals-outcome"),
     path("decided/", views.decided, name="approvals-decided"),
+    path("groups/<str:key>/summary", views.group_summary, name="approvals-group-summary"),
     path("approve-together", views.decide_group, name="approvals-decide-group"),
     path("workflows/", workflow_views.plan_inbox, name="approvals-workflows"),
     path("workflows/<int:pk>/", workflow_views.plan_detail, name="approvals-workflow"),

@@ -29,11 +29,17 @@ from actions import permissions as perms
 from actions.kinds import kind_for
 from actions.models import Action
 from actions.models.actions import TERMINAL_STATUSES
-from actions.plain import without_status_codes
+from actions.plain import action_words, without_status_codes
 from approvals.forms import DecisionForm, GroupDecisionForm, ReopenForm, form_problem, page_version
 from approvals.models import Decision, RejectionReason
 from approvals.selectors.decided import decided_list_get
-from approvals.selectors.inbox import inbox_group_get, proposal_detail_get, proposal_inbox_get, proposal_row_get
+from approvals.selectors.inbox import (
+    inbox_group_get,
+    inbox_group_key,
+    proposal_detail_get,
+    proposal_inbox_get,
+    proposal_row_get,
+)
 from approvals.selectors.timeline import action_outcome_get
 from approvals.services import (
     CHANGED_SINCE_SHOWN,
@@ -120,7 +126,7 @@ def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     action = approval.action
     assert approval.expires_at is not None
     message = (
-        f"Approved {action.action_id} for {action.amount} {action.currency}. It is on its way to the "
+        f"Approved: {action_words(action)}. It is on its way to the "
         f"{_receiver(action)}; this card shows the result as soon as it is known."
     )
     return _done(request, pk, message)
@@ -148,7 +154,7 @@ def _reject(request: HtmxHttpRequest, pk: int, form: DecisionForm) -> HttpRespon
     return _done(
         request,
         pk,
-        f"Rejecting {pending.action.action_id} ({pending.get_reason_code_display().lower()}). It takes effect in "
+        f"Rejecting {action_words(pending.action)} ({pending.get_reason_code_display().lower()}). It takes effect in "
         f"{seconds} seconds; until then you can undo it.",
     )
 
@@ -163,7 +169,7 @@ def undo_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
-    return _done(request, pk, f"Rejection undone: {action.action_id} is waiting for a decision again.")
+    return _done(request, pk, f"Rejection undone: {action_words(action)} is waiting for a decision again.")
 
 
 @require_safe
@@ -189,6 +195,19 @@ def row(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_safe
 @login_required
 @permission_required(DECIDE_PERMISSION, raise_exception=True)
+def group_summary(request: HtmxHttpRequest, key: str) -> HttpResponse:
+    """One group's money line as it is now: the line asks for it when an action of its group
+    has become final. ``shown`` names the proposals the card shows, decided ones included."""
+    shown = [int(pk) for pk in request.GET.getlist("shown")[:200] if pk.isdigit()]
+    group = inbox_group_get(user=request.user, key=key[:40], decided_pks=shown)
+    if group is None:
+        return HttpResponse(status=204)
+    return render(request, "approvals/_group_summary.html", _context(group=group))
+
+
+@require_safe
+@login_required
+@permission_required(DECIDE_PERMISSION, raise_exception=True)
 def outcome(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The detail page's live part: the card and the outcome timeline, polled until final."""
     rejection_commit(action_pk=pk)
@@ -205,13 +224,20 @@ def _toast_if_final(response: HttpResponse, action: Action, *, was: str) -> None
         return
     if action.status == "SUCCEEDED":
         level = "success"
-        reference = f" ({action.provider_reference})" if action.provider_reference else ""
-        text = f"{action.action_id} succeeded{reference}: {action.amount} {action.currency}."
+        text = f"{action_words(action)}: succeeded."
     elif action.status == "REJECTED":
-        level, text = "info", f"{action.action_id} is rejected. Nothing was sent."
+        level, text = "info", f"{action_words(action)}: rejected. Nothing was sent."
     else:
-        level, text = "error", f"{action.action_id}: {action.get_status_display().lower()}. Open it to see why."
-    response["HX-Trigger"] = json.dumps({"consoleToast": {"level": level, "text": text}})
+        level, text = "error", f"{action_words(action)}: {action.get_status_display().lower()}. Open it to see why."
+    # Besides the toast, the parts of the page that show money and counts follow the outcome:
+    # its group's money line ("consoleOutcome-<group key>") and the navigation's count.
+    response["HX-Trigger"] = json.dumps(
+        {
+            "consoleToast": {"level": level, "text": text},
+            "consoleOutcome": {},
+            f"consoleOutcome-{inbox_group_key(action)}": {},
+        }
+    )
 
 
 @require_safe
@@ -292,7 +318,10 @@ def _group_answer(
     notice = {"level": level, "text": text, "status": status, "reload_url": reload_url}
     if group is None:
         return HttpResponse(status=204)
-    return render(request, "approvals/_inbox_group.html", _context(group=group, group_notice=notice), status=status)
+    response = render(request, "approvals/_inbox_group.html", _context(group=group, group_notice=notice), status=status)
+    if level == "success":
+        response["HX-Trigger"] = json.dumps({"consoleDecided": {}})
+    return response
 
 
 def _require_step_up_total(request: HtmxHttpRequest, pks: list[int]) -> HttpResponse | None:
@@ -331,7 +360,7 @@ def reopen(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
-    return _done(request, pk, f"Asked for a new decision on {action.action_id}: it is waiting in the inbox again.")
+    return _done(request, pk, f"Asked for a new decision on {action_words(action)}: it is waiting in the inbox again.")
 
 
 def _require_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse | None:
@@ -383,7 +412,10 @@ def _row_response(
 
 def _done(request: HtmxHttpRequest, pk: int, message: str) -> HttpResponse:
     if request.htmx:
-        return _row_response(request, pk, level="success", text=message, status=200)
+        response = _row_response(request, pk, level="success", text=message, status=200)
+        # The navigation's count of waiting proposals has changed: it reads itself anew.
+        response["HX-Trigger"] = json.dumps({"consoleDecided": {}})
+        return response
     messages.success(request, message)
     return redirect("approvals-inbox")
 

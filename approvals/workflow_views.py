@@ -14,23 +14,33 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
+from django_htmx.middleware import HtmxDetails
 
 from actions import permissions as perms
 from actions.kinds import kind_for
 from actions.models import Workflow, WorkflowState
+from actions.plain import step_state_words, step_words
 from actions.workflows.services import PlanDecisionRefused, plan_decide, plan_refusal_reason, workflow_summary
-from actions.workflows.templates import READ, plan_actions, plan_totals
+from actions.workflows.templates import READ, plan_actions, plan_totals, template_for
 from approvals.models import Decision
+from approvals.selectors.plans import plan_subject, plans_waiting
 from approvals.step_up import step_up_refusal, step_up_verified_at
 
 
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
 def plan_context(workflow: Workflow, user: Any) -> dict[str, Any]:
+    summary = workflow_summary(workflow)
+    states = {step["name"]: step["state"] for step in summary["steps"]}
     steps = []
     for step, action in plan_actions(workflow.workflow_id, workflow.plan):
         kind = kind_for(step["kind"]) if step["kind"] != READ else None
@@ -43,21 +53,29 @@ def plan_context(workflow: Workflow, user: Any) -> dict[str, Any]:
         steps.append(
             {
                 "plan": step,
+                "label": step_words(step["name"]),
                 "kind_label": kind.label if kind else "Read",
                 "receiver": step["receiver"],
                 "target": kind.target_label(action) if kind and action is not None else step["target"]["ref"],
                 "preview": kind.message_preview(action) if kind and action is not None else None,
-                "compensation_label": comp_kind.label if comp_kind else "None",
+                # None when the step has no compensation: the note then says why, on its own.
+                "compensation_label": comp_kind.label if comp_kind else None,
                 "compensation_preview": comp_preview,
+                "state": step_state_words(states.get(step["name"], "PENDING")),
             }
         )
     refusal = plan_refusal_reason(workflow=workflow, user=user) if workflow.state == WorkflowState.PROPOSED else None
     return {
         "workflow": workflow,
+        "label": _template_label(workflow.template),
+        "subject": plan_subject(workflow.parameters),
+        "proposer": _proposer(workflow),
         "steps": steps,
         "totals": plan_totals(workflow.plan),
-        "summary": workflow_summary(workflow),
+        "summary": summary,
         "refusal": refusal,
+        # A plan on its way is followed live, as the action cards are, until it is final.
+        "poll_seconds": 0 if workflow.is_final else settings.LIVE_POLL_SECONDS,
     }
 
 
@@ -72,16 +90,39 @@ def _workflow_or_404(pk: int) -> Workflow:
 @login_required
 @permission_required(perms.DECIDE, raise_exception=True)
 def plan_inbox(request: HttpRequest) -> HttpResponse:
-    waiting = Workflow.objects.filter(state=WorkflowState.PROPOSED).order_by("created_at")[:200]
-    return render(request, "approvals/workflow_inbox.html", {"workflows": waiting})
+    plans = [
+        {
+            "workflow": workflow,
+            "label": _template_label(workflow.template),
+            "subject": plan_subject(workflow.parameters),
+            "totals": plan_totals(workflow.plan),
+            "proposer": _proposer(workflow),
+        }
+        for workflow in plans_waiting(user=request.user)[:200]
+    ]
+    return render(request, "approvals/workflow_inbox.html", {"plans": plans})
+
+
+def _template_label(name: str) -> str:
+    template = template_for(name)
+    return template.label if template is not None else name
+
+
+def _proposer(workflow: Workflow) -> str:
+    if workflow.proposed_by_agent is not None:
+        return f"{workflow.proposed_by_agent.name} (agent)"
+    return workflow.proposed_by_user.get_username() if workflow.proposed_by_user is not None else ""
 
 
 @require_safe
 @login_required
 @permission_required(perms.DECIDE, raise_exception=True)
-def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    workflow = _workflow_or_404(pk)
-    return render(request, "approvals/workflow_plan.html", plan_context(workflow, request.user))
+def plan_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The plan page; for htmx, only its progress card, which polls it until the plan is final."""
+    context = plan_context(_workflow_or_404(pk), request.user)
+    if request.htmx:
+        return render(request, "approvals/_plan_progress.html", context)
+    return render(request, "approvals/workflow_plan.html", context)
 
 
 @require_POST
@@ -116,5 +157,7 @@ def plan_decide_view(request: HttpRequest, pk: int) -> HttpResponse:
             context["reload_url"] = reverse("approvals-workflow", args=[pk])
         return render(request, "approvals/workflow_plan.html", context, status=refused.status)
     verb = "Approved" if decision == Decision.APPROVE else "Rejected"
-    messages.success(request, f"{verb} the plan of {workflow.workflow_id}.")
+    subject = plan_subject(workflow.parameters)
+    named = _template_label(workflow.template) + (f" · {subject}" if subject else "")
+    messages.success(request, f"{verb} the plan: {named}.")
     return redirect("approvals-workflow", pk=pk)

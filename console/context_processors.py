@@ -3,10 +3,19 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
+from django.urls import reverse
 
 from actions.agents.webhooks import agents_owned_summary
 from actions.notifications import notifications_unread_count, waiting_count_for
+from approvals.selectors.plans import manager_waiting_counts
 from console.roles import user_roles
+
+
+def _manager_waiting_href(user: Any) -> str:
+    """Where a manager's count of waiting work leads: to the plans when only plans wait (the
+    inbox of single proposals would look empty), else to the inbox, whose Plans tab counts them."""
+    proposals, plans = manager_waiting_counts(user=user)
+    return reverse("approvals-workflows") if plans and not proposals else reverse("approvals-inbox")
 
 
 def roles(request: HttpRequest) -> dict[str, Any]:
@@ -22,6 +31,9 @@ def roles(request: HttpRequest) -> dict[str, Any]:
         "nav_waiting_count": lambda: waiting_count_for(request.user, names),
         # The bell: this person's unread notifications (counted only where the layout shows it).
         "nav_unread_notifications": lambda: notifications_unread_count(request.user),
+        "nav_manager_href": lambda: _manager_waiting_href(request.user),
+        # The Plans tab's count, read only on the pages that show the tabs.
+        "plans_waiting_count": lambda: manager_waiting_counts(user=request.user)[1],
         # The agents this person owns, for their home page (only queried where it is shown).
         "owned_agents": lambda: agents_owned_summary(request.user),
     }

@@ -12,6 +12,7 @@ from console import account, agent_pages, export_views, metrics, notification_vi
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("favicon.ico", views.favicon, name="favicon"),
+    path("nav/waiting", views.nav_waiting, name="nav-waiting"),
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/", account.account, name="account"),

@@ -21,6 +21,13 @@ from console.roles import ACCOUNTS_PAYABLE, FINANCE, user_roles
 
 @require_safe
 @login_required
+def nav_waiting(request: HttpRequest) -> HttpResponse:
+    """The navigation's count alone: the page asks for it when an outcome it follows is final."""
+    return render(request, "console/_nav_waiting.html")
+
+
+@require_safe
+@login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     context: dict[str, Any] = {"ledger_audit": ledger_audit_last_get()}
     # Each role gets its own numbers; a person with several roles sees each part.

@@ -12,17 +12,16 @@ from django.http import HttpRequest
 
 from actions.admin.base import LargeTableAdmin, ReadOnlyAdmin, ReadOnlyInline
 from actions.agents.services import (
-    ORDERS_SCOPE,
     OWNER_CHANGE_BLOCKING_STATUSES,
     AgentChangeRefused,
     agent_owner_change,
     agent_owner_refusal,
+    agent_scope_choices,
     agent_token_revoke_by,
 )
 from actions.foundation.text import validate_plain_text
 from actions.models import (
     Action,
-    ActionKind,
     Agent,
     AgentToken,
     SecurityEvent,
@@ -30,18 +29,11 @@ from actions.models import (
 
 # --- agents and their tokens -----------------------------------------------------------------
 
-# Agents propose refunds, or send the shop's orders; a compensation is only ever started by an
-# admin's correction.
-AGENT_SCOPES = [
-    (ActionKind.REFUND.value, ActionKind.REFUND.label),
-    (ORDERS_SCOPE, "Orders (send the shop's orders)"),
-    (ActionKind.SUPPLIER_EMAIL.value, "Supplier emails (from the console's templates)"),
-]
-
 
 class AgentForm(forms.ModelForm):
     scopes = forms.MultipleChoiceField(
-        choices=AGENT_SCOPES,
+        # A callable, read when the form is built: the kinds registered at that moment.
+        choices=agent_scope_choices,
         widget=forms.CheckboxSelectMultiple,
         required=False,
         help_text="The action kinds it may propose, and whether it may send the shop's orders.",

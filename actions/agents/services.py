@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from actions.foundation.security import CORRECT_PERMISSION, security_event_record
 from actions.foundation.trail import Actor, event_record
+from actions.kinds import all_kinds
 from actions.models import Action, ActionKind, ActorKind, Agent, AgentToken, SecurityEventKind
 from actions.models.actions import UNRESOLVED_STATUSES, ActionStatus
 
@@ -89,16 +90,44 @@ def token_hash(plain: str) -> str:
 ORDERS_SCOPE = "orders"
 # Proposes invoice adjustments (credit notes against supplier bills).
 INVOICE_ADJUSTMENT_SCOPE = "invoice_adjustment"
-AGENT_SCOPES = (ActionKind.REFUND.value, ORDERS_SCOPE, ActionKind.SUPPLIER_EMAIL.value, INVOICE_ADJUSTMENT_SCOPE)
+# The scope an agent needs to propose an action of each kind. The scopes are named after the
+# kinds, except the adjustments'; a customer notice rides on the refund it announces. A kind
+# missing here (a compensation, a void) is started by people only.
+SCOPE_FOR_KIND = {
+    ActionKind.REFUND.value: ActionKind.REFUND.value,
+    ActionKind.CUSTOMER_EMAIL.value: ActionKind.REFUND.value,
+    ActionKind.INVOICE_ADJUSTMENT.value: INVOICE_ADJUSTMENT_SCOPE,
+    ActionKind.SUPPLIER_EMAIL.value: ActionKind.SUPPLIER_EMAIL.value,
+}
+# Scopes that name no kind.
+OTHER_SCOPES = {ORDERS_SCOPE: "Orders (send the shop's orders)"}
+
+
+def agent_scope_choices() -> list[tuple[str, str]]:
+    """Every scope an agent may hold, with a label for people: one per registered kind that
+    agents propose (from the kinds registry), plus the scopes that name no kind. The admin's
+    form offers exactly these and ``agent_create`` accepts exactly these, so a stored scope is
+    always shown, ticked, and kept when the form is saved."""
+    labels: dict[str, list[str]] = {}
+    for kind in all_kinds():
+        scope = SCOPE_FOR_KIND.get(kind.name)
+        if scope is not None:
+            names = labels.setdefault(scope, [])
+            # The kind the scope is named after comes first: "Refund and Customer email".
+            names.insert(0 if kind.name == scope else len(names), kind.label)
+    choices = [(scope, " and ".join(names)) for scope, names in labels.items()]
+    choices += list(OTHER_SCOPES.items())
+    return sorted(choices)
 
 
 def _clean_scopes(scopes: Sequence[str]) -> list[str]:
     cleaned = sorted({scope.strip() for scope in scopes if scope.strip()})
-    unknown = [scope for scope in cleaned if scope not in AGENT_SCOPES]
+    known = [scope for scope, _ in agent_scope_choices()]
+    unknown = [scope for scope in cleaned if scope not in known]
     if unknown:
         raise AgentInvalid(
             f"Unknown scope {', '.join(unknown)}. A scope is an action kind agents may propose, or "
-            f"{ORDERS_SCOPE!r} to send orders: {', '.join(AGENT_SCOPES)}."
+            f"{ORDERS_SCOPE!r} to send orders: {', '.join(known)}."
         )
     return cleaned
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
 from actions.kinds.fields import ProposalInvalid
-from actions.models import ActionKind, Agent
+from actions.models import Agent
 from actions.proposals.outcomes import Conflict, Forbidden, invalid
 from actions.services import (
     ProposalConflict,
@@ -15,15 +14,6 @@ from actions.services import (
 )
 
 _Opened = TypeVar("_Opened")
-
-# The scope an agent needs to propose an action of each kind. The scopes are named after the
-# kinds, except the adjustments'; a customer notice rides on the refund it announces.
-SCOPE_FOR_KIND = {
-    ActionKind.REFUND.value: ActionKind.REFUND.value,
-    ActionKind.CUSTOMER_EMAIL.value: ActionKind.REFUND.value,
-    ActionKind.INVOICE_ADJUSTMENT.value: INVOICE_ADJUSTMENT_SCOPE,
-    ActionKind.SUPPLIER_EMAIL.value: ActionKind.SUPPLIER_EMAIL.value,
-}
 
 
 def scopes_of(agent: Agent) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from actions.agents.services import SCOPE_FOR_KIND
 from actions.kinds.fields import REFERENCE_PATTERN, FieldProblem, ProposalInvalid
 from actions.models import Agent, RefundRequest, Workflow
 from actions.proposals.outcomes import Conflict, Forbidden, NotFound, invalid
-from actions.proposals.rules import SCOPE_FOR_KIND, scopes_of
+from actions.proposals.rules import scopes_of
 from actions.selectors import storable_text
 from actions.services import (
     Actor,

@@ -29,6 +29,7 @@ from actions.foundation.trail import Actor
 from actions.kinds import kind_for
 from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
+from actions.plain import step_words
 from actions.workflows.children import latest_plan_approval
 from actions.workflows.events import workflow_event, workflow_transition
 from actions.workflows.templates import READ, all_templates, plan_actions, plan_totals, template_for
@@ -445,7 +446,7 @@ def workflow_next(workflow: Workflow, steps: list[dict[str, Any]]) -> str:
         return "Approved: the first step starts shortly."
     if state == W.RUNNING:
         pending = next((s for s in steps if s["state"] != "SUCCEEDED"), None)
-        return f"Running step {pending['position']} ({pending['name']})." if pending else "Finishing."
+        return f"Running step {pending['position']}: {step_words(pending['name'])}." if pending else "Finishing."
     if state == W.PAUSED:
         return f"Paused: {workflow.waiting_for}"
     if state == W.COMPENSATING:

@@ -157,6 +157,11 @@ def _key_filter(keys: list[str]) -> Q:
     )
 
 
+def inbox_group_key(action: Action) -> str:
+    """The key of the inbox group ``action`` is shown in: its order, its bill, or itself."""
+    return _action_key(action)
+
+
 def _action_key(action: Action) -> str:
     if action.order_id is not None:
         return f"order-{action.order_id}"

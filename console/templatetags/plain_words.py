@@ -40,3 +40,8 @@ def no_status_codes(text: str) -> str:
 @register.filter
 def evidence_rows(details: Any, currency: str = "") -> list[tuple[str, str]]:
     return plain.evidence_rows(details if isinstance(details, dict) else {}, currency=currency)
+
+
+@register.filter
+def clerk_words(text: Any) -> str:
+    return plain.clerk_words(str(text))

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
 from actions.models import AdjustmentRequest, Agent, Bill
+from actions.proposals.workflows import agent_workflow_propose
 from actions.services import Actor
 
 # number, supplier, currency, amount, purchase order, (item, qty, PO price, invoiced price), adjustment, reason
@@ -74,41 +75,45 @@ DEMO_BILLS = [
 ]
 
 
+# A bill the payables agent resolves with a plan (po_mismatch_resolution: read the documents,
+# post the credit note, email the supplier) instead of a single adjustment, so that a manager
+# finds a plan waiting. Its supplier is the demo's supplier ACME, whose known contact gets the
+# email; the names agree, so the email's greeting names the bill's supplier.
+PLAN_BILL = (
+    "INV-2296",
+    "Acme Supplies",
+    "EUR",
+    "480.00",
+    "PO-8817",
+    ("Gasket", 40, "11.00", "12.00"),
+    "40.00",
+    "price_mismatch",
+)
+PLAN_SUPPLIER = ("ACME", "ap@acme.example")
+# What the payables agent needs to propose that plan: every kind among its steps.
+PAYABLES_SCOPES = ["invoice_adjustment", "supplier_email"]
+
+
 def seed_demo_bills(*, accounting: str, owner: Any) -> str:
     """Create the demo bills, register them with the accounting sandbox at ``accounting`` and
-    have the payables agent propose an adjustment on each. Returns a line for the seed's output."""
-    agent, _ = Agent.objects.get_or_create(
-        name="payables-bot", defaults={"owner": owner, "scopes": ["invoice_adjustment"]}
-    )
+    have the payables agent propose an adjustment on each, or a plan on ``PLAN_BILL``. Returns a
+    line for the seed's output."""
+    agent, _ = Agent.objects.get_or_create(name="payables-bot", defaults={"owner": owner, "scopes": PAYABLES_SCOPES})
+    if not set(PAYABLES_SCOPES) <= set(agent.scopes):
+        # A demo seeded before the plan: its agent lacked the supplier-email scope.
+        agent.scopes = sorted({*agent.scopes, *PAYABLES_SCOPES})
+        agent.save(update_fields=["scopes"])
     reachable = True
-    for number, supplier, currency, amount, po, line, adjustment, reason in DEMO_BILLS:
-        item, qty, po_price, invoiced = line
-        bill, _ = Bill.objects.get_or_create(
-            number=number,
-            defaults={
-                "supplier_name": supplier,
-                "currency": currency,
-                "amount": Decimal(amount),
-                "amount_due": Decimal(amount),
-                "accounting_reference": f"demo-{number.lower()}",
-                "purchase_order": po,
-                "po_mismatch": {
-                    "summary": (
-                        f"{qty} {item} at {invoiced} on the bill, {po_price} on {po}."
-                        if po_price != invoiced
-                        else f"{qty} {item} on the bill, {qty - 2} received against {po}."
-                    ),
-                    "lines": [
-                        {"item": item, "ordered_qty": qty, "ordered_price": po_price, "invoiced_price": invoiced}
-                    ],
-                },
-                "issued_at": timezone.now() - timedelta(days=4),
-            },
-        )
-        if reachable:
-            reachable = _register(accounting, bill)
+    for entry in [*DEMO_BILLS, PLAN_BILL]:
+        bill, reachable = _bill(accounting, entry, reachable=reachable)
+        if entry is PLAN_BILL:
+            _propose_plan(agent, bill, entry)
+            continue
+        _, _, currency, _, _, _, adjustment, reason = entry
         request, _ = AdjustmentRequest.objects.get_or_create(
-            bill=bill, number=1, defaults={"external_reference": f"MATCH-{number}", "note": bill.po_mismatch["summary"]}
+            bill=bill,
+            number=1,
+            defaults={"external_reference": f"MATCH-{bill.number}", "note": bill.po_mismatch["summary"]},
         )
         action_propose_invoice_adjustment(
             bill_number=bill.number,
@@ -121,7 +126,59 @@ def seed_demo_bills(*, accounting: str, owner: Any) -> str:
         )
     if not reachable:
         return f"The accounting sandbox at {accounting} is not reachable: bills were not registered there."
-    return f"{len(DEMO_BILLS)} supplier bills with purchase-order mismatches, registered at {accounting}."
+    return (
+        f"{len(DEMO_BILLS) + 1} supplier bills with purchase-order mismatches, registered at {accounting}; "
+        f"bill {PLAN_BILL[0]} has a plan waiting for a manager."
+    )
+
+
+def _propose_plan(agent: Agent, bill: Bill, entry: tuple[Any, ...]) -> None:
+    """The payables agent proposes the po_mismatch_resolution plan for ``bill``, through the
+    agent operation the API calls (its scopes are checked); proposing it again returns the
+    live plan."""
+    supplier, to = PLAN_SUPPLIER
+    agent_workflow_propose(
+        agent=agent,
+        template="po_mismatch_resolution",
+        parameters={
+            "bill_number": bill.number,
+            "case": f"MATCH-{bill.number}",
+            "amount": entry[6],
+            "currency": bill.currency,
+            "reason_code": entry[7],
+            "supplier": supplier,
+            "to": to,
+            "explanation": bill.po_mismatch["summary"],
+        },
+    )
+
+
+def _bill(accounting: str, entry: tuple[Any, ...], *, reachable: bool) -> tuple[Bill, bool]:
+    number, supplier, currency, amount, po, line, _, _ = entry
+    item, qty, po_price, invoiced = line
+    bill, _ = Bill.objects.get_or_create(
+        number=number,
+        defaults={
+            "supplier_name": supplier,
+            "currency": currency,
+            "amount": Decimal(amount),
+            "amount_due": Decimal(amount),
+            "accounting_reference": f"demo-{number.lower()}",
+            "purchase_order": po,
+            "po_mismatch": {
+                "summary": (
+                    f"{qty} {item} at {invoiced} on the bill, {po_price} on {po}."
+                    if po_price != invoiced
+                    else f"{qty} {item} on the bill, {qty - 2} received against {po}."
+                ),
+                "lines": [{"item": item, "ordered_qty": qty, "ordered_price": po_price, "invoiced_price": invoiced}],
+            },
+            "issued_at": timezone.now() - timedelta(days=4),
+        },
+    )
+    if reachable:
+        reachable = _register(accounting, bill)
+    return bill, reachable
 
 
 def _register(accounting: str, bill: Bill) -> bool:

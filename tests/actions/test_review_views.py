@@ -480,7 +480,7 @@ def test_the_detail_page_tells_the_whole_story_with_the_idempotency_key(
     order = [
         "<code>propose</code>",
         "<code>approve</code>",
-        "bound to order version 1",
+        "on the order as it was then (version 1)",
         "<strong>Sent to the payment provider</strong>",
         "<code>begin_submission</code>",
         "<strong>Sent to the provider</strong>",

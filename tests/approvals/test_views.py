@@ -403,7 +403,7 @@ def test_approving_with_htmx_returns_only_the_updated_row(
     assert body.lstrip().startswith(f'<article class="proposal proposal--success" id="action-{action.pk}"')
     assert "<html" not in body and "<nav" not in body
     assert 'data-status="AUTHORIZED"' in body
-    assert f"Approved {action.action_id} for 120.00 EUR. It is on its way to the" in body
+    assert "Approved: Refund · 120.00 EUR · Order" in body
     # The card follows the action until it is final.
     # It polls with the order's version its page showed, which its forms keep posting.
     row_url = reverse("approvals-row", args=[action.pk])
@@ -432,7 +432,7 @@ def test_rejecting_with_htmx_replaces_the_row_with_the_rejected_one(
     body = response.content.decode()
     # Pending: the card offers Undo and follows the rejection until it commits.
     assert 'data-pending="rejection"' in body
-    assert f"Rejecting {action.action_id} (against our policy)." in body
+    assert "(against our policy). It takes effect in" in body
     assert "Undo the rejection" in body
     assert Action.objects.get(pk=action.pk).status == S.PROPOSED
     # After the window the card's next poll commits it.
@@ -473,7 +473,7 @@ def test_approving_without_javascript_redirects_to_the_inbox_with_a_message(
     assert response.status_code == 302
     assert response["Location"] == INBOX
     inbox = client.get(INBOX)
-    assert f"Approved {action.action_id} for 120.00 EUR." in inbox.content.decode()
+    assert "Approved: Refund · 120.00 EUR · Order" in inbox.content.decode()
     assert not row_html(inbox, action), "the decided proposal left the inbox"
     assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
 
@@ -659,7 +659,7 @@ def test_asking_for_a_new_decision_with_htmx_puts_the_stale_action_back_up_for_d
     body = response.content.decode()
     assert "<html" not in body
     assert 'data-status="PROPOSED"' in body
-    assert f"Asked for a new decision on {stale.action_id}: it is waiting in the inbox again." in body
+    assert "Asked for a new decision on Refund · " in body
     assert "disabled" not in button(body, "approve")
     event = ActionEvent.objects.filter(action=stale).latest("created_at", "id")
     assert (event.transition, event.actor_user, event.reason) == (
@@ -680,7 +680,7 @@ def test_asking_for_a_new_decision_without_javascript_redirects_to_the_inbox(
     assert response.status_code == 302
     assert response["Location"] == INBOX
     inbox = client.get(INBOX)
-    assert f"Asked for a new decision on {stale.action_id}" in inbox.content.decode()
+    assert "Asked for a new decision on Refund · " in inbox.content.decode()
     waiting_section = inbox.content.decode().split('id="stale-heading"')[0]
     assert f'id="action-{stale.pk}"' in waiting_section
 

@@ -74,13 +74,6 @@ DOWNLOAD = re.compile(r"\.(csv|json|txt|pdf)$")
 # so that it is removed once its fix lands (and nothing hides here for long).
 KNOWN: list[tuple[str, str, str]] = [
     (
-        r"^/review/",
-        "htmx:evalDisallowedError",
-        "the review queue's refresh filters its polling with hx-trigger='every Ns [!this.contains("
-        "document.activeElement)]' (templates/actions/_queue_table.html); htmx must evaluate that filter, "
-        "which allowEval=false (base.html) refuses, so the queue never refreshes by itself",
-    ),
-    (
         r"^/admin/(.+/)?(add|change|password_change)/(\?|$)",
         "Applying inline style violates the following Content Security Policy",
         "a script of Django's admin change form sets two inline style attributes that style-src 'self' "

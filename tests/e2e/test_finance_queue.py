@@ -89,7 +89,7 @@ def test_finance_filters_looks_up_and_resolves_an_action_that_leaves_the_queue(
         expect(page.locator("#review-table tr[data-kind='remedy']")).to_have_count(1)
         expect(page.get_by_label("Mine")).to_be_checked()
 
-        page.locator(f"#queue-action-{review.pk}").get_by_role("link", name=review.action_id).click()
+        page.locator(f"#queue-action-{review.pk}").get_by_test_id("item-title").click()
         page.wait_for_url(f"{url}/review/actions/{review.pk}/")
         expect(page.get_by_test_id("idempotency-key")).to_have_text(review.idempotency_key)
         page.get_by_role("button", name="Look up at the provider now").click()

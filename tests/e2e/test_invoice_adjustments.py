@@ -106,7 +106,7 @@ def test_a_manager_approves_an_adjustment_and_accounts_payable_resolves_one_that
         page.get_by_role("link", name="Review queue", exact=True).click()
         page.wait_for_url(f"{url}/review/")
         expect(page.locator(f"#queue-action-{review.pk}")).to_contain_text("Bill INV-7002")
-        page.locator(f"#queue-action-{review.pk}").get_by_role("link", name=review.action_id).click()
+        page.locator(f"#queue-action-{review.pk}").get_by_test_id("item-title").click()
         page.wait_for_url(f"{url}/review/actions/{review.pk}/")
         expect(page.get_by_test_id("bill-panel")).to_be_visible()
         page.get_by_role("button", name="Look up at the provider now").click()

@@ -85,12 +85,12 @@ def test_a_manager_approves_and_sees_succeeded_without_reloading(
         page.evaluate("window.consoleTestMarker = 'no reload'")
         card = page.locator(f"#action-{action.pk}")
         card.get_by_role("button", name="Approve").click()
-        expect(card).to_contain_text(f"Approved {action.action_id} for 45.00 EUR.")
+        expect(card).to_contain_text("Approved: Refund · 45.00 EUR · Order")
         # The card follows the action by itself until the provider's answer is recorded.
         expect(card).to_have_attribute("data-status", "SUCCEEDED")
         expect(card.get_by_test_id("status-badge")).to_have_text("Succeeded")
         expect(card.get_by_test_id("outcome")).to_contain_text("Succeeded: re_")
-        expect(page.locator("#toasts")).to_contain_text(f"{action.action_id} succeeded")
+        expect(page.locator("#toasts")).to_contain_text("Refund · 45.00 EUR · Order")
         assert page.evaluate("window.consoleTestMarker") == "no reload"
         page.screenshot(path=str(screenshot_dir / "manager-live-outcome.png"), full_page=True)
 
@@ -151,3 +151,40 @@ def test_two_refunds_on_one_order_approved_together_both_succeed_and_neither_goe
     assert group_id is not None
     order.refresh_from_db()
     assert order.refunded_amount == Decimal("100.00") and order.reserved_amount == Decimal("0.00")
+
+
+def test_when_the_cards_outcomes_are_final_the_orders_money_and_the_badge_follow_without_a_reload(
+    live_server: Any,
+    chromium_page: Callable[[], AbstractContextManager[Page]],
+    live_sandbox: SandboxClient,
+    manager: Any,
+    agent_actor: Actor,
+    worker: list[threading.Thread],
+) -> None:
+    order = make_order(captured="90.00", customer_name="Adele Goldberg")
+    first = propose(agent_actor, amount="30.00", order=order)
+    second = propose(agent_actor, amount="40.00", order=order)
+    live_sandbox.seed_charge(order.charge_reference, 9000, "eur")
+
+    with chromium_page() as page:
+        log_in(page, live_server.url, manager)
+        page.goto(f"{live_server.url}/approvals/")
+        page.evaluate("window.consoleTestMarker = 'no reload'")
+        summary = page.locator(f"#group-summary-order-{order.pk}")
+        expect(summary).to_contain_text("Refunded 0.00 EUR")
+        expect(page.get_by_test_id("nav-waiting")).to_contain_text("2")
+        for action in (first, second):
+            page.locator(f"#action-{action.pk}").get_by_label("Approve together").check()
+        page.get_by_role("button", name="Approve the ticked proposals together").click()
+        for action in (first, second):
+            expect(page.locator(f"#action-{action.pk}")).to_have_attribute("data-status", "SUCCEEDED")
+        # Both refunds are made: the order's money line and the count follow by themselves.
+        expect(summary).to_contain_text("Refunded 70.00 EUR")
+        expect(summary).to_contain_text("refundable 20.00 EUR")
+        expect(page.get_by_test_id("nav-waiting")).to_have_count(0)
+        assert page.evaluate("window.consoleTestMarker") == "no reload"
+
+    for thread in worker:
+        thread.join(timeout=10)
+    order.refresh_from_db()
+    assert order.refunded_amount == Decimal("70.00")

@@ -107,13 +107,13 @@ def test_a_manager_approves_and_rejects_proposals_in_the_inbox_without_a_page_re
         approve_row.get_by_label("Note for the audit trail").fill("Photos check out.")
         approve_row.get_by_role("button", name="Approve").click()
         expect(approve_row).to_have_attribute("data-status", "AUTHORIZED")
-        expect(approve_row).to_contain_text(f"Approved {to_approve.action_id} for 120.00 EUR.")
+        expect(approve_row).to_contain_text("Approved: Refund · 120.00 EUR · Order")
 
         reject_row = page.locator(f"#action-{to_reject.pk}")
         reject_row.get_by_label("Note for the audit trail").fill("Ask the customer for photos first.")
         reject_row.get_by_label("Reason, if you reject").select_option("not_enough_evidence")
         reject_row.get_by_role("button", name="Reject").click()
-        expect(reject_row).to_contain_text(f"Rejecting {to_reject.action_id} (not enough evidence).")
+        expect(reject_row).to_contain_text("(not enough evidence). It takes effect in")
         expect(reject_row.get_by_role("button", name="Undo the rejection")).to_be_visible()
         # The undo window passes; the card, following the action, shows it rejected.
         expect(reject_row).to_have_attribute("data-status", "REJECTED")

@@ -79,7 +79,7 @@ def test_a_manager_approving_an_order_that_changed_meanwhile_is_told_what_change
         expect(money).to_contain_text("280.00 EUR")
         card.get_by_role("button", name="Approve").click()
         expect(card).to_have_attribute("data-status", "AUTHORIZED")
-        expect(card).to_contain_text(f"Approved {action.action_id} for 50.00 EUR.")
+        expect(card).to_contain_text("Approved: Refund · 50.00 EUR · Order")
 
     assert Action.objects.get(pk=action.pk).status == S.AUTHORIZED
     approval = Approval.objects.get(action_id=action.pk)

@@ -44,7 +44,7 @@ def test_a_manager_approves_a_po_mismatch_plan_and_watches_it_complete(
     with chromium_page() as page:
         _log_in(page, url, manager)
         page.goto(f"{url}/approvals/workflows/")
-        page.get_by_role("link", name=workflow.workflow_id).click()
+        page.get_by_role("link", name="Resolve a purchase-order mismatch").click()
         steps = page.get_by_test_id("plan-steps")
         expect(steps.locator("li")).to_have_count(3)
         post = page.get_by_test_id("plan-step-post_credit_note")

@@ -30,7 +30,9 @@ def test_a_manager_sees_every_step_and_approves_the_plan(
         template="po_mismatch_resolution", parameters=po_parameters(), proposer=agent_actor
     ).workflow
     client = login(manager)
-    assert workflow.workflow_id in client.get("/approvals/workflows/").content.decode()
+    # The list names the plan in words and links to it; the id is on the plan page's details.
+    listing = client.get("/approvals/workflows/").content.decode()
+    assert "Resolve a purchase-order mismatch" in listing and f"/approvals/workflows/{workflow.pk}/" in listing
     page = client.get(f"/approvals/workflows/{workflow.pk}/").content.decode()
     for text in (
         "read_documents",

@@ -13,14 +13,16 @@ from django.db.models import Q
 from actions import permissions as perms
 from actions.engine.housekeeping import body_pruned
 from actions.engine.resolution_checks import resolver_refusal
-from actions.kinds import owner_groups
+from actions.kinds import kind_for, owner_groups
 from actions.models import (
+    Action,
     ActionStatus,
     Attempt,
     AttemptKind,
     DiscrepancyStatus,
     FollowUpStatus,
 )
+from actions.plain import error_words
 from actions.providers.money import from_minor_units, money_text
 
 S = ActionStatus
@@ -158,6 +160,16 @@ def effect_fields(record: dict[str, Any]) -> dict[str, str]:
 def _refund_phrase(refund: dict[str, Any]) -> str:
     fields = effect_fields(refund)
     return f"{fields['noun']} {fields['id']} {fields['status']} ({fields['amount']})"
+
+
+def attempt_words(attempt: Attempt | None, *, action: Action) -> str:
+    """``attempt_summary`` for a clerk: a receiver's error becomes one sentence (the one mapping,
+    ``actions.plain.error_words``); the raw line stays for the technical details."""
+    error = attempt.error if attempt is not None else None
+    if not error:
+        return attempt_summary(attempt)
+    kind = kind_for(action.kind)
+    return error_words(error, receiver=kind.contract().receiver, effect=kind.explanations.noun)
 
 
 def attempt_summary(attempt: Attempt | None) -> str:

@@ -43,6 +43,7 @@ from actions.review.selectors.common import (
     RANK,
     ItemKind,
     attempt_summary,
+    attempt_words,
     review_people_get,
 )
 
@@ -97,10 +98,22 @@ class QueueRow:
     # Reassign list offers; set for the rows of the page shown.
     work_refusal: str | None = None
     members: tuple[Any, ...] = ()
+    # The receiver's own words for ``last_answer``, for the technical details; empty when the
+    # sentence above says all there is.
+    last_answer_technical: str = ""
 
     @property
     def pk(self) -> int:
         return int(self.item.pk)
+
+    @property
+    def technical_id(self) -> str:
+        """The id behind the item, for the technical details: the action's id, or the id of
+        the action a follow-up is about."""
+        if self.kind == ItemKind.ACTION:
+            return str(self.item.action_id)
+        action = getattr(self.item, "action", None)
+        return str(action.action_id) if action is not None else ""
 
     @property
     def may_work(self) -> bool:
@@ -242,10 +255,23 @@ def _next_reconcile_note(action: Action) -> str:
     return ""
 
 
+def _answer_columns(attempt: Attempt | None, action: Action) -> tuple[str, str]:
+    """The last answer in a clerk's words, and the receiver's own words when they differ."""
+    words = attempt_words(attempt, action=action)
+    raw = attempt_summary(attempt)
+    return words, raw if raw != words else ""
+
+
+def _with_answer(row: QueueRow, attempt: Attempt | None) -> QueueRow:
+    words, technical = _answer_columns(attempt, row.item)
+    return replace(row, last_answer=words, last_answer_technical=technical)
+
+
 def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now: datetime) -> QueueRow:
     due = action_due(action, now=now)
     label = "Stuck submitting" if action.status == S.SUBMITTING else action.get_status_display()
     latest_pk = getattr(action, "latest_attempt_pk", None)
+    last_answer, last_answer_technical = _answer_columns(attempts.get(latest_pk) if latest_pk else None, action)
     return QueueRow(
         kind=ItemKind.ACTION,
         item=action,
@@ -260,7 +286,8 @@ def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now:
         order=action.order,
         submissions=action.attempt_count,
         lookups=int(getattr(action, "lookup_count", 0) or 0),
-        last_answer=attempt_summary(attempts.get(latest_pk) if latest_pk else None),
+        last_answer=last_answer,
+        last_answer_technical=last_answer_technical,
         next_reconcile_at=action.next_reconcile_at if action.status in (S.UNKNOWN, S.SETTLING) else None,
         next_reconcile_note=_next_reconcile_note(action),
         rank=RANK[action.status],
@@ -553,7 +580,7 @@ def _with_last_answers(page_rows: list[QueueRow]) -> list[QueueRow]:
     if attempt_pks:
         attempts = Attempt.objects.in_bulk(attempt_pks)
         page_rows = [
-            replace(row, last_answer=attempt_summary(attempts.get(row.item.latest_attempt_pk)))
+            _with_answer(row, attempts.get(row.item.latest_attempt_pk))
             if row.kind == ItemKind.ACTION and getattr(row.item, "latest_attempt_pk", None)
             else row
             for row in page_rows

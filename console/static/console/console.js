@@ -16,6 +16,17 @@
     notice("The console could not be reached. Check your connection and reload the page.");
   });
 
+  // In DEBUG, django-htmx's script (a listener on document) replaces the whole page with any
+  // 400 or 403 answer, to show Django's error pages. A refusal is no error page: it is the card
+  // or row that says why, and htmx's responseHandling (the htmx-config in base.html) swaps it in
+  // place. So refusals stop here, on the root element, before they reach that listener; a 500
+  // goes on and DEBUG still shows its error page.
+  var REFUSALS = [400, 403, 409];
+  document.documentElement.addEventListener("htmx:beforeOnLoad", function (event) {
+    var xhr = event.detail && event.detail.xhr;
+    if (xhr && REFUSALS.indexOf(xhr.status) !== -1) { event.stopPropagation(); }
+  });
+
   // A toast when an action the page follows has become final (the server sends HX-Trigger
   // consoleToast with {level, text}). It stays a few seconds, and can be closed.
   document.body.addEventListener("consoleToast", function (event) {
@@ -27,6 +38,52 @@
     toast.textContent = detail.text;
     box.appendChild(toast);
     setTimeout(function () { toast.remove(); }, 8000);
+  });
+
+  // A region that refreshes itself (data-pause-while-choosing, the review queue) skips its
+  // refresh while a person is choosing in it: a select or field in it has the focus, or holds
+  // a change not yet submitted. Otherwise the refresh would reset a half-chosen reassignment
+  // and take the focus away. Only the region's own requests are held; its forms still post.
+  function changedControl(control) {
+    if (control.type === "hidden" || control.disabled) { return false; }
+    if (control.tagName === "SELECT") {
+      var defaultIndex = 0;
+      for (var i = 0; i < control.options.length; i++) {
+        if (control.options[i].defaultSelected) { defaultIndex = i; break; }
+      }
+      return control.options.length > 0 && control.selectedIndex !== defaultIndex;
+    }
+    if (control.type === "checkbox" || control.type === "radio") { return control.checked !== control.defaultChecked; }
+    return control.value !== control.defaultValue;
+  }
+  function choosing(region) {
+    var active = document.activeElement;
+    if (active && active !== region && region.contains(active) && /^(SELECT|INPUT|TEXTAREA)$/.test(active.tagName)) {
+      return true;
+    }
+    var controls = region.querySelectorAll("select, input, textarea");
+    for (var i = 0; i < controls.length; i++) {
+      if (changedControl(controls[i])) { return true; }
+    }
+    return false;
+  }
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (elt && elt.hasAttribute && elt.hasAttribute("data-pause-while-choosing") && choosing(elt)) {
+      event.preventDefault();
+    }
+  });
+
+  // "Copy" next to an id in the technical details: copies the text of the element its
+  // data-copy names, and says so on the button.
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest("[data-copy]") : null;
+    if (!button) { return; }
+    var source = document.querySelector(button.getAttribute("data-copy"));
+    if (!source || !navigator.clipboard) { return; }
+    navigator.clipboard.writeText(source.textContent.trim()).then(function () {
+      button.textContent = "Copied";
+    });
   });
 
   // A pending rejection's countdown. Display only: the server commits the rejection when the

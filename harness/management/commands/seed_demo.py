@@ -181,7 +181,7 @@ class Command(BaseCommand):
         # A supplier with its known contacts, and an email to it waiting for a manager, who
         # sees the message exactly as it will be sent.
         with transaction.atomic():
-            acme, _ = Supplier.objects.get_or_create(code="ACME", defaults={"name": "Acme Widgets"})
+            acme, _ = Supplier.objects.get_or_create(code="ACME", defaults={"name": "Acme Supplies"})
             for email, name in (("ap@acme.example", "Accounts payable"), ("ann@acme.example", "Ann Example")):
                 SupplierContact.objects.get_or_create(supplier=acme, email=email, defaults={"name": name})
         supplier_email_propose(
@@ -189,7 +189,7 @@ class Command(BaseCommand):
             reference="bill-BL-1042",
             template="bill_adjusted",
             parameters={
-                "supplier_name": "Acme Widgets",
+                "supplier_name": "Acme Supplies",
                 "bill_number": "BL-1042",
                 "amount": "120.00",
                 "currency": "EUR",
