@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 from decimal import Decimal
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -164,7 +163,7 @@ def test_a_call_is_made_when_the_lease_outlasts_it_by_exactly_the_provider_timeo
     margin = timedelta(seconds=settings.PROVIDER_TIMEOUT_SECONDS)
 
     def send_at(claim: Any, now: Any) -> str:
-        monkeypatch.setattr(send, "timezone", SimpleNamespace(now=lambda: now))
+        monkeypatch.setattr(send, "database_clock_now", lambda: now)
         return submission_send_and_record(
             action=claim.action,
             attempt=claim.attempt,
