@@ -24,7 +24,7 @@ from actions.services import (
     proposal_record,
 )
 from tests.api.conftest import ApiClient, assert_problem
-from tests.kinds.memory import MEMO, MemoKind
+from tests.kinds.memo.contract import MEMO, MemoKind
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
