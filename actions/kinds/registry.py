@@ -2,8 +2,7 @@
 
 Shaped like healthchecks' transport map: the engine asks ``kind_for(action.kind)`` and never
 branches on a name. A new kind is one package under ``actions.kinds`` and one ``register``
-line in ``actions.kinds``, which registers the shipped ones; tests may register their own
-(``tests/kinds/memo/``).
+line in ``actions.kinds``, which registers the shipped ones; tests may register their own.
 """
 
 from __future__ import annotations
