@@ -216,7 +216,7 @@ class _RawArguments(ArgModelBase):
         return {"arguments": dict(self.model_extra or {})}
 
 
-def _result(data: dict[str, Any], **error: bool) -> CallToolResult:
+def _result(data: dict[str, Any], **error: Any) -> CallToolResult:
     # is_error is passed only for an error, so that a success's result leaves it unset, as the
     # SDK's own results do.
     return CallToolResult(

@@ -259,7 +259,7 @@ def _opened(
     schema: type[Schema],
     service: Callable[..., Any],
     arguments: Mapping[str, Any],
-    tool_out: type[Schema],
+    tool_out: Callable[..., Schema],
     out: Callable[[Any], Schema],
 ) -> dict[str, Any]:
     """A request-opening tool's answer: the API's document of the request, and whether this
