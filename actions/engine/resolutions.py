@@ -399,19 +399,12 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
         receiver=receiver,
         policy=retry,
     )
-    lease = leases[0]
     # Committed: the SUBMITTING row and its attempt exist before the receiver hears of it.
-    outcome = submission_send_and_record(
-        action=lease.action, attempt=lease.attempt, lease_token=lease.token, receiver=receiver
-    )
-    action = checked.action
-    action.refresh_from_db()
-    return Resolution(
-        action=action,
-        check=checked.check,
-        outcome=outcome,
-        message=f"{action.action_id} was sent again with the same key {action.idempotency_key}. "
-        f"It is {action.get_status_display().lower()} now.",
+    return _send_leased(
+        checked,
+        leases[0],
+        receiver,
+        lambda action: f"{action.action_id} was sent again with the same key {action.idempotency_key}. ",
     )
 
 
@@ -463,8 +456,15 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
         receiver=receiver,
         policy=resend,
     )
-    lease = leases[0]
     # Committed: the decision, the SUBMITTING row and its attempt exist before the send.
+    return _send_leased(
+        checked, leases[0], receiver, lambda action: f"{action.action_id} was sent again, marked as a possible repeat. "
+    )
+
+
+def _send_leased(checked: _Checked, lease: Lease, receiver: Receiver, said: Callable[[Action], str]) -> Resolution:
+    """Send the leased action once, record what the receiver answered and say what happened:
+    ``said`` names the send, the action's status now follows."""
     outcome = submission_send_and_record(
         action=lease.action, attempt=lease.attempt, lease_token=lease.token, receiver=receiver
     )
@@ -474,8 +474,7 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
         action=action,
         check=checked.check,
         outcome=outcome,
-        message=f"{action.action_id} was sent again, marked as a possible repeat. "
-        f"It is {action.get_status_display().lower()} now.",
+        message=f"{said(action)}It is {action.get_status_display().lower()} now.",
     )
 
 
