@@ -183,37 +183,6 @@ def answers_a_lost_proposal_race(
     return propose_or_read_the_winner
 
 
-def proposal_new(
-    *,
-    kind: str,
-    action_id: str,
-    payload: dict[str, Any],
-    digest: str,
-    proposer: Actor,
-    evidence: str,
-    now: datetime,
-    policy_reasons: list[dict[str, str]],
-    reason: str = "",
-    **target: Any,
-) -> ProposalResult:
-    """A kind's new proposal, made (``action_new``) and recorded (``proposal_record``) in the
-    proposal service's own durable transaction, with the auto-approval policy: how every kind's
-    proposal service ends once its checks pass."""
-    action = action_new(
-        kind=kind, action_id=action_id, payload=payload, digest=digest, proposer=proposer, evidence=evidence, **target
-    )
-    return proposal_record(
-        action=action,
-        proposer=proposer,
-        now=now,
-        policy_reasons=policy_reasons,
-        event_evidence={"payload": payload, "payload_hash": digest, "evidence": evidence},
-        auto_policy=True,
-        reason=reason,
-        savepoint=False,
-    )
-
-
 def proposal_record(
     *,
     action: Action,

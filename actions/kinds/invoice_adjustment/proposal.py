@@ -25,11 +25,12 @@ from actions.models import ActionKind
 from actions.providers.base import validate_idempotency_key
 from actions.services import (
     ProposalResult,
+    action_new,
     answers_a_lost_proposal_race,
     existing_proposal,
     payload_hash,
     payload_versioned,
-    proposal_new,
+    proposal_record,
 )
 
 
@@ -76,18 +77,25 @@ def action_propose_invoice_adjustment(
         if existing is not None:
             return existing
         bill_balance_check(bill, fields)
-        return proposal_new(
+        action = action_new(
             kind=ActionKind.INVOICE_ADJUSTMENT,
             action_id=action_id,
             payload=payload,
             digest=digest,
             proposer=proposer,
             evidence=fields.evidence,
-            now=now,
-            policy_reasons=[],
             bill=bill,
             adjustment_request=request,
             amount=fields.amount,
             currency=fields.currency,
             reason_code=fields.reason_code,
+        )
+        return proposal_record(
+            action=action,
+            proposer=proposer,
+            now=now,
+            policy_reasons=[],
+            event_evidence={"payload": payload, "payload_hash": digest, "evidence": fields.evidence},
+            auto_policy=True,
+            savepoint=False,
         )

@@ -28,11 +28,12 @@ from actions.models import ActionKind
 from actions.providers.base import validate_idempotency_key
 from actions.services import (
     ProposalResult,
+    action_new,
     answers_a_lost_proposal_race,
     existing_proposal,
     payload_hash,
     payload_versioned,
-    proposal_new,
+    proposal_record,
 )
 
 
@@ -78,20 +79,27 @@ def action_propose_refund(
             return identical_retry_or_refusal(
                 action_id, payload, digest, refusal=over_refundable_balance(order, fields)
             )
-        return proposal_new(
+        action = action_new(
             kind=ActionKind.REFUND,
             action_id=action_id,
             payload=payload,
             digest=digest,
             proposer=proposer,
             evidence=fields.evidence,
-            now=now,
-            policy_reasons=refund_window_reasons(order, now=now),
             order=order,
             refund_request=request,
             amount=fields.amount,
             currency=fields.currency,
             reason_code=fields.reason_code,
+        )
+        return proposal_record(
+            action=action,
+            proposer=proposer,
+            now=now,
+            policy_reasons=refund_window_reasons(order, now=now),
+            event_evidence={"payload": payload, "payload_hash": digest, "evidence": fields.evidence},
+            auto_policy=True,
+            savepoint=False,
         )
 
 

@@ -21,11 +21,12 @@ from actions.models import ActionKind
 from actions.providers.base import validate_idempotency_key
 from actions.services import (
     ProposalResult,
+    action_new,
     answers_a_lost_proposal_race,
     existing_proposal,
     payload_hash,
     payload_versioned,
-    proposal_new,
+    proposal_record,
 )
 
 
@@ -62,17 +63,24 @@ def supplier_email_propose(
         existing = existing_proposal(action_id, payload, digest)
         if existing is not None:
             return existing
-        return proposal_new(
+        action = action_new(
             kind=ActionKind.SUPPLIER_EMAIL,
             action_id=action_id,
             payload=payload,
             digest=digest,
             proposer=proposer,
             evidence=fields.evidence,
-            now=now,
-            policy_reasons=[],
-            reason=f"Rendered from template {fields.template.name} version {fields.template.version}.",
             amount=Decimal("0"),
             currency="",
             reason_code="",
+        )
+        return proposal_record(
+            action=action,
+            proposer=proposer,
+            now=now,
+            policy_reasons=[],
+            event_evidence={"payload": payload, "payload_hash": digest, "evidence": fields.evidence},
+            auto_policy=True,
+            reason=f"Rendered from template {fields.template.name} version {fields.template.version}.",
+            savepoint=False,
         )
