@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any
+from functools import wraps
+from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -63,6 +65,33 @@ class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
+View = TypeVar("View", bound=Callable[..., HttpResponse])
+
+
+def _manager(method_check: Callable[[View], View], *, one_action: bool = False) -> Callable[[View], View]:
+    """A manager's page or decision: the HTTP method checked, a signed-in user holding
+    DECIDE_PERMISSION, and, for a view of ``one_action`` (its ``pk``), an action that does not
+    exist (or that the user may not see, as the selectors answer) is a 404."""
+
+    def decorate(view: View) -> View:
+        if one_action:
+            view = _missing_action_is_404(view)
+        return method_check(login_required(permission_required(DECIDE_PERMISSION, raise_exception=True)(view)))
+
+    return decorate
+
+
+def _missing_action_is_404(view: View) -> View:
+    @wraps(view)
+    def guarded(*args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(*args, **kwargs)
+        except Action.DoesNotExist as missing:
+            raise Http404("There is no such action.") from missing
+
+    return cast(View, guarded)
+
+
 def _context(**extra: Any) -> dict[str, Any]:
     return {
         "rejection_reasons": RejectionReason.choices,
@@ -71,9 +100,7 @@ def _context(**extra: Any) -> dict[str, Any]:
     }
 
 
-@require_safe
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_safe)
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
     # Rejections whose undo window passed are committed before listing: a lost task never
     # leaves one hanging where the manager looks.
@@ -86,22 +113,15 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     return response
 
 
-@require_safe
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_safe, one_action=True)
 def detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    try:
-        proposal = proposal_detail_get(action_pk=pk, user=request.user)
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
+    proposal = proposal_detail_get(action_pk=pk, user=request.user)
     rejection_commit(action_pk=pk)
     _, steps = action_outcome_get(action_pk=pk, user=request.user)
     return render(request, "approvals/detail.html", _context(detail=proposal, row=proposal.row, steps=steps))
 
 
-@require_POST
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_POST, one_action=True)
 def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     form = DecisionForm(request.POST)
     if not form.is_valid():
@@ -119,8 +139,6 @@ def decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             note=form.cleaned_data["note"],
             shown=form.shown(),
         )
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused_decision(request, pk, refused)
     action = approval.action
@@ -146,8 +164,6 @@ def _reject(request: HtmxHttpRequest, pk: int, form: DecisionForm) -> HttpRespon
             note=form.cleaned_data["note"],
             shown=form.shown(),
         )
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused_decision(request, pk, refused)
     seconds = settings.REJECTION_UNDO_SECONDS
@@ -159,31 +175,22 @@ def _reject(request: HtmxHttpRequest, pk: int, form: DecisionForm) -> HttpRespon
     )
 
 
-@require_POST
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_POST, one_action=True)
 def undo_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     try:
         action = rejection_undo(action_pk=pk, user=request.user)
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
     return _done(request, pk, f"Rejection undone: {action_words(action)} is waiting for a decision again.")
 
 
-@require_safe
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_safe, one_action=True)
 def row(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The card as it is now: what a card following its action polls. A pending rejection whose
     window has passed is committed here too. When the action has just become final, a toast says
     how it ended (``was`` is the status the card showed)."""
     rejection_commit(action_pk=pk)
-    try:
-        proposal = proposal_row_get(action_pk=pk, user=request.user)
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
+    proposal = proposal_row_get(action_pk=pk, user=request.user)
     # The card's poll names the version its page showed: its forms keep posting that one.
     proposal = replace(proposal, page_version=page_version(request.GET.get("shown_version")))
     template = "approvals/_decided_status.html" if request.GET.get("as") == "status" else "approvals/_proposal_row.html"
@@ -192,9 +199,7 @@ def row(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     return response
 
 
-@require_safe
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_safe)
 def group_summary(request: HtmxHttpRequest, key: str) -> HttpResponse:
     """One group's money line as it is now: the line asks for it when an action of its group
     has become final. ``shown`` names the proposals the card shows, decided ones included."""
@@ -205,16 +210,11 @@ def group_summary(request: HtmxHttpRequest, key: str) -> HttpResponse:
     return render(request, "approvals/_group_summary.html", _context(group=group))
 
 
-@require_safe
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_safe, one_action=True)
 def outcome(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The detail page's live part: the card and the outcome timeline, polled until final."""
     rejection_commit(action_pk=pk)
-    try:
-        proposal, steps = action_outcome_get(action_pk=pk, user=request.user)
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
+    proposal, steps = action_outcome_get(action_pk=pk, user=request.user)
     # The card on the same page polls too and raises the toast; this part only redraws.
     return render(request, "approvals/_outcome.html", _context(row=proposal, steps=steps))
 
@@ -240,9 +240,7 @@ def _toast_if_final(response: HttpResponse, action: Action, *, was: str) -> None
     )
 
 
-@require_safe
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_safe)
 def decided(request: HtmxHttpRequest) -> HttpResponse:
     """The manager's own decisions and how each ended."""
     rejections_commit_due()
@@ -257,9 +255,7 @@ def decided(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "approvals/decided.html", _context(decided=history))
 
 
-@require_POST
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_POST)
 def decide_group(request: HtmxHttpRequest) -> HttpResponse:
     """Approve the ticked proposals on one order (or bill) as one decision."""
     form = GroupDecisionForm(request.POST)
@@ -347,17 +343,13 @@ def _require_step_up_total(request: HtmxHttpRequest, pks: list[int]) -> HttpResp
     return redirect(verify_url)
 
 
-@require_POST
-@login_required
-@permission_required(DECIDE_PERMISSION, raise_exception=True)
+@_manager(require_POST, one_action=True)
 def reopen(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     form = ReopenForm(request.POST)
     if not form.is_valid():
         return _refused(request, pk, form_problem(form), status=400)
     try:
         action = action_reopen(action_pk=pk, user=request.user, note=form.cleaned_data["note"])
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
     except DecisionRefused as refused:
         return _refused(request, pk, str(refused), status=refused.status)
     return _done(request, pk, f"Asked for a new decision on {action_words(action)}: it is waiting in the inbox again.")
@@ -394,10 +386,8 @@ def _require_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse | None:
 def _row_response(
     request: HtmxHttpRequest, pk: int, *, level: str, text: str, status: int, reload_url: str = ""
 ) -> HttpResponse:
-    try:
-        row = proposal_row_get(action_pk=pk, user=request.user)
-    except Action.DoesNotExist as missing:
-        raise Http404("There is no such action.") from missing
+    # Only called by views of one action: their _manager(one_action=True) makes a missing one a 404.
+    row = proposal_row_get(action_pk=pk, user=request.user)
     # The card is drawn anew, the rest of the page (the order's money, the other proposals) is
     # not: its forms keep posting the version the page showed. Without that version the card
     # cannot tell how old the page around it is, and offers a reload instead of its buttons, as

@@ -15,13 +15,12 @@ from django.urls import reverse
 from ninja import Schema, Status
 from pydantic import ConfigDict, Field, Strict
 
-from actions.api.logs import bind, log_event
+from actions.api.logs import log_event
 from actions.api.schemas import ORDER_NUMBER_PATTERN, ActionOut, ExternalReference, Problem
-from actions.api.views import action_out, agent_of, api, refuse_unknown_query, refused
+from actions.api.views import api, proposed, served
 from actions.kinds.fields import MAX_EVIDENCE_LENGTH, MAX_NOTE_LENGTH
 from actions.models import AdjustmentReason, AdjustmentRequest
 from actions.proposals.adjustments import agent_adjustment_request_open, agent_invoice_adjustment_propose
-from actions.proposals.outcomes import AgentRefusal
 
 BillNumber = Annotated[
     str,
@@ -121,16 +120,7 @@ def open_adjustment_request(request: HttpRequest, payload: AdjustmentRequestOpen
     """Open the next adjustment request on a bill. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another bill."""
-    refuse_unknown_query(request)
-    try:
-        result = agent_adjustment_request_open(
-            agent=agent_of(request),
-            bill_number=payload.bill_number,
-            external_reference=payload.external_reference,
-            note=payload.note,
-        )
-    except AgentRefusal as refusal:
-        raise refused("adjustment_request", refusal) from None
+    result = served(request, "adjustment_request", agent_adjustment_request_open, payload)
     log_event(
         "adjustment_request.opened" if result.created else "adjustment_request.replayed",
         bill_number=result.request.bill.number,
@@ -150,20 +140,4 @@ def propose_invoice_adjustment(request: HttpRequest, payload: InvoiceAdjustmentP
     """Propose an invoice adjustment. 201 with the new action; 200 with the existing one when the
     same proposal was made before; 409 when the adjustment request already has a different
     proposal (the differing fields are listed); 422 naming each invalid field."""
-    refuse_unknown_query(request)
-    try:
-        result = agent_invoice_adjustment_propose(
-            agent=agent_of(request),
-            bill_number=payload.bill_number,
-            adjustment_number=payload.adjustment_number,
-            amount=payload.amount,
-            currency=payload.currency,
-            reason_code=payload.reason_code.value,
-            evidence=payload.evidence,
-        )
-    except AgentRefusal as refusal:
-        raise refused("invoice_adjustment", refusal) from None
-    action = result.action
-    bind(action_id=action.action_id)
-    log_event("invoice_adjustment.proposed" if result.created else "invoice_adjustment.replayed", status=action.status)
-    return Status(201 if result.created else 200, action_out(action))
+    return proposed(request, "invoice_adjustment", agent_invoice_adjustment_propose, payload)

@@ -8,6 +8,7 @@ meaning (does the order exist, is the amount refundable) and name the field eith
 from __future__ import annotations
 
 from datetime import datetime
+from enum import Enum
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
@@ -73,6 +74,13 @@ class _Request(Schema):
                     "invalid_characters", unsafe_characters_message(codes), {"field": info.field_name}
                 )
         return value
+
+
+def service_arguments(payload: Schema) -> dict[str, Any]:
+    """A request's fields as the agent-facing service's keyword arguments: the request schemas
+    name their fields as the services name their parameters, so the API and the MCP tools pass
+    them through rather than each spelling them out; a choice goes as its plain value."""
+    return {name: value.value if isinstance(value, Enum) else value for name, value in payload}
 
 
 class RefundProposal(_Request):

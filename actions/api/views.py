@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import NinjaAPI, Query, Status
+from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError, ValidationError
 from ninja.parser import Parser
 
@@ -44,6 +45,7 @@ from actions.api.schemas import (
     RejectionReason,
     StatusExplanationOut,
     SupplierEmailProposal,
+    service_arguments,
 )
 from actions.api.versions import request_upgrade
 from actions.models import Action, Agent, Order, RefundRequest
@@ -53,6 +55,11 @@ from actions.proposals.reads import agent_action_list, agent_action_read
 from actions.proposals.refunds import agent_refund_propose, agent_refund_request_open
 from actions.proposals.supplier_emails import agent_supplier_email_propose
 from actions.selectors import MAX_PAGE_SIZE, action_explain_status
+
+if TYPE_CHECKING:
+    from actions.services import ProposalResult
+
+R = TypeVar("R")
 
 DESCRIPTION = """\
 The agent API of the effect console. An agent proposes refunds and reads what became of them;
@@ -366,6 +373,27 @@ def refused(subject: str, refusal: AgentRefusal) -> ApiProblem:
     return refusal_problem(refusal)
 
 
+def served(request: HttpRequest, subject: str, service: Callable[..., R], payload: Schema) -> R:
+    """Call an agent-facing service with the request's fields; its refusal is the operation's
+    problem document."""
+    refuse_unknown_query(request)
+    try:
+        return service(agent=agent_of(request), **service_arguments(payload))
+    except AgentRefusal as refusal:
+        raise refused(subject, refusal) from None
+
+
+def proposed(
+    request: HttpRequest, subject: str, service: Callable[..., ProposalResult], payload: Schema
+) -> Status[ActionOut]:
+    """A proposal operation's answer: 201 with the new action, 200 with the existing one."""
+    result = served(request, subject, service, payload)
+    action = result.action
+    bind(action_id=action.action_id)
+    log_event(f"{subject}.proposed" if result.created else f"{subject}.replayed", status=action.status)
+    return Status(201 if result.created else 200, action_out(action))
+
+
 def action_out(action: Action) -> ActionOut:
     request = action.refund_request
     return ActionOut(
@@ -437,24 +465,7 @@ def propose_refund(request: HttpRequest, payload: RefundProposal) -> Status[Acti
     """Propose a refund. 201 with the new action; 200 with the existing one when the same
     proposal was made before (a retry is always safe); 409 when the refund request already has
     a different proposal (the differing fields are listed); 422 naming each invalid field."""
-    refuse_unknown_query(request)
-    try:
-        result = agent_refund_propose(
-            agent=agent_of(request),
-            order_number=payload.order_number,
-            request_number=payload.request_number,
-            external_reference=payload.external_reference,
-            amount=payload.amount,
-            currency=payload.currency,
-            reason_code=payload.reason_code.value,
-            evidence=payload.evidence,
-        )
-    except AgentRefusal as refusal:
-        raise refused("refund", refusal) from None
-    action = result.action
-    bind(action_id=action.action_id)
-    log_event("refund.proposed" if result.created else "refund.replayed", status=action.status)
-    return Status(201 if result.created else 200, action_out(action))
+    return proposed(request, "refund", agent_refund_propose, payload)
 
 
 @api.post(
@@ -470,23 +481,7 @@ def propose_supplier_email(request: HttpRequest, payload: SupplierEmailProposal)
     409 when the action exists with another message; 422 naming each invalid field (a line
     break in the subject or the address, a missing parameter, an address that is not one of the
     supplier's known contacts)."""
-    refuse_unknown_query(request)
-    try:
-        result = agent_supplier_email_propose(
-            agent=agent_of(request),
-            supplier=payload.supplier,
-            reference=payload.reference,
-            template=payload.template,
-            parameters=payload.parameters,
-            to=payload.to,
-            evidence=payload.evidence,
-        )
-    except AgentRefusal as refusal:
-        raise refused("supplier_email", refusal) from None
-    action = result.action
-    bind(action_id=action.action_id)
-    log_event("supplier_email.proposed" if result.created else "supplier_email.replayed", status=action.status)
-    return Status(201 if result.created else 200, action_out(action))
+    return proposed(request, "supplier_email", agent_supplier_email_propose, payload)
 
 
 @api.post(
@@ -500,17 +495,7 @@ def open_refund_request(request: HttpRequest, payload: RefundRequestOpen) -> Sta
     """Open the next refund request on an order. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another order."""
-    refuse_unknown_query(request)
-    try:
-        result = agent_refund_request_open(
-            agent=agent_of(request),
-            order_number=payload.order_number,
-            external_reference=payload.external_reference,
-            reason_code=payload.reason_code.value,
-            note=payload.note,
-        )
-    except AgentRefusal as refusal:
-        raise refused("refund_request", refusal) from None
+    result = served(request, "refund_request", agent_refund_request_open, payload)
     log_event(
         "refund_request.opened" if result.created else "refund_request.replayed",
         order_number=result.request.order.number,
@@ -579,20 +564,7 @@ def upsert_order(request: HttpRequest, payload: OrderUpsert) -> Status[OrderOut]
     fields). A changed order makes approvals given for the old one go stale: they are asked
     for again. 409 names the field when the change cannot apply (a different currency or
     charge, or a captured amount below what is refunded and reserved)."""
-    refuse_unknown_query(request)
-    try:
-        result = agent_order_upsert(
-            agent=agent_of(request),
-            order_number=payload.order_number,
-            customer_name=payload.customer_name,
-            customer_email=payload.customer_email,
-            currency=payload.currency,
-            captured_amount=payload.captured_amount,
-            charge_reference=payload.charge_reference,
-            paid_at=payload.paid_at,
-        )
-    except AgentRefusal as refusal:
-        raise refused("order", refusal) from None
+    result = served(request, "order", agent_order_upsert, payload)
     event = "order.created" if result.created else "order.changed" if result.changed else "order.replayed"
     log_event(event, order_number=result.order.number, version=result.order.version, changed=list(result.changed))
     return Status(201 if result.created else 200, order_out(result.order, result.changed))

@@ -151,6 +151,15 @@ def outcome_transition(
     return action.status
 
 
+# A send's answer that says what happened: its transition and the kind's words for it
+# (Explanations' attribute); anything else is unknown.
+_RECORDED = {
+    Outcome.SUCCEEDED: ("record_success", "succeeded"),
+    Outcome.PENDING: ("record_pending", "pending"),
+    Outcome.FAILED_FINAL: ("record_failure", "failed"),
+}
+
+
 def _from_submitting(
     *, action: Action, answer: Answer, actor: Actor, now: datetime, evidence: dict[str, Any], writes: Writes | None
 ) -> None:
@@ -162,42 +171,25 @@ def _from_submitting(
     words = kind_for(action.kind).explanations
     reference = answer.reference
     outcome = answer.outcome
-    if outcome == Outcome.SUCCEEDED:
+    if outcome in _RECORDED:
+        transition, said = _RECORDED[outcome]
+        reason: str = getattr(words, said)
+        if outcome == Outcome.FAILED_FINAL:
+            reason = f"{reason}: {answer.summary()}."
         action_transition(
             action=action,
-            transition="record_success",
+            transition=transition,
             actor=actor,
-            reason=words.succeeded,
+            reason=reason,
             evidence=evidence,
             now=now,
             writes=writes,
             provider_reference=reference,
         )
-    elif outcome == Outcome.PENDING:
-        action_transition(
-            action=action,
-            transition="record_pending",
-            actor=actor,
-            reason=words.pending,
-            evidence=evidence,
-            now=now,
-            writes=writes,
-            provider_reference=reference,
-        )
-        action.next_reconcile_at = settle_poll_time(now)
-        if writes is None:  # otherwise written with the transition, by the record
-            action.save(update_fields=["next_reconcile_at"])
-    elif outcome == Outcome.FAILED_FINAL:
-        action_transition(
-            action=action,
-            transition="record_failure",
-            actor=actor,
-            reason=f"{words.failed}: {answer.summary()}.",
-            evidence=evidence,
-            now=now,
-            writes=writes,
-            provider_reference=reference,
-        )
+        if outcome == Outcome.PENDING:
+            action.next_reconcile_at = settle_poll_time(now)
+            if writes is None:  # otherwise written with the transition, by the record
+                action.save(update_fields=["next_reconcile_at"])
     else:
         action_transition(
             action=action,

@@ -215,9 +215,7 @@ def action_resolve_succeeded(
     (``EffectKind.default_reference``) is used; where it cannot be asked at all, the kind may require the
     person's written evidence (the recipient's reply, the receiver's log line), kept on the event.
     """
-    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    action = review_action(action_pk)
-    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    action = _resolvable_by(user, action_pk)
     kind = kind_for(action.kind)
     noun = kind.explanations.noun
     default = kind.default_reference(action)
@@ -269,6 +267,15 @@ def action_resolve_succeeded(
     )
 
 
+def _resolvable_by(user: Any, action_pk: int) -> Action:
+    """The action a resolution names, once ``user`` may resolve actions at all and this one (its
+    kind and owner): the checks every resolution starts with."""
+    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
+    action = review_action(action_pk)
+    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    return action
+
+
 def action_resolve_failed(
     *,
     action_pk: int,
@@ -283,9 +290,7 @@ def action_resolve_failed(
     The reservation is released and the kind opens the chosen follow-up (with what the person
     affected still expects, owned by the person who resolved it).
     """
-    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    action = review_action(action_pk)
-    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    action = _resolvable_by(user, action_pk)
     reason_text = checked_reason(reason)
     choice = checked_failure_choice(remedy_kind, action)
     _check_resolvable(action, user, "resolve_failed")
@@ -352,9 +357,7 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
     said not found and the receiver still says so now (invariant 7: no retry without evidence).
     The send happens after the commit, outside any transaction, by the lease holder (invariant 3).
     """
-    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    action = review_action(action_pk)
-    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    action = _resolvable_by(user, action_pk)
     reason_text = checked_reason(reason)
     _check_resolvable(action, user, "resolve_retry")
     latest = (
@@ -399,19 +402,12 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
         receiver=receiver,
         policy=retry,
     )
-    lease = leases[0]
     # Committed: the SUBMITTING row and its attempt exist before the receiver hears of it.
-    outcome = submission_send_and_record(
-        action=lease.action, attempt=lease.attempt, lease_token=lease.token, receiver=receiver
-    )
-    action = checked.action
-    action.refresh_from_db()
-    return Resolution(
-        action=action,
-        check=checked.check,
-        outcome=outcome,
-        message=f"{action.action_id} was sent again with the same key {action.idempotency_key}. "
-        f"It is {action.get_status_display().lower()} now.",
+    return _send_leased(
+        checked,
+        leases[0],
+        receiver,
+        lambda action: f"{action.action_id} was sent again with the same key {action.idempotency_key}. ",
     )
 
 
@@ -424,9 +420,7 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
     and the audits allow one more effect per such decision. Refused for a receiver that has keys
     or a lookup: there, "retry with the same key" asks it first.
     """
-    review_require(user, perms.RESOLVE, "Only finance may resolve an action that needs review.")
-    action = review_action(action_pk)
-    review_resolver_rule(user, kind=action.kind, owner=action.owner)
+    action = _resolvable_by(user, action_pk)
     reason_text = checked_reason(reason)
     _check_resolvable(action, user, RESEND_TRANSITION)
     receiver = receiver or receiver_for(action)
@@ -463,8 +457,15 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
         receiver=receiver,
         policy=resend,
     )
-    lease = leases[0]
     # Committed: the decision, the SUBMITTING row and its attempt exist before the send.
+    return _send_leased(
+        checked, leases[0], receiver, lambda action: f"{action.action_id} was sent again, marked as a possible repeat. "
+    )
+
+
+def _send_leased(checked: _Checked, lease: Lease, receiver: Receiver, said: Callable[[Action], str]) -> Resolution:
+    """Send the leased action once, record what the receiver answered and say what happened:
+    ``said`` names the send, the action's status now follows."""
     outcome = submission_send_and_record(
         action=lease.action, attempt=lease.attempt, lease_token=lease.token, receiver=receiver
     )
@@ -474,8 +475,7 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
         action=action,
         check=checked.check,
         outcome=outcome,
-        message=f"{action.action_id} was sent again, marked as a possible repeat. "
-        f"It is {action.get_status_display().lower()} now.",
+        message=f"{said(action)}It is {action.get_status_display().lower()} now.",
     )
 
 

@@ -92,6 +92,11 @@ class ToolSpec:
 
 
 _READ = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+# Opening a request writes a record and nothing else; the same reference opens it once.
+_OPEN = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+# A proposal, once approved, moves money or changes what is owed outside the console (see each
+# tool); the same arguments name the same action.
+_PROPOSE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True)
 
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
@@ -104,9 +109,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "propose the refund with propose_refund.",
         input_model=RefundRequestOpen,
         output_model=RefundRequestToolOut,
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-        ),
+        annotations=_OPEN,
         run=tools.open_refund_request,
     ),
     ToolSpec(
@@ -124,9 +127,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         output_model=ActionOut,
         # Destructive: once approved, the refund is money sent to a customer, which cannot be
         # taken back. Idempotent: the same arguments name the same action.
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
-        ),
+        annotations=_PROPOSE,
         run=tools.propose_refund,
     ),
     ToolSpec(
@@ -140,9 +141,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "invoice_adjustment scope.",
         input_model=AdjustmentRequestOpen,
         output_model=AdjustmentRequestToolOut,
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-        ),
+        annotations=_OPEN,
         run=tools.open_adjustment_request,
     ),
     ToolSpec(
@@ -164,9 +163,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         # Destructive: an authorised credit note changes what the business owes its supplier;
         # undoing it is a correction (a void) a person decides. Idempotent: the same arguments
         # name the same action.
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
-        ),
+        annotations=_PROPOSE,
         run=tools.propose_invoice_adjustment,
     ),
     ToolSpec(
@@ -219,19 +216,16 @@ class _RawArguments(ArgModelBase):
         return {"arguments": dict(self.model_extra or {})}
 
 
-def _result(data: dict[str, Any]) -> CallToolResult:
+def _result(data: dict[str, Any], **error: Any) -> CallToolResult:
+    # is_error is passed only for an error, so that a success's result leaves it unset, as the
+    # SDK's own results do.
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))], structured_content=data
+        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))], structured_content=data, **error
     )
 
 
 def _error_result(failure: tools.ToolFailure) -> CallToolResult:
-    data = failure.as_dict()
-    return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
-        structured_content=data,
-        is_error=True,
-    )
+    return _result(failure.as_dict(), is_error=True)
 
 
 def _call(spec: ToolSpec, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,9 +22,9 @@ do, in the words MCP clients can act on:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ninja import Schema
 from pydantic import ConfigDict, Field, ValidationError
@@ -43,6 +43,7 @@ from actions.api.schemas import (
     RefundRequestOpen,
     RefundRequestOut,
     StatusExplanationOut,
+    service_arguments,
 )
 from actions.api.views import action_out, field_errors_from_ninja, refund_request_out
 from actions.models import AgentToken
@@ -51,6 +52,9 @@ from actions.proposals.outcomes import AgentRefusal, Outcome
 from actions.proposals.reads import agent_action_explain, agent_action_list, agent_action_read
 from actions.proposals.refunds import agent_refund_propose, agent_refund_request_open
 from actions.selectors import MAX_PAGE_SIZE
+
+if TYPE_CHECKING:
+    from actions.services import ProposalResult
 
 logger = logging.getLogger("actions.mcp")
 
@@ -199,109 +203,108 @@ def _json(model: Schema) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
 
+R = TypeVar("R")
+
+
+def _served(
+    token: AgentToken,
+    schema: type[Schema],
+    service: Callable[..., R],
+    arguments: Mapping[str, Any],
+    *,
+    subject: str | None = None,
+) -> R:
+    """Count the call, validate its arguments with the API's request schema and call the
+    agent-facing service with its fields; the service's refusal is the tool's error."""
+    _count_call(token)
+    payload = _validated(schema, arguments)
+    try:
+        return service(agent=token.agent, **service_arguments(payload))
+    except AgentRefusal as refusal:
+        if subject is not None:
+            logger.info("mcp.%s.refused agent=%s code=%s", subject, token.agent.name, refusal.code)
+        raise refusal_failure(refusal) from None
+
+
+def _proposed(
+    token: AgentToken,
+    subject: str,
+    schema: type[Schema],
+    service: Callable[..., ProposalResult],
+    arguments: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A proposal tool's answer: the action, new or the one the same proposal made before."""
+    result = _served(token, schema, service, arguments, subject=subject)
+    action = result.action
+    logger.info(
+        "mcp.%s.%s agent=%s action=%s status=%s",
+        subject,
+        "proposed" if result.created else "replayed",
+        token.agent.name,
+        action.action_id,
+        action.status,
+    )
+    return _json(action_out(action))
+
+
+# What a request-opening tool's log line names: the request's target and its number's name.
+_OPENED_LOG: dict[type[Schema], tuple[str, str, str]] = {
+    RefundRequestOpen: ("refund_request", "order", "request"),
+    AdjustmentRequestOpen: ("adjustment_request", "bill", "adjustment"),
+}
+
+
+def _opened(
+    token: AgentToken,
+    schema: type[Schema],
+    service: Callable[..., Any],
+    arguments: Mapping[str, Any],
+    tool_out: Callable[..., Schema],
+    out: Callable[[Any], Schema],
+) -> dict[str, Any]:
+    """A request-opening tool's answer: the API's document of the request, and whether this
+    call opened it."""
+    result = _served(token, schema, service, arguments)
+    subject, target, number = _OPENED_LOG[schema]
+    logger.info(
+        f"mcp.%s.%s agent=%s {target}=%s {number}=%s",
+        subject,
+        "opened" if result.created else "replayed",
+        token.agent.name,
+        getattr(result.request, target).number,
+        result.request.number,
+    )
+    return _json(tool_out(created=result.created, **out(result.request).model_dump()))
+
+
 # --- the tools ------------------------------------------------------------------------------
 
 
 def open_refund_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    _count_call(token)
-    payload = _validated(RefundRequestOpen, arguments)
-    try:
-        result = agent_refund_request_open(
-            agent=token.agent,
-            order_number=payload.order_number,
-            external_reference=payload.external_reference,
-            reason_code=payload.reason_code.value,
-            note=payload.note,
-        )
-    except AgentRefusal as refusal:
-        raise refusal_failure(refusal) from None
-    logger.info(
-        "mcp.refund_request.%s agent=%s order=%s request=%s",
-        "opened" if result.created else "replayed",
-        token.agent.name,
-        result.request.order.number,
-        result.request.number,
+    return _opened(
+        token, RefundRequestOpen, agent_refund_request_open, arguments, RefundRequestToolOut, refund_request_out
     )
-    out = refund_request_out(result.request)
-    return _json(RefundRequestToolOut(created=result.created, **out.model_dump()))
 
 
 def propose_refund(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    _count_call(token)
-    payload = _validated(RefundProposal, arguments)
-    try:
-        result = agent_refund_propose(
-            agent=token.agent,
-            order_number=payload.order_number,
-            request_number=payload.request_number,
-            external_reference=payload.external_reference,
-            amount=payload.amount,
-            currency=payload.currency,
-            reason_code=payload.reason_code.value,
-            evidence=payload.evidence,
-        )
-    except AgentRefusal as refusal:
-        logger.info("mcp.refund.refused agent=%s code=%s", token.agent.name, refusal.code)
-        raise refusal_failure(refusal) from None
-    action = result.action
-    logger.info(
-        "mcp.refund.%s agent=%s action=%s status=%s",
-        "proposed" if result.created else "replayed",
-        token.agent.name,
-        action.action_id,
-        action.status,
-    )
-    return _json(action_out(action))
+    return _proposed(token, "refund", RefundProposal, agent_refund_propose, arguments)
 
 
 def open_adjustment_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    _count_call(token)
-    payload = _validated(AdjustmentRequestOpen, arguments)
-    try:
-        result = agent_adjustment_request_open(
-            agent=token.agent,
-            bill_number=payload.bill_number,
-            external_reference=payload.external_reference,
-            note=payload.note,
-        )
-    except AgentRefusal as refusal:
-        raise refusal_failure(refusal) from None
-    logger.info(
-        "mcp.adjustment_request.%s agent=%s bill=%s adjustment=%s",
-        "opened" if result.created else "replayed",
-        token.agent.name,
-        result.request.bill.number,
-        result.request.number,
+    return _opened(
+        token,
+        AdjustmentRequestOpen,
+        agent_adjustment_request_open,
+        arguments,
+        AdjustmentRequestToolOut,
+        adjustment_request_out,
     )
-    out = adjustment_request_out(result.request)
-    return _json(AdjustmentRequestToolOut(created=result.created, **out.model_dump()))
 
 
 def propose_invoice_adjustment(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    _count_call(token)
-    payload = _validated(InvoiceAdjustmentProposal, arguments)
-    try:
-        result = agent_invoice_adjustment_propose(
-            agent=token.agent,
-            bill_number=payload.bill_number,
-            adjustment_number=payload.adjustment_number,
-            amount=payload.amount,
-            currency=payload.currency,
-            reason_code=payload.reason_code.value,
-            evidence=payload.evidence,
-        )
-    except AgentRefusal as refusal:
-        logger.info("mcp.invoice_adjustment.refused agent=%s code=%s", token.agent.name, refusal.code)
-        raise refusal_failure(refusal) from None
-    action = result.action
-    logger.info(
-        "mcp.invoice_adjustment.%s agent=%s action=%s status=%s",
-        "proposed" if result.created else "replayed",
-        token.agent.name,
-        action.action_id,
-        action.status,
+    return _proposed(
+        token, "invoice_adjustment", InvoiceAdjustmentProposal, agent_invoice_adjustment_propose, arguments
     )
-    return _json(action_out(action))
 
 
 def get_action(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
