@@ -3,6 +3,7 @@ the dashboard's tile, and each person's time zone (issue 16, part A)."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -125,7 +126,10 @@ def test_a_card_polls_while_its_action_is_on_its_way_and_stops_when_final(
     body = final.content.decode()
     assert "hx-trigger" not in body, "polling stops at a final state"
     assert "Succeeded: re_9." in body
-    assert "succeeded (re_9)" in final["HX-Trigger"]
+    # The toast names the action in a clerk's words; the provider's reference is on the card.
+    toast = json.loads(final["HX-Trigger"])["consoleToast"]
+    assert toast["level"] == "success" and toast["text"].endswith(": succeeded."), toast
+    assert toast["text"].startswith("Refund · "), toast
 
 
 def test_the_outcome_timeline_shows_approved_sent_and_what_it_waits_for(
