@@ -114,6 +114,8 @@ def money_text(amount: object, currency: object) -> str:
     An aggregate over a decimal column can come back without its trailing zeros (SQLite's SUM),
     so the places come from the currency, never from the value."""
     code = str(currency or "").strip()
+    # Receivers write ISO codes in either case ("eur" at Stripe); anything else stays as given.
+    code = code.upper() if len(code) == 3 and code.isalpha() else code
     if amount is None or amount == "":
         return code
     try:
