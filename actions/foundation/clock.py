@@ -7,7 +7,8 @@ sweeper whose clock runs ahead would take over leases that still hold. So the en
 ``database_clock_now()``: this host's time corrected by its offset from the database server's
 clock, measured with one ``SELECT`` at most every ``OFFSET_TTL_SECONDS`` (the middle of the
 round trip is taken as the moment the server read its clock, so the error is at most half a
-round trip). The dispatch path pays no statement for it.
+round trip), and applied only past ``OFFSET_TOLERANCE``. The dispatch path pays no statement
+for it.
 
 A host whose clock is stepped (an NTP correction, a VM resumed) is wrong by the step for at most
 ``OFFSET_TTL_SECONDS``; the lease fence and the idempotency keys still stand behind that.
@@ -24,6 +25,11 @@ from django.utils import timezone
 from actions.foundation.sql import database_now
 
 OFFSET_TTL_SECONDS = 30.0
+# Offsets below this are not applied: a host kept by NTP is within milliseconds, which no lease
+# or expiry cares about, and the host's own clock then keeps every time this process writes in
+# the order it wrote them (the engine's and the rest of the code's).
+OFFSET_TOLERANCE = timedelta(milliseconds=500)
+ZERO = timedelta(0)
 
 _lock = threading.Lock()
 _offset: timedelta | None = None
@@ -45,7 +51,7 @@ def database_clock_now() -> datetime:
         offset = clock_offset_measure()
         with _lock:
             _offset, _measured_at = offset, time.monotonic()
-    return timezone.now() + _offset
+    return timezone.now() + (_offset if abs(_offset) > OFFSET_TOLERANCE else ZERO)
 
 
 def clock_offset_forget() -> None:
