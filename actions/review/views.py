@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -215,7 +215,16 @@ def action_evidence(request: HttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     if not Action.objects.filter(pk=pk).exists():
         raise Http404("No such action.")
-    bundle = evidence_bundle_signed(action_pk=pk)
+    try:
+        bundle = evidence_bundle_signed(action_pk=pk)
+    except ImproperlyConfigured as unsigned:
+        # A bundle is worth nothing unsigned: say why there is none, rather than fail.
+        return render(
+            request,
+            "actions/evidence_unavailable.html",
+            {"reason": str(unsigned), "action_pk": pk},
+            status=503,
+        )
     if request.GET.get("format") == "json":
         response = HttpResponse(evidence_json(bundle), content_type="application/json")
         response["Content-Disposition"] = f'attachment; filename="{evidence_file_name(bundle)}.json"'

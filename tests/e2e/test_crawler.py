@@ -237,6 +237,9 @@ def demo_stack(live_server: Any, live_sandbox: Any, live_accounting: Any, settin
     monkeypatch.setattr("actions.foundation.publish.dispatch_enqueue", lambda pk: None)
     settings.NOTIFICATION_EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.CONSOLE_BASE_URL = live_server.url
+    # `make start` runs with DEBUG on from the start, which gives the trail its demo signing key
+    # (console.settings); here DEBUG is switched on after the settings were read.
+    settings.TRAIL_SIGNING_KEY = settings.TRAIL_DEMO_SIGNING_KEY
     settings.DEBUG = True  # seed_demo refuses to run without it (demo users, known passwords)
     call_command("seed_demo", "--sandbox", live_sandbox.url, stdout=StringIO(), stderr=StringIO())
     settings.DEBUG = False

@@ -156,3 +156,24 @@ def test_export_refuses_bad_input_by_name(db: Any, tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="either --action, or --from and --to"):
         call_command("export_evidence", "--out", str(tmp_path))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.django_db
+def test_without_a_signing_key_the_page_says_why_instead_of_failing(
+    client: Client, finance: Any, agent_actor: Actor, settings: Any
+) -> None:
+    order = make_order()
+    request = make_request(order)
+    action = action_propose_refund(
+        order_number=order.number,
+        request_number=request.number,
+        amount="40.00",
+        currency="EUR",
+        reason_code="damaged",
+        proposer=agent_actor,
+    ).action
+    settings.TRAIL_SIGNING_KEY = ""
+    client.force_login(finance)
+    response = client.get(f"/review/actions/{action.pk}/evidence")
+    assert response.status_code == 503
+    assert "TRAIL_SIGNING_KEY" in response.content.decode()
