@@ -44,8 +44,17 @@
   // refresh while a person is choosing in it: a select or field in it has the focus, or holds
   // a change not yet submitted. Otherwise the refresh would reset a half-chosen reassignment
   // and take the focus away. Only the region's own requests are held; its forms still post.
+  // A control the person has touched counts as a choice in progress even when the value they
+  // picked is the one shown first (a select with no preselected option shows its first).
+  document.addEventListener("change", function (event) {
+    var control = event.target;
+    if (control && control.closest && control.closest("[data-pause-while-choosing]")) {
+      control.setAttribute("data-chosen", "");
+    }
+  });
   function changedControl(control) {
     if (control.type === "hidden" || control.disabled) { return false; }
+    if (control.hasAttribute("data-chosen")) { return true; }
     if (control.tagName === "SELECT") {
       var defaultIndex = 0;
       for (var i = 0; i < control.options.length; i++) {
