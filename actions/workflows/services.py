@@ -30,6 +30,7 @@ from actions.kinds import kind_for
 from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
 from actions.plain import step_words
+from actions.providers.money import money_text
 from actions.workflows.children import latest_plan_approval
 from actions.workflows.events import workflow_event, workflow_transition
 from actions.workflows.templates import READ, all_templates, plan_actions, plan_totals, template_for
@@ -229,20 +230,22 @@ def plan_auto_refusal(workflow: Workflow, *, now: datetime) -> str | None:
         if kind.moves_money:
             threshold = kind.auto_approval_threshold(action.currency)
             if threshold is None or action.amount > threshold:
-                return f"{step['name']}: {action.amount} {action.currency} is above the {kind.label} threshold"
+                money = money_text(action.amount, action.currency)
+                return f"{step_words(step['name'])}: {money} is above the {kind.label} threshold"
             # As for a lone proposal: the target and the agent are locked until the proposal's
             # transaction ends, so plans proposed together are counted one after the other and
             # cannot all fit under a cap that only some of them fit.
             auto_approval_cap_lock(action=action)
             held = auto_approval_cap_refusal(action=action, now=now)
             if held is not None:
-                return f"{step['name']}: {held}"
+                return f"{step_words(step['name'])}: {held}"
         refusal = kind.auto_approval_refusal(action)
         if refusal is not None:
-            return f"{step['name']}: {refusal}"
+            return f"{step_words(step['name'])}: {refusal}"
         compensation = step["compensation"]["kind"]
         if compensation and kind_for(compensation).auto_approval_refusal(action) is not None:
-            return f"{step['name']}'s compensation ({compensation}) is a person's decision"
+            undo = kind_for(compensation).label
+            return f"{step_words(step['name'])}: its undoing ({undo}) is a person's decision"
     if plan_refusals(workflow):
         return "; ".join(plan_refusals(workflow))
     return None
