@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import os
+import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
 
+from actions.foundation import clock
 from actions.services import Actor
 from tests.factories import make_agent, make_user
 
@@ -51,6 +54,16 @@ def no_accounting_system(settings: Any) -> None:
     """Tests run without an accounting system unless they ask for one (``live_accounting``): the
     audits then read only the ledgers that exist, as in a deployment without one."""
     settings.ACCOUNTING_API_BASE = ""
+
+
+@pytest.fixture(autouse=True)
+def engine_clock_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's clock measures its offset from the database with one SELECT at most every
+    30 s (actions.foundation.clock). Each test starts with it measured, at zero as on one
+    machine, so that no test's statement count depends on when an earlier test last measured
+    it. The clock's own tests make it measure again (``clock_offset_forget``)."""
+    monkeypatch.setattr(clock, "_offset", timedelta(0))
+    monkeypatch.setattr(clock, "_measured_at", time.monotonic())
 
 
 @pytest.fixture(autouse=True)

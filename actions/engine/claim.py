@@ -136,10 +136,10 @@ def submission_begin_batch(
     leaves fresh approvals to their own publish). ``action_pks``: only these (those whose
     receivers had a token, when rate limits are on).
     """
+    if limit <= 0 or (action_pks is not None and not action_pks):
+        return []  # before the clock: an empty batch asks the database nothing
     now = now or database_clock_now()
     actor = actor or Actor.system("dispatcher")
-    if limit <= 0 or (action_pks is not None and not action_pks):
-        return []
     claims: list[Claim] = []
     stale: list[tuple[int, list[dict[str, str]]]] = []
     candidate_pks: list[int] = []
