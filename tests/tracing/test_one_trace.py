@@ -116,6 +116,7 @@ def test_one_actions_spans_form_one_trace_from_the_api_to_the_receiver(
     receiver_calls = [s for s in same_trace if s["kind"] == "SpanKind.CLIENT" and s["attributes"].get("http.method")]
     assert receiver_calls, names
     assert any("/v1/refunds" in str(s["attributes"].get("http.url", "")) for s in receiver_calls), receiver_calls
-    # No customer data in any attribute: the amount and the evidence never appear.
-    text = json.dumps(same_trace)
+    # No customer data in any attribute: the amount and the evidence never appear. Only what a
+    # span says is searched; its random ids and timestamps may hold any run of digits.
+    text = json.dumps([(s["name"], s["attributes"], s.get("events"), s.get("resource")) for s in same_trace])
     assert "ZD-7001" not in text and "12.50" not in text and "1250" not in text
