@@ -232,7 +232,9 @@ def _owned_items(now: datetime, *, overdue: bool) -> dict[int, list[Item]]:
         by_owner[action.owner_id].append(
             Item(f"action:{action.pk}", f"{action_words(action)}{due}", reverse("review-action", args=[action.pk]))
         )
-    remedies = Remedy.objects.filter(status__in=OPEN_REMEDY, owner__isnull=False).select_related("action__order", "action__bill")
+    remedies = Remedy.objects.filter(status__in=OPEN_REMEDY, owner__isnull=False).select_related(
+        "action__order", "action__bill"
+    )
     if overdue:
         remedies = remedies.filter(created_at__lte=due_cut)
     for remedy in remedies.order_by("created_at", "pk")[:1000]:
