@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+
+from django.urls import reverse
 
 from actions.evidence.checkpoints import (
     checkpoint_document,
@@ -41,8 +42,9 @@ from actions.foundation.chain import (
     row_event_content,
 )
 from actions.foundation.chain import signature_valid as hmac_valid
-from actions.models import ActionEvent, Checkpoint
+from actions.models import Action, ActionEvent, Checkpoint
 from actions.notifications import trail_break_notify
+from actions.plain import action_words
 
 EDITED, REMOVED, INSERTED, REORDERED, CHECKPOINT = "edited", "removed", "inserted", "reordered", "checkpoint"
 
@@ -217,19 +219,40 @@ def trail_verify(*, key: bytes) -> TrailReport:
     return report
 
 
+# What each kind of break means, for the members of finance who are told of it.
+_BREAK_WORDS = {
+    EDITED: "one of its events was changed after it was written",
+    REMOVED: "one of its events was removed",
+    INSERTED: "an event was added to it that the console did not write",
+    REORDERED: "its events were put in another order",
+}
+
+
+def _told_line(found: Break, action: Action | None) -> str:
+    """A break as finance is told of it: the action as a clerk knows it and what happened to
+    its trail, then where (the event or checkpoint, for the administrator)."""
+    if found.checkpoint is not None:
+        return (
+            f"A signed checkpoint of the audit trail no longer matches the events it covers "
+            f"(checkpoint {found.checkpoint}: {found.detail})."
+        )
+    whose = action_words(action) if action is not None else found.action
+    what = _BREAK_WORDS.get(found.kind, "it no longer matches its hashes")
+    return f"The audit trail of {whose}: {what} (event {found.event_id}, sequence {found.sequence})."
+
+
 def trail_check(*, key: bytes) -> TrailReport:
     """The periodic check: verify, and tell finance of what broke (each break once)."""
     report = trail_verify(key=key)
     if report.breaks:
-        trail_break_notify(
-            breaks=[
-                (
-                    f"trail:{b.kind}:{b.checkpoint if b.checkpoint is not None else b.event_id}",
-                    b.line(),
-                    # The action's page is found by its id; a checkpoint's break has no action.
-                    f"/search?{urlencode({'q': b.action})}" if b.action else "/review/",
-                )
-                for b in report.breaks
-            ]
-        )
+        named = [b.action for b in report.breaks if b.action]
+        actions = {a.action_id: a for a in Action.objects.filter(action_id__in=named).select_related("order", "bill")}
+        breaks = []
+        for found in report.breaks:
+            action = actions.get(found.action) if found.action else None
+            # The action's page; a checkpoint's break has no action, and finance starts at the queue.
+            link = reverse("review-action", args=[action.pk]) if action is not None else reverse("review-queue")
+            subject = f"trail:{found.kind}:{found.checkpoint if found.checkpoint is not None else found.event_id}"
+            breaks.append((subject, _told_line(found, action), link))
+        trail_break_notify(breaks=breaks)
     return report

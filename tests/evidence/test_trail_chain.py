@@ -222,7 +222,15 @@ def test_a_break_is_told_to_finance_once(agent_actor: Actor, finance: Any, as_ow
     trail_check(key=key)
     assert len(mail.outbox) == 1
     assert mail.outbox[0].to == [finance.email]
-    assert f"edited: event {event.pk}" in mail.outbox[0].body
+    body = mail.outbox[0].body
+    # Named as finance knows the action, with where the administrator should look.
+    order = action.order
+    assert order is not None
+    assert (
+        f"The audit trail of Refund · 10.00 EUR · Order {order.number} · {order.customer_name}: one of its events "
+        f"was changed after it was written (event {event.pk}, sequence 1)."
+    ) in body
+    assert f"/review/actions/{action.pk}/" in body
 
 
 @pytest.mark.django_db(transaction=True)
