@@ -325,7 +325,7 @@ def test_the_migration_chains_a_trail_written_before_the_chain_as_the_writer_wou
     agent_actor: Actor, as_owner: Any
 ) -> None:
     actions = three_event_actions(agent_actor, count=2)
-    def chained() -> dict[int, tuple[int, str, str]]:
+    def chained() -> dict[int, tuple[int | None, str, str]]:
         return {e.pk: (e.sequence, e.content_hash, e.chain_hash) for action in actions for e in events_of(action)}
 
     written = chained()
