@@ -27,7 +27,7 @@ from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
-from actions.kinds.fields import FieldProblem, ProposalInvalid
+from actions.kinds.fields import ProposalInvalid
 from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
 from actions.plain import step_words
 from actions.providers.money import money_text
@@ -77,7 +77,7 @@ def workflow_propose(
     found = template_for(name)
     if found is None:
         names = ", ".join(t.name for t in all_templates())
-        raise ProposalInvalid([FieldProblem("template", "unknown_template", f"Use one of: {names}.")])
+        raise ProposalInvalid.for_field("template", "unknown_template", f"Use one of: {names}.")
     with transaction.atomic(durable=True):
         proposal = found.validate(parameters if isinstance(parameters, dict) else {})  # type: ignore[arg-type]
         live = Workflow.objects.filter(case=proposal.case, state__in=sorted(LIVE_WORKFLOW_STATES)).first()

@@ -122,26 +122,22 @@ def discrepancy_void_duplicate(*, discrepancy_pk: int, user: Any, note: str, now
     """
     note = note.strip()
     if not note:
-        raise ProposalInvalid([FieldProblem("note", "required", "Say why the credit note is voided.")])
+        raise ProposalInvalid.for_field("note", "required", "Say why the credit note is voided.")
     with transaction.atomic(durable=True):
         discrepancy = Discrepancy.objects.select_for_update().get(pk=discrepancy_pk)
         linked = discrepancy.details.get("compensating_action")
         if linked:
             return Action.objects.get(action_id=linked)
         if discrepancy.kind != DiscrepancyKind.DUPLICATE_EFFECT or discrepancy.action_id is None:
-            raise ProposalInvalid([FieldProblem("discrepancy", "not_a_duplicate", "Only a duplicate is voided.")])
+            raise ProposalInvalid.for_field("discrepancy", "not_a_duplicate", "Only a duplicate is voided.")
         original = Action.objects.get(pk=discrepancy.action_id)
         found = sorted(str(reference) for reference in discrepancy.details.get("effects", []))
         duplicates = [reference for reference in found if reference != original.provider_reference]
         if not original.provider_reference or original.provider_reference not in found or not duplicates:
-            raise ProposalInvalid(
-                [
-                    FieldProblem(
-                        "discrepancy",
-                        "original_unresolved",
-                        "Which credit note is the adjustment is not recorded: resolve the adjustment first.",
-                    )
-                ]
+            raise ProposalInvalid.for_field(
+                "discrepancy",
+                "original_unresolved",
+                "Which credit note is the adjustment is not recorded: resolve the adjustment first.",
             )
     void = action_propose_credit_note_void(
         adjustment=original,

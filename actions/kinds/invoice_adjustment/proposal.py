@@ -13,8 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.foundation.trail import Actor
+from actions.kinds.fields import request_fields_check
 from actions.kinds.invoice_adjustment.checks import (
-    adjustment_fields_check,
+    ADJUSTMENT_REQUEST_FIELDS,
     adjustment_payload,
     adjustment_request_resolve,
     bill_accounting_check,
@@ -57,9 +58,10 @@ def action_propose_invoice_adjustment(
       the same transaction.
     """
     now = now or timezone.now()
-    fields = adjustment_fields_check(
-        bill_number=bill_number,
-        adjustment_number=adjustment_number,
+    fields = request_fields_check(
+        ADJUSTMENT_REQUEST_FIELDS,
+        target_number=bill_number,
+        request_number=adjustment_number,
         amount=amount,
         currency=currency,
         reason_code=reason_code,

@@ -13,12 +13,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.foundation.trail import Actor
-from actions.kinds.fields import ProposalInvalid
+from actions.kinds.fields import ProposalInvalid, request_fields_check
 from actions.kinds.refund.checks import (
+    REFUND_REQUEST_FIELDS,
     exceeds_refundable_balance,
     order_payment_check,
     over_refundable_balance,
-    refund_fields_check,
     refund_payload,
     refund_request_resolve,
     refund_window_reasons,
@@ -59,8 +59,9 @@ def action_propose_refund(
     - An auto-approvable proposal is authorized in the same transaction (one commit).
     """
     now = now or timezone.now()
-    fields = refund_fields_check(
-        order_number=order_number,
+    fields = request_fields_check(
+        REFUND_REQUEST_FIELDS,
+        target_number=order_number,
         request_number=request_number,
         amount=amount,
         currency=currency,
