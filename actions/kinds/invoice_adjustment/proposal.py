@@ -2,7 +2,7 @@
 
 Shaped like the refund's (``actions.kinds.refund.proposal``): the checks first
 (``actions.kinds.invoice_adjustment.checks``; bad input writes nothing and names its field),
-then ``actions.services.proposal_record``, the proposal recording every kind shares.
+then ``actions.services.ProposalDraft``, the composing and recording every kind shares.
 """
 
 from __future__ import annotations
@@ -22,17 +22,7 @@ from actions.kinds.invoice_adjustment.checks import (
     bill_balance_check,
 )
 from actions.kinds.invoice_adjustment.contract import invoice_adjustment_action_id
-from actions.models import ActionKind
-from actions.providers.base import validate_idempotency_key
-from actions.services import (
-    ProposalResult,
-    action_new,
-    answers_a_lost_proposal_race,
-    existing_proposal,
-    payload_hash,
-    payload_versioned,
-    proposal_record,
-)
+from actions.services import ProposalDraft, ProposalResult, answers_a_lost_proposal_race
 
 
 @answers_a_lost_proposal_race
@@ -70,34 +60,22 @@ def action_propose_invoice_adjustment(
     with transaction.atomic(durable=True):
         bill, request = adjustment_request_resolve(fields, agent=proposer.agent)
         bill_accounting_check(bill, fields)
-        action_id = invoice_adjustment_action_id(bill_number=bill.number, adjustment_number=request.number)
-        validate_idempotency_key(action_id)
-        payload = payload_versioned(adjustment_payload(bill, request, fields))
-        digest = payload_hash(payload)
+        draft = ProposalDraft.compose(
+            invoice_adjustment_action_id(bill_number=bill.number, adjustment_number=request.number),
+            adjustment_payload(bill, request, fields),
+        )
         # An identical retry returns what exists before any check its own reservation could fail.
-        existing = existing_proposal(action_id, payload, digest)
+        existing = draft.existing()
         if existing is not None:
             return existing
         bill_balance_check(bill, fields)
-        action = action_new(
-            kind=ActionKind.INVOICE_ADJUSTMENT,
-            action_id=action_id,
-            payload=payload,
-            digest=digest,
-            proposer=proposer,
+        return draft.record(
+            proposer,
+            now=now,
             evidence=fields.evidence,
             bill=bill,
             adjustment_request=request,
             amount=fields.amount,
             currency=fields.currency,
             reason_code=fields.reason_code,
-        )
-        return proposal_record(
-            action=action,
-            proposer=proposer,
-            now=now,
-            policy_reasons=[],
-            event_evidence={"payload": payload, "payload_hash": digest, "evidence": fields.evidence},
-            auto_policy=True,
-            savepoint=False,
         )
