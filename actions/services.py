@@ -27,6 +27,7 @@ from actions.foundation.trail import Actor, Writes, action_transition, event_rec
 from actions.kinds.fields import FieldProblem
 from actions.kinds.registry import kind_for
 from actions.models import Action, ActionStatus, ActorKind
+from actions.providers.base import validate_idempotency_key
 from approvals.policy import AutoPolicyDecision, auto_policy_apply, auto_policy_decide
 
 S = ActionStatus
@@ -140,6 +141,70 @@ def action_new(
         proposed_by_user=actor_user if getattr(actor_user, "pk", None) else None,
         **target,
     )
+
+
+@dataclass(frozen=True)
+class ProposalDraft:
+    """A kind's proposal as composed, not yet recorded: its id, its payload stamped with the
+    kind's schema version, and that payload's hash. The steps every kind's proposal shares
+    between its own checks: compose, look for an identical retry, record."""
+
+    action_id: str
+    payload: dict[str, Any]
+    digest: str
+
+    @classmethod
+    def compose(cls, action_id: str, payload: dict[str, Any]) -> ProposalDraft:
+        """The draft of ``payload`` under ``action_id``; an id unfit as an idempotency key is refused."""
+        validate_idempotency_key(action_id)
+        versioned = payload_versioned(payload)
+        return cls(action_id=action_id, payload=versioned, digest=payload_hash(versioned))
+
+    def existing(self) -> ProposalResult | None:
+        """The identical retry's action, ProposalConflict, or None: ``existing_proposal``."""
+        return existing_proposal(self.action_id, self.payload, self.digest)
+
+    def existing_or_record(self, proposer: Actor, **record: Any) -> ProposalResult:
+        """The identical retry's action (or ProposalConflict) when the id is taken; otherwise the
+        draft recorded, as ``record`` does with ``record``'s arguments."""
+        existing = self.existing()
+        return existing if existing is not None else self.record(proposer, **record)
+
+    def record(
+        self,
+        proposer: Actor,
+        *,
+        now: datetime,
+        evidence: str,
+        evidence_label: str = "evidence",
+        policy_reasons: list[dict[str, str]] | None = None,
+        auto_policy: bool = True,
+        reason: str = "",
+        **columns: Any,
+    ) -> ProposalResult:
+        """Record the draft as a new action of its payload's kind, inside the proposal's one
+        transaction (``proposal_record(savepoint=False)``: the proposal function carries
+        ``answers_a_lost_proposal_race``). ``columns``: the kind's own (target, amount, currency,
+        reason code); ``evidence_label``: what the proposal's event calls ``evidence``."""
+        action = action_new(
+            kind=str(self.payload["kind"]),
+            action_id=self.action_id,
+            payload=self.payload,
+            digest=self.digest,
+            proposer=proposer,
+            evidence=evidence,
+            **columns,
+        )
+        return proposal_record(
+            action=action,
+            proposer=proposer,
+            now=now,
+            policy_reasons=policy_reasons or [],
+            event_evidence={"payload": self.payload, "payload_hash": self.digest, evidence_label: evidence},
+            auto_policy=auto_policy,
+            reason=reason,
+            savepoint=False,
+        )
 
 
 class ProposalRaceLost(Exception):

@@ -10,6 +10,7 @@ nothing is written.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -46,6 +47,11 @@ class ProposalInvalid(Exception):
     def __init__(self, problems: list[FieldProblem]) -> None:
         self.problems = problems
         super().__init__("; ".join(f"{p.field}: {p.message}" for p in problems))
+
+    @classmethod
+    def for_field(cls, field: str, code: str, message: str) -> ProposalInvalid:
+        """The refusal of one field, for a check that stops at its first problem."""
+        return cls([FieldProblem(field, code, message)])
 
 
 def parse_amount(raw: object, currency: str | None, problems: list[FieldProblem]) -> Decimal | None:
@@ -116,28 +122,32 @@ def check_reference(name: str, raw: object, problems: list[FieldProblem]) -> str
     return value
 
 
-def check_request_number(raw: object, problems: list[FieldProblem]) -> int | None:
+def check_request_number(
+    raw: object, problems: list[FieldProblem], *, field: str = "request_number", noun: str = "refund request number"
+) -> int | None:
+    """The number of a request on its target (a refund request on an order, an adjustment
+    request on a bill), named ``noun`` in the messages."""
     if isinstance(raw, bool):
         raw = None
     try:
         number = int(str(raw))
     except (TypeError, ValueError):
-        problems.append(FieldProblem("request_number", "invalid", "The refund request number must be a whole number."))
+        problems.append(FieldProblem(field, "invalid", f"The {noun} must be a whole number."))
         return None
     if not 1 <= number <= 1_000_000:
-        problems.append(FieldProblem("request_number", "out_of_range", "The refund request number must be at least 1."))
+        problems.append(FieldProblem(field, "out_of_range", f"The {noun} must be at least 1."))
         return None
     return number
 
 
-def check_reason_code(raw: object, problems: list[FieldProblem]) -> str | None:
+def check_reason_code(
+    raw: object, problems: list[FieldProblem], *, allowed: Sequence[str] = ReasonCode.values
+) -> str | None:
     value = str(raw or "")
-    if value not in ReasonCode.values:
+    if value not in allowed:
         problems.append(
             FieldProblem(
-                "reason_code",
-                "unknown_reason_code",
-                f"Unknown reason code. Use one of: {', '.join(ReasonCode.values)}.",
+                "reason_code", "unknown_reason_code", f"Unknown reason code. Use one of: {', '.join(allowed)}."
             )
         )
         return None
@@ -180,3 +190,61 @@ def check_note(raw: object, problems: list[FieldProblem]) -> str:
     if codes:
         problems.append(FieldProblem("note", "invalid_characters", unsafe_characters_message(codes)))
     return value
+
+
+@dataclass(frozen=True)
+class RequestFieldNames:
+    """What a kind calls the two fields that name the request a proposal is for, and the reason
+    codes it takes: a refund is for a refund request on an order, an invoice adjustment for an
+    adjustment request on a bill."""
+
+    target: str
+    request: str
+    # The request's number in a clerk's words, for the messages: "refund request number".
+    request_noun: str
+    reasons: Sequence[str]
+
+
+@dataclass(frozen=True)
+class RequestFields:
+    """A proposal's fields for one request on its target (a refund request on an order, an
+    adjustment request on a bill), each checked on its own."""
+
+    target_number: str
+    request_number: int
+    currency: str
+    amount: Decimal
+    reason_code: str
+    evidence: str
+
+
+def request_fields_check(
+    names: RequestFieldNames,
+    *,
+    target_number: object,
+    request_number: object,
+    amount: object,
+    currency: object,
+    reason_code: object,
+    evidence: object,
+) -> RequestFields:
+    """Each field on its own: every bad one is named at once, before anything is read."""
+    problems: list[FieldProblem] = []
+    target = check_reference(names.target, target_number, problems)
+    number = check_request_number(request_number, problems, field=names.request, noun=names.request_noun)
+    currency_code = check_currency(currency, problems)
+    money = parse_amount(amount, currency_code, problems)
+    reason = check_reason_code(reason_code, problems, allowed=names.reasons)
+    evidence_text = check_evidence(evidence, problems)
+    if problems:
+        raise ProposalInvalid(problems)
+    assert target is not None and number is not None and currency_code is not None
+    assert money is not None and reason is not None
+    return RequestFields(
+        target_number=target,
+        request_number=number,
+        currency=currency_code,
+        amount=money,
+        reason_code=reason,
+        evidence=evidence_text,
+    )

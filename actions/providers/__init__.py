@@ -1,43 +1,6 @@
-"""Payment providers: the contract (``base``), money conversion, Stripe, and a sandbox.
+"""The receivers' clients: the payment provider's contract (``base``), money conversion
+(``money``), Stripe (``stripe_adapter``), the accounting system (``accounting``) and mail (``mail``).
 
-Plain Python with no Django import. ``stripe_adapter`` is not imported here so that the sandbox,
-which needs only the standard library, does not pull in the stripe package.
+The package re-exports nothing: each name is imported from its own module, so that the sandbox,
+which needs only the standard library and ``base``, does not pull in the stripe package.
 """
-
-from __future__ import annotations
-
-from actions.providers.base import (
-    AmbiguousError,
-    ConfigurationError,
-    CreateRefund,
-    DefinitiveError,
-    IdempotencyMismatchError,
-    LookupFailed,
-    NotFoundError,
-    Provider,
-    ProviderError,
-    ProviderGuarantees,
-    ProviderRefund,
-    RefundStatus,
-    validate_idempotency_key,
-)
-from actions.providers.money import currency_exponent, from_minor_units, to_minor_units
-
-__all__ = [
-    "AmbiguousError",
-    "ConfigurationError",
-    "CreateRefund",
-    "DefinitiveError",
-    "IdempotencyMismatchError",
-    "LookupFailed",
-    "NotFoundError",
-    "Provider",
-    "ProviderError",
-    "ProviderGuarantees",
-    "ProviderRefund",
-    "RefundStatus",
-    "currency_exponent",
-    "from_minor_units",
-    "to_minor_units",
-    "validate_idempotency_key",
-]

@@ -145,6 +145,18 @@ def _http_client_for(*, api_base: str, timeout: float) -> stripe.HTTPClient:
     return _PoolPerThreadClient(timeout=timeout)
 
 
+def stripe_guarantees(*, key_retention: timedelta, lookup_visibility_delay: timedelta) -> ProviderGuarantees:
+    """What Stripe (and its sandbox) guarantees: it replays a key's answer for ``key_retention``,
+    and a lookup is authoritative once ``lookup_visibility_delay`` has passed."""
+    return ProviderGuarantees(
+        honours_idempotency_keys=True,
+        key_retention=key_retention,
+        supports_lookup=True,
+        lookup_authoritative=True,
+        lookup_visibility_delay=lookup_visibility_delay,
+    )
+
+
 class StripeProvider:
     """Refunds through Stripe's API (or the Stripe-compatible sandbox at ``api_base``)."""
 
@@ -178,12 +190,8 @@ class StripeProvider:
         # more HTTP call per refund). Off by default: the refund carries its currency and the
         # receiver checks it.
         self.verify_charge_currency = verify_charge_currency
-        self.guarantees = ProviderGuarantees(
-            honours_idempotency_keys=True,
-            key_retention=key_retention,
-            supports_lookup=True,
-            lookup_authoritative=True,
-            lookup_visibility_delay=lookup_visibility_delay,
+        self.guarantees = stripe_guarantees(
+            key_retention=key_retention, lookup_visibility_delay=lookup_visibility_delay
         )
         self._client = stripe.StripeClient(
             api_key,
@@ -221,9 +229,7 @@ class StripeProvider:
             # answer (about 0.2 ms of CPU a refund), which the adapter read back as JSON anyway:
             # the same request, the same headers and idempotency key, the same errors raised
             # by status.
-            response = self._client.raw_request(
-                "post", "/v1/refunds", **params, idempotency_key=req.idempotency_key
-            )
+            response = self._client.raw_request("post", "/v1/refunds", **params, idempotency_key=req.idempotency_key)
         except stripe.StripeError as exc:
             raise map_create_error(exc) from exc
         try:

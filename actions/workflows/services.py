@@ -13,7 +13,7 @@ auto-approval caps, the policy approves the plan in the proposal's transaction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -27,7 +27,7 @@ from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor
 from actions.kinds import kind_for
-from actions.kinds.fields import FieldProblem, ProposalInvalid
+from actions.kinds.fields import ProposalInvalid
 from actions.models import LIVE_WORKFLOW_STATES, Action, Workflow, WorkflowEvent, WorkflowState, WorkflowStep
 from actions.plain import step_words
 from actions.providers.money import money_text
@@ -77,7 +77,7 @@ def workflow_propose(
     found = template_for(name)
     if found is None:
         names = ", ".join(t.name for t in all_templates())
-        raise ProposalInvalid([FieldProblem("template", "unknown_template", f"Use one of: {names}.")])
+        raise ProposalInvalid.for_field("template", "unknown_template", f"Use one of: {names}.")
     with transaction.atomic(durable=True):
         proposal = found.validate(parameters if isinstance(parameters, dict) else {})  # type: ignore[arg-type]
         live = Workflow.objects.filter(case=proposal.case, state__in=sorted(LIVE_WORKFLOW_STATES)).first()
@@ -174,27 +174,57 @@ def plan_refusals(workflow: Workflow) -> list[str]:
     return problems
 
 
-def _record_approval(
-    *,
-    workflow: Workflow,
-    approver: Any,
-    label: str,
-    policy: str,
-    detail: dict[str, Any],
-    note: str,
-    now: datetime,
-    actor: Actor,
-) -> WorkflowApproval:
-    approval = WorkflowApproval.objects.create(
-        workflow=workflow,
-        approver=approver,
-        decided_by_label=label,
-        policy=policy,
-        policy_detail=detail,
+@dataclass(frozen=True)
+class PlanDecider:
+    """Who decides a plan, as its decision's row and its trail record them: a manager, or the
+    auto-approval policy."""
+
+    # The manager; None for the policy.
+    approver: Any
+    label: str
+    policy: str
+    actor: Actor
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def manager(cls, user: Any) -> PlanDecider:
+        return cls(approver=user, label=user.get_username(), policy=ApprovalPolicy.MANAGER, actor=Actor.for_user(user))
+
+    @classmethod
+    def auto_policy(cls, workflow: Workflow) -> PlanDecider:
+        return cls(
+            approver=None,
+            label="policy:auto-approval (every step within its kind's threshold)",
+            policy=ApprovalPolicy.AUTO,
+            actor=Actor.system("auto-approval"),
+            detail={"totals": plan_totals(workflow.plan)},
+        )
+
+    def decision_record(
+        self, workflow: Workflow, *, decision: str, note: str, now: datetime, **binding: Any
+    ) -> WorkflowApproval:
+        """The row of this decider's ``decision`` on the plan as it is now; ``binding``: what an
+        approval binds besides the plan's hash (each step's binding, the totals, the expiry)."""
+        return WorkflowApproval.objects.create(
+            workflow=workflow,
+            approver=self.approver,
+            decided_by_label=self.label,
+            policy=self.policy,
+            policy_detail=self.detail,
+            decision=decision,
+            note=note,
+            decided_at=now,
+            plan_hash=workflow.plan_hash,
+            **binding,
+        )
+
+
+def _record_approval(*, workflow: Workflow, decider: PlanDecider, note: str, now: datetime) -> WorkflowApproval:
+    approval = decider.decision_record(
+        workflow,
         decision=Decision.APPROVE,
         note=note,
-        decided_at=now,
-        plan_hash=workflow.plan_hash,
+        now=now,
         bindings=plan_bindings(workflow),
         totals=plan_totals(workflow.plan),
         expires_at=now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
@@ -202,7 +232,7 @@ def _record_approval(
     workflow_transition(
         workflow=workflow,
         transition="approve",
-        actor=actor,
+        actor=decider.actor,
         reason=note or "Plan approved.",
         evidence={
             "workflow_approval_id": approval.pk,
@@ -210,7 +240,7 @@ def _record_approval(
             "totals": approval.totals,
             "bindings": approval.bindings,
             "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
-            "policy": policy,
+            "policy": decider.policy,
         },
         now=now,
     )
@@ -266,13 +296,9 @@ def plan_auto_approve(*, workflow: Workflow, now: datetime) -> WorkflowApproval 
         return None
     return _record_approval(
         workflow=workflow,
-        approver=None,
-        label="policy:auto-approval (every step within its kind's threshold)",
-        policy=ApprovalPolicy.AUTO,
-        detail={"totals": plan_totals(workflow.plan)},
+        decider=PlanDecider.auto_policy(workflow),
         note="Auto-approved: every money step is within its kind's threshold and caps.",
         now=now,
-        actor=Actor.system("auto-approval"),
     )
 
 
@@ -345,40 +371,23 @@ def plan_decide(
                 code="plan_changed",
                 status=409,
             )
-        actor = Actor.for_user(user)
+        decider = PlanDecider.manager(user)
         if decision == Decision.APPROVE:
             refusal = plan_refusal_reason(workflow=workflow, user=user)
             if refusal is not None:
                 raise PlanDecisionRefused(refusal[1], code=refusal[0])
-            _record_approval(
-                workflow=workflow,
-                approver=user,
-                label=user.get_username(),
-                policy=ApprovalPolicy.MANAGER,
-                detail={},
-                note=note,
-                now=now,
-                actor=actor,
-            )
+            _record_approval(workflow=workflow, decider=decider, note=note, now=now)
             return workflow
         refusal = plan_refusal_reason(workflow=workflow, user=user)
         if refusal is not None and refusal[0] in ("not_a_manager", "not_waiting"):
             raise PlanDecisionRefused(refusal[1], code=refusal[0])
-        WorkflowApproval.objects.create(
-            workflow=workflow,
-            approver=user,
-            decided_by_label=user.get_username(),
-            policy=ApprovalPolicy.MANAGER,
-            decision=Decision.REJECT,
-            note=note,
-            decided_at=now,
-            plan_hash=workflow.plan_hash,
-            totals=plan_totals(workflow.plan),
+        decider.decision_record(
+            workflow, decision=Decision.REJECT, note=note, now=now, totals=plan_totals(workflow.plan)
         )
         workflow_transition(
             workflow=workflow,
             transition="reject",
-            actor=actor,
+            actor=decider.actor,
             reason=note or "Rejected by a manager.",
             now=now,
             note=note or "Rejected by a manager.",

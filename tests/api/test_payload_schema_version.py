@@ -153,7 +153,7 @@ def test_a_refund_proposed_before_payloads_had_versions_replays_an_identical_ret
     """An agent's retry that crossed this release: its refund was stored without a version
     (as every payload before it), and the same request now composes version 1."""
     with monkeypatch.context() as before_versions:
-        before_versions.setattr("actions.kinds.refund.proposal.payload_versioned", lambda payload: payload)
+        before_versions.setattr("actions.services.payload_versioned", lambda payload: payload)
         first = api.post("/api/v1/refunds", proposal)
     assert first.status_code == 201, first.content
     stored = Action.objects.get()

@@ -13,9 +13,10 @@ customer's, which the payload hash fixes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from actions.kinds.base import BindingFailure, EffectKind, Explanations, ReceiverContract
+from actions.kinds.base import BindingFailure, EffectKind, ReceiverContract
 from actions.kinds.supplier_email.contract import CONTRACT, MailRelay, SupplierEmailKind, message_reference
 from actions.models import Action, ActionKind, Order
 
@@ -24,11 +25,9 @@ class CustomerEmailKind(EffectKind):
     name = ActionKind.CUSTOMER_EMAIL.value
     label = "Customer email"
     owner_group = "finance"
-    explanations = Explanations(
-        noun="message",
-        succeeded="The mail relay accepted the message (250).",
-        pending="The mail relay is taking the message.",
-        failed="The mail relay refused the message for good",
+    # The supplier email's relay, in the same words, but for who has not been told.
+    explanations = replace(
+        SupplierEmailKind.explanations,
         on_failure="Nothing was sent; the customer has not been told. A person decides whether to write by hand.",
     )
     id_pattern = "<workflow id>:<step> (only as a workflow's step)"

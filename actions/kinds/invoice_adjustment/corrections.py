@@ -26,15 +26,7 @@ from actions.models import (
     DiscrepancyKind,
     DiscrepancyStatus,
 )
-from actions.providers.base import validate_idempotency_key
-from actions.services import (
-    ProposalResult,
-    answers_a_lost_proposal_race,
-    existing_proposal,
-    payload_hash,
-    payload_versioned,
-    proposal_record,
-)
+from actions.services import ProposalDraft, ProposalResult, answers_a_lost_proposal_race
 
 
 @answers_a_lost_proposal_race
@@ -73,9 +65,8 @@ def action_propose_credit_note_void(
         raise ProposalInvalid(problems)
     assert money is not None
     with transaction.atomic(durable=True):
-        action_id = credit_note_void_action_id(credit_note_id=credit_note_id)
-        validate_idempotency_key(action_id)
-        payload = payload_versioned(
+        draft = ProposalDraft.compose(
+            credit_note_void_action_id(credit_note_id=credit_note_id),
             {
                 "kind": ActionKind.CREDIT_NOTE_VOID.value,
                 "credit_note": credit_note_id,
@@ -83,33 +74,19 @@ def action_propose_credit_note_void(
                 "bill": adjustment.payload.get("bill"),
                 "amount": str(money),
                 "currency": adjustment.currency,
-            }
+            },
         )
-        digest = payload_hash(payload)
-        existing = existing_proposal(action_id, payload, digest)
-        if existing is not None:
-            return existing
-        action = Action(
-            action_id=action_id,
-            kind=ActionKind.CREDIT_NOTE_VOID,
-            idempotency_key=action_id,
-            payload=payload,
-            payload_hash=digest,
+        # A correction is never auto-approved: a manager decides.
+        return draft.existing_or_record(
+            proposer,
+            now=now,
+            evidence=note,
+            evidence_label="note",
+            auto_policy=False,
+            reason=f"Correction: void the duplicate credit note {credit_note_id} of {adjustment.action_id}.",
             amount=money,
             currency=adjustment.currency,
             reason_code=AdjustmentReason.DUPLICATE_CREDIT_NOTE,
-            evidence=note,
-            proposed_by_user=proposer.accountable_user if getattr(proposer.accountable_user, "pk", None) else None,
-        )
-        return proposal_record(
-            action=action,
-            proposer=proposer,
-            now=now,
-            policy_reasons=[],
-            event_evidence={"payload": payload, "payload_hash": digest, "note": note},
-            auto_policy=False,
-            reason=f"Correction: void the duplicate credit note {credit_note_id} of {adjustment.action_id}.",
-            savepoint=False,
         )
 
 
@@ -122,26 +99,22 @@ def discrepancy_void_duplicate(*, discrepancy_pk: int, user: Any, note: str, now
     """
     note = note.strip()
     if not note:
-        raise ProposalInvalid([FieldProblem("note", "required", "Say why the credit note is voided.")])
+        raise ProposalInvalid.for_field("note", "required", "Say why the credit note is voided.")
     with transaction.atomic(durable=True):
         discrepancy = Discrepancy.objects.select_for_update().get(pk=discrepancy_pk)
         linked = discrepancy.details.get("compensating_action")
         if linked:
             return Action.objects.get(action_id=linked)
         if discrepancy.kind != DiscrepancyKind.DUPLICATE_EFFECT or discrepancy.action_id is None:
-            raise ProposalInvalid([FieldProblem("discrepancy", "not_a_duplicate", "Only a duplicate is voided.")])
+            raise ProposalInvalid.for_field("discrepancy", "not_a_duplicate", "Only a duplicate is voided.")
         original = Action.objects.get(pk=discrepancy.action_id)
         found = sorted(str(reference) for reference in discrepancy.details.get("effects", []))
         duplicates = [reference for reference in found if reference != original.provider_reference]
         if not original.provider_reference or original.provider_reference not in found or not duplicates:
-            raise ProposalInvalid(
-                [
-                    FieldProblem(
-                        "discrepancy",
-                        "original_unresolved",
-                        "Which credit note is the adjustment is not recorded: resolve the adjustment first.",
-                    )
-                ]
+            raise ProposalInvalid.for_field(
+                "discrepancy",
+                "original_unresolved",
+                "Which credit note is the adjustment is not recorded: resolve the adjustment first.",
             )
     void = action_propose_credit_note_void(
         adjustment=original,

@@ -2,7 +2,7 @@
 
 Shaped like the refund's (``actions.kinds.refund.proposal``): the checks first
 (``actions.kinds.invoice_adjustment.checks``; bad input writes nothing and names its field),
-then ``actions.services.proposal_record``, the proposal recording every kind shares.
+then ``actions.services.ProposalDraft``, the composing and recording every kind shares.
 """
 
 from __future__ import annotations
@@ -13,25 +13,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.foundation.trail import Actor
+from actions.kinds.fields import request_fields_check
 from actions.kinds.invoice_adjustment.checks import (
-    adjustment_fields_check,
+    ADJUSTMENT_REQUEST_FIELDS,
     adjustment_payload,
     adjustment_request_resolve,
     bill_accounting_check,
     bill_balance_check,
 )
 from actions.kinds.invoice_adjustment.contract import invoice_adjustment_action_id
-from actions.models import ActionKind
-from actions.providers.base import validate_idempotency_key
-from actions.services import (
-    ProposalResult,
-    action_new,
-    answers_a_lost_proposal_race,
-    existing_proposal,
-    payload_hash,
-    payload_versioned,
-    proposal_record,
-)
+from actions.services import ProposalDraft, ProposalResult, answers_a_lost_proposal_race
 
 
 @answers_a_lost_proposal_race
@@ -57,9 +48,10 @@ def action_propose_invoice_adjustment(
       the same transaction.
     """
     now = now or timezone.now()
-    fields = adjustment_fields_check(
-        bill_number=bill_number,
-        adjustment_number=adjustment_number,
+    fields = request_fields_check(
+        ADJUSTMENT_REQUEST_FIELDS,
+        target_number=bill_number,
+        request_number=adjustment_number,
         amount=amount,
         currency=currency,
         reason_code=reason_code,
@@ -68,34 +60,22 @@ def action_propose_invoice_adjustment(
     with transaction.atomic(durable=True):
         bill, request = adjustment_request_resolve(fields, agent=proposer.agent)
         bill_accounting_check(bill, fields)
-        action_id = invoice_adjustment_action_id(bill_number=bill.number, adjustment_number=request.number)
-        validate_idempotency_key(action_id)
-        payload = payload_versioned(adjustment_payload(bill, request, fields))
-        digest = payload_hash(payload)
+        draft = ProposalDraft.compose(
+            invoice_adjustment_action_id(bill_number=bill.number, adjustment_number=request.number),
+            adjustment_payload(bill, request, fields),
+        )
         # An identical retry returns what exists before any check its own reservation could fail.
-        existing = existing_proposal(action_id, payload, digest)
+        existing = draft.existing()
         if existing is not None:
             return existing
         bill_balance_check(bill, fields)
-        action = action_new(
-            kind=ActionKind.INVOICE_ADJUSTMENT,
-            action_id=action_id,
-            payload=payload,
-            digest=digest,
-            proposer=proposer,
+        return draft.record(
+            proposer,
+            now=now,
             evidence=fields.evidence,
             bill=bill,
             adjustment_request=request,
             amount=fields.amount,
             currency=fields.currency,
             reason_code=fields.reason_code,
-        )
-        return proposal_record(
-            action=action,
-            proposer=proposer,
-            now=now,
-            policy_reasons=[],
-            event_evidence={"payload": payload, "payload_hash": digest, "evidence": fields.evidence},
-            auto_policy=True,
-            savepoint=False,
         )

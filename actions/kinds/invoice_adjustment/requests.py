@@ -13,8 +13,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
-from actions.kinds.fields import FieldProblem, ProposalInvalid, check_external_reference, check_note
-from actions.kinds.invoice_adjustment.checks import bill_number_check
+from actions.kinds.fields import FieldProblem, ProposalInvalid, check_external_reference, check_note, check_reference
 from actions.models import AdjustmentRequest, Agent, Bill
 
 
@@ -51,7 +50,7 @@ def adjustment_request_open(
     (AdjustmentRequestTaken) nor propose against it.
     """
     problems: list[FieldProblem] = []
-    bill_ref = bill_number_check(bill_number, problems)
+    bill_ref = check_reference("bill_number", bill_number, problems)
     reference = check_external_reference(external_reference, problems)
     note_text = check_note(note, problems)
     if problems:
@@ -61,7 +60,7 @@ def adjustment_request_open(
     with transaction.atomic(durable=True):
         bill = Bill.objects.select_for_update().filter(number=bill_ref).first()
         if bill is None:
-            raise ProposalInvalid([FieldProblem("bill_number", "not_found", f"There is no bill {bill_ref}.")])
+            raise ProposalInvalid.for_field("bill_number", "not_found", f"There is no bill {bill_ref}.")
         existing = AdjustmentRequest.objects.select_related("bill").filter(external_reference=reference).first()
         if existing is not None:
             return _request_or_conflict(existing, bill.number, opened_by_agent=opened_by_agent)

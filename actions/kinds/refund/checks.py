@@ -7,70 +7,21 @@ transaction, and the checks against the order inside the proposal's transaction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 
-from actions.kinds.fields import (
-    FieldProblem,
-    ProposalInvalid,
-    check_currency,
-    check_evidence,
-    check_reason_code,
-    check_reference,
-    check_request_number,
-    parse_amount,
+from actions.kinds.fields import ProposalInvalid, RequestFieldNames, RequestFields
+from actions.models import ActionKind, Agent, Order, ReasonCode, RefundRequest
+
+# A refund is for one refund request on an order.
+REFUND_REQUEST_FIELDS = RequestFieldNames(
+    target="order_number", request="request_number", request_noun="refund request number", reasons=ReasonCode.values
 )
-from actions.models import ActionKind, Agent, Order, RefundRequest
 
 
-@dataclass(frozen=True)
-class RefundFields:
-    """A refund proposal's fields, each checked on its own."""
-
-    order_number: str
-    request_number: int
-    currency: str
-    amount: Decimal
-    reason_code: str
-    evidence: str
-
-
-def refund_fields_check(
-    *,
-    order_number: object,
-    request_number: object,
-    amount: object,
-    currency: object,
-    reason_code: object,
-    evidence: object,
-) -> RefundFields:
-    """Each field on its own: every bad one is named at once, before anything is read."""
-    problems: list[FieldProblem] = []
-    order_ref = check_reference("order_number", order_number, problems)
-    number = check_request_number(request_number, problems)
-    currency_code = check_currency(currency, problems)
-    money = parse_amount(amount, currency_code, problems)
-    reason = check_reason_code(reason_code, problems)
-    evidence_text = check_evidence(evidence, problems)
-    if problems:
-        raise ProposalInvalid(problems)
-    assert order_ref is not None and number is not None and currency_code is not None
-    assert money is not None and reason is not None
-    return RefundFields(
-        order_number=order_ref,
-        request_number=number,
-        currency=currency_code,
-        amount=money,
-        reason_code=reason,
-        evidence=evidence_text,
-    )
-
-
-def refund_request_resolve(fields: RefundFields, *, agent: Agent | None) -> RefundRequest:
+def refund_request_resolve(fields: RequestFields, *, agent: Agent | None) -> RefundRequest:
     """The refund request and its order, in one read.
 
     Which of the two is missing is asked only when one is. An agent proposing against another
@@ -79,49 +30,35 @@ def refund_request_resolve(fields: RefundFields, *, agent: Agent | None) -> Refu
     request = (
         RefundRequest.objects.visible_to(agent)
         .select_related("order")
-        .filter(order__number=fields.order_number, number=fields.request_number)
+        .filter(order__number=fields.target_number, number=fields.request_number)
         .first()
     )
-    if request is None and not Order.objects.filter(number=fields.order_number).exists():
-        raise ProposalInvalid([FieldProblem("order_number", "not_found", f"There is no order {fields.order_number}.")])
+    if request is None and not Order.objects.filter(number=fields.target_number).exists():
+        raise ProposalInvalid.for_field("order_number", "not_found", f"There is no order {fields.target_number}.")
     if request is None:
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "request_number",
-                    "not_found",
-                    f"Order {fields.order_number} has no refund request {fields.request_number}.",
-                )
-            ]
+        raise ProposalInvalid.for_field(
+            "request_number",
+            "not_found",
+            f"Order {fields.target_number} has no refund request {fields.request_number}.",
         )
     return request
 
 
-def order_payment_check(order: Order, fields: RefundFields) -> None:
+def order_payment_check(order: Order, fields: RequestFields) -> None:
     """The order has a payment at the provider to refund, in the proposal's currency."""
     if not order.charge_reference:
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "order_number",
-                    "no_charge",
-                    f"Order {fields.order_number} has no payment at the provider to refund.",
-                )
-            ]
+        raise ProposalInvalid.for_field(
+            "order_number", "no_charge", f"Order {fields.target_number} has no payment at the provider to refund."
         )
     if fields.currency != order.currency:
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "currency",
-                    "currency_mismatch",
-                    f"Order {fields.order_number} was paid in {order.currency}, not {fields.currency}.",
-                )
-            ]
+        raise ProposalInvalid.for_field(
+            "currency",
+            "currency_mismatch",
+            f"Order {fields.target_number} was paid in {order.currency}, not {fields.currency}.",
         )
 
 
-def refund_payload(order: Order, request: RefundRequest, fields: RefundFields) -> dict[str, Any]:
+def refund_payload(order: Order, request: RefundRequest, fields: RequestFields) -> dict[str, Any]:
     """The material payload: what the approval binds and the receiver is sent."""
     return {
         "kind": ActionKind.REFUND.value,
@@ -134,23 +71,19 @@ def refund_payload(order: Order, request: RefundRequest, fields: RefundFields) -
     }
 
 
-def exceeds_refundable_balance(order: Order, fields: RefundFields) -> bool:
+def exceeds_refundable_balance(order: Order, fields: RequestFields) -> bool:
     return fields.amount > order.refundable_amount
 
 
-def over_refundable_balance(order: Order, fields: RefundFields) -> ProposalInvalid:
+def over_refundable_balance(order: Order, fields: RequestFields) -> ProposalInvalid:
     """The refusal of an amount the order's refundable balance does not cover, with the sum."""
     currency = fields.currency
-    return ProposalInvalid(
-        [
-            FieldProblem(
-                "amount",
-                "over_refundable_balance",
-                f"{fields.amount} {currency} is more than the refundable balance of order {fields.order_number} "
-                f"({order.refundable_amount} {currency}: captured {order.captured_amount}, "
-                f"refunded {order.refunded_amount}, reserved {order.reserved_amount}).",
-            )
-        ]
+    return ProposalInvalid.for_field(
+        "amount",
+        "over_refundable_balance",
+        f"{fields.amount} {currency} is more than the refundable balance of order {fields.target_number} "
+        f"({order.refundable_amount} {currency}: captured {order.captured_amount}, "
+        f"refunded {order.refunded_amount}, reserved {order.reserved_amount}).",
     )
 
 

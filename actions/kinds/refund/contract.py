@@ -59,7 +59,7 @@ from actions.providers.base import (
     RefundStatus,
 )
 from actions.providers.money import to_minor_units
-from actions.providers.stripe_adapter import StripeProvider
+from actions.providers.stripe_adapter import StripeProvider, stripe_guarantees
 
 S = ActionStatus
 
@@ -147,11 +147,8 @@ def refund_contract(guarantees: ProviderGuarantees) -> ReceiverContract:
 def configured_guarantees() -> ProviderGuarantees:
     """What the configured provider (Stripe, or its sandbox) guarantees, from settings alone, so
     deciding a schedule never needs a client."""
-    return ProviderGuarantees(
-        honours_idempotency_keys=True,
+    return stripe_guarantees(
         key_retention=timedelta(seconds=settings.PROVIDER_KEY_RETENTION_SECONDS),
-        supports_lookup=True,
-        lookup_authoritative=True,
         lookup_visibility_delay=timedelta(seconds=settings.PROVIDER_LOOKUP_VISIBILITY_DELAY_SECONDS),
     )
 

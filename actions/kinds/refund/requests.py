@@ -16,13 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from actions.kinds.fields import (
-    REFERENCE_PATTERN,
-    FieldProblem,
-    ProposalInvalid,
-    check_external_reference,
-    check_note,
-)
+from actions.kinds.fields import FieldProblem, ProposalInvalid, check_external_reference, check_note, check_reference
 from actions.models import Agent, Order, ReasonCode, RefundRequest, RequestSource
 
 
@@ -44,23 +38,6 @@ class RefundRequestResult:
     created: bool
 
 
-def _check_order_number(raw: object, problems: list[FieldProblem]) -> str | None:
-    value = str(raw if raw is not None else "").strip()
-    if not value:
-        problems.append(FieldProblem("order_number", "required", "This field is required."))
-        return None
-    if not REFERENCE_PATTERN.match(value):
-        problems.append(
-            FieldProblem(
-                "order_number",
-                "invalid_reference",
-                "Use 1 to 32 characters: letters, digits, '.', '_' or '-', starting with a letter or digit.",
-            )
-        )
-        return None
-    return value
-
-
 class RefundRequestTaken(Exception):
     """The external reference names a request another agent opened. Nothing is revealed about it."""
 
@@ -72,9 +49,7 @@ def _check_reason_code(raw: object, problems: list[FieldProblem], *, required: b
             problems.append(FieldProblem("reason_code", "required", "Say why the customer asks: a reason code."))
         return ""
     if value not in ReasonCode.values:
-        problems.append(
-            FieldProblem("reason_code", "invalid_choice", f"Use one of: {', '.join(ReasonCode.values)}.")
-        )
+        problems.append(FieldProblem("reason_code", "invalid_choice", f"Use one of: {', '.join(ReasonCode.values)}."))
     return value
 
 
@@ -112,7 +87,7 @@ def refund_request_open(
     """
     now = now or timezone.now()
     problems: list[FieldProblem] = []
-    order_ref = _check_order_number(order_number, problems)
+    order_ref = check_reference("order_number", order_number, problems)
     reference = check_external_reference(external_reference, problems)
     note_text = check_note(note, problems)
     reason = _check_reason_code(reason_code, problems, required=opened_by_agent is not None)
@@ -125,7 +100,7 @@ def refund_request_open(
     with transaction.atomic(durable=True):
         order = Order.objects.select_for_update().filter(number=order_ref).first()
         if order is None:
-            raise ProposalInvalid([FieldProblem("order_number", "not_found", f"There is no order {order_ref}.")])
+            raise ProposalInvalid.for_field("order_number", "not_found", f"There is no order {order_ref}.")
         # Read after taking the lock: a concurrent opener of the same reference on this order
         # has committed by now, and this statement sees its row.
         existing = RefundRequest.objects.select_related("order").filter(external_reference=reference).first()
@@ -137,15 +112,11 @@ def refund_request_open(
                 order=order, opened_by_agent=opened_by_agent, created_at__gte=now - timedelta(days=1)
             ).count()
             if opened_today >= settings.REFUND_REQUESTS_PER_ORDER_PER_DAY:
-                raise ProposalInvalid(
-                    [
-                        FieldProblem(
-                            "order_number",
-                            "request_limit_reached",
-                            f"This agent opened {opened_today} refund requests on order {order.number} in the last "
-                            f"24 hours, the most it may. Nothing was written: ask a person to handle this order.",
-                        )
-                    ]
+                raise ProposalInvalid.for_field(
+                    "order_number",
+                    "request_limit_reached",
+                    f"This agent opened {opened_today} refund requests on order {order.number} in the last "
+                    f"24 hours, the most it may. Nothing was written: ask a person to handle this order.",
                 )
         number = (RefundRequest.objects.filter(order=order).aggregate(top=Max("number"))["top"] or 0) + 1
         try:

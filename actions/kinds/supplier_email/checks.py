@@ -130,7 +130,7 @@ def email_fields_check(
     assert found is not None
     subject, body = found.render(values)
     if LINE_BREAK.search(subject):  # the parameters were checked; this is the last guard
-        raise ProposalInvalid([FieldProblem("subject", "header_injection", "The subject contains a line break.")])
+        raise ProposalInvalid.for_field("subject", "header_injection", "The subject contains a line break.")
     return EmailFields(
         supplier=supplier_code,
         reference=business_reference,
@@ -147,16 +147,12 @@ def supplier_contact_resolve(fields: EmailFields) -> Supplier:
     """The supplier, with the address among its known contacts: the console writes only to those."""
     target = Supplier.objects.filter(code=fields.supplier).first()
     if target is None:
-        raise ProposalInvalid([FieldProblem("supplier", "not_found", f"There is no supplier {fields.supplier}.")])
+        raise ProposalInvalid.for_field("supplier", "not_found", f"There is no supplier {fields.supplier}.")
     if fields.to.lower() not in target.known_addresses():
-        raise ProposalInvalid(
-            [
-                FieldProblem(
-                    "to",
-                    "unknown_contact",
-                    f"{fields.to} is not one of {target.code}'s known contacts; the console writes only to those.",
-                )
-            ]
+        raise ProposalInvalid.for_field(
+            "to",
+            "unknown_contact",
+            f"{fields.to} is not one of {target.code}'s known contacts; the console writes only to those.",
         )
     return target
 

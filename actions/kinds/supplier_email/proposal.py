@@ -1,9 +1,9 @@
 """The supplier email's proposal service: validate, render the template, record
 (docs/architecture.md section 3).
 
-The checks and the rendering are in ``actions.kinds.supplier_email.checks``; the recording,
-shared by every kind, is ``actions.services.proposal_record``. Bad input raises ProposalInvalid
-naming the field and writes nothing.
+The checks and the rendering are in ``actions.kinds.supplier_email.checks``; the composing and
+recording, shared by every kind, is ``actions.services.ProposalDraft``. Bad input raises
+ProposalInvalid naming the field and writes nothing.
 """
 
 from __future__ import annotations
@@ -17,17 +17,7 @@ from django.utils import timezone
 from actions.foundation.trail import Actor
 from actions.kinds.supplier_email.checks import email_fields_check, email_payload, supplier_contact_resolve
 from actions.kinds.supplier_email.contract import supplier_email_action_id
-from actions.models import ActionKind
-from actions.providers.base import validate_idempotency_key
-from actions.services import (
-    ProposalResult,
-    action_new,
-    answers_a_lost_proposal_race,
-    existing_proposal,
-    payload_hash,
-    payload_versioned,
-    proposal_record,
-)
+from actions.services import ProposalDraft, ProposalResult, answers_a_lost_proposal_race
 
 
 @answers_a_lost_proposal_race
@@ -57,30 +47,14 @@ def supplier_email_propose(
         action_id = supplier_email_action_id(
             supplier=target.code, reference=fields.reference, template=fields.template.name
         )
-        validate_idempotency_key(action_id)
-        payload = payload_versioned(email_payload(target, fields, action_id=action_id))
-        digest = payload_hash(payload)
-        existing = existing_proposal(action_id, payload, digest)
-        if existing is not None:
-            return existing
-        action = action_new(
-            kind=ActionKind.SUPPLIER_EMAIL,
-            action_id=action_id,
-            payload=payload,
-            digest=digest,
-            proposer=proposer,
+        draft = ProposalDraft.compose(action_id, email_payload(target, fields, action_id=action_id))
+        # An email moves no money: no amount, no currency and no reason code.
+        return draft.existing_or_record(
+            proposer,
+            now=now,
             evidence=fields.evidence,
+            reason=f"Rendered from template {fields.template.name} version {fields.template.version}.",
             amount=Decimal("0"),
             currency="",
             reason_code="",
-        )
-        return proposal_record(
-            action=action,
-            proposer=proposer,
-            now=now,
-            policy_reasons=[],
-            event_evidence={"payload": payload, "payload_hash": digest, "evidence": fields.evidence},
-            auto_policy=True,
-            reason=f"Rendered from template {fields.template.name} version {fields.template.version}.",
-            savepoint=False,
         )
