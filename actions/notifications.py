@@ -49,6 +49,7 @@ from actions.models import (
 )
 from approvals.four_eyes import policy_change_refusal
 from approvals.models import PolicyChange, PolicyChangeStatus
+from approvals.selectors.plans import manager_waiting_counts
 
 MANAGER_ROLE = "manager"
 FINANCE_ROLE = "finance"
@@ -337,8 +338,7 @@ def waiting_count_for(user: Any, roles: set[str]) -> int:
         return 0
     count = 0
     if MANAGER_ROLE in roles:
-        count += Action.objects.filter(status=ActionStatus.PROPOSED).exclude(proposed_by_user=user).count()
-        count += Workflow.objects.filter(state=WorkflowState.PROPOSED).exclude(proposed_by_user=user).count()
+        count += sum(manager_waiting_counts(user=user))
     if roles & {"finance", "accounts payable"}:
         count += Action.objects.filter(owner=user, status=ActionStatus.NEEDS_REVIEW).count()
         count += Remedy.objects.filter(owner=user, status__in=OPEN_REMEDY).count()
