@@ -31,31 +31,21 @@ from actions.evidence.checkpoints import (
     checkpoint_leaves,
     checkpoint_log_read,
 )
-from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content, key_id, merkle_root
+from actions.foundation.chain import (
+    EVENT_CONTENT_COLUMNS,
+    GENESIS,
+    chain_link,
+    key_id,
+    merkle_root,
+    row_content_hash,
+)
 from actions.foundation.chain import signature_valid as hmac_valid
 from actions.models import ActionEvent, Checkpoint
 from actions.notifications import trail_break_notify
 
 EDITED, REMOVED, INSERTED, REORDERED, CHECKPOINT = "edited", "removed", "inserted", "reordered", "checkpoint"
 
-_FIELDS = (
-    "id",
-    "action_id",
-    "action__action_id",
-    "sequence",
-    "transition",
-    "from_state",
-    "to_state",
-    "actor_kind",
-    "actor_label",
-    "actor_user_id",
-    "actor_agent_id",
-    "reason",
-    "evidence",
-    "created_at",
-    "content_hash",
-    "chain_hash",
-)
+_FIELDS = ("id", "action_id", "sequence", "content_hash", "chain_hash", *EVENT_CONTENT_COLUMNS.values())
 
 
 @dataclass(frozen=True)
@@ -87,25 +77,6 @@ class TrailReport:
     @property
     def first(self) -> Break | None:
         return self.breaks[0] if self.breaks else None
-
-
-def row_content_hash(row: dict[str, Any], *, sequence: int | None = None) -> str:
-    return content_hash(
-        event_content(
-            action=row["action__action_id"],
-            sequence=row["sequence"] if sequence is None else sequence,
-            transition=row["transition"],
-            from_state=row["from_state"],
-            to_state=row["to_state"],
-            actor_kind=row["actor_kind"],
-            actor_label=row["actor_label"],
-            actor_user=row["actor_user_id"],
-            actor_agent=row["actor_agent_id"],
-            reason=row["reason"],
-            evidence=row["evidence"],
-            created_at=row["created_at"],
-        )
-    )
 
 
 def _break(kind: str, row: dict[str, Any], detail: str) -> Break:

@@ -81,6 +81,30 @@ def content_hash(content: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(content))
 
 
+# The fields an event's content hash covers besides its sequence, each with its column as
+# ``values()`` names it.
+EVENT_CONTENT_COLUMNS = {
+    "action": "action__action_id",
+    "transition": "transition",
+    "from_state": "from_state",
+    "to_state": "to_state",
+    "actor_kind": "actor_kind",
+    "actor_label": "actor_label",
+    "actor_user": "actor_user_id",
+    "actor_agent": "actor_agent_id",
+    "reason": "reason",
+    "evidence": "evidence",
+    "created_at": "created_at",
+}
+
+
+def row_content_hash(row: dict[str, Any], *, sequence: int | None = None) -> str:
+    """The content hash of an event read with the columns of ``EVENT_CONTENT_COLUMNS``, at its
+    own sequence or at ``sequence``."""
+    fields = {name: row[column] for name, column in EVENT_CONTENT_COLUMNS.items()}
+    return content_hash(event_content(sequence=row["sequence"] if sequence is None else sequence, **fields))
+
+
 def chain_link(previous: str, content: str) -> str:
     """The chain hash of an event whose content hash is ``content``, after ``previous``."""
     return sha256_hex((previous + content).encode("ascii"))
