@@ -35,7 +35,7 @@ from actions.api.adjustments import (
     InvoiceAdjustmentProposal,
     adjustment_request_out,
 )
-from actions.api.ratelimit import ratelimit_hit
+from actions.api.ratelimit import token_ratelimit_hit
 from actions.api.schemas import (
     ActionOut,
     ActionStatusName,
@@ -156,9 +156,7 @@ def _validated(model: type[S], arguments: Mapping[str, Any]) -> S:
 
 
 def _count_call(token: AgentToken) -> None:
-    # The same counter as the HTTP API's (actions.api.gateway): one budget per token, whichever
-    # way the agent comes in.
-    decision = ratelimit_hit(key=f"token:{token.pk}")
+    decision = token_ratelimit_hit(token)
     if not decision.allowed:
         raise ToolFailure(
             "retryable",
