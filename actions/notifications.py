@@ -44,12 +44,10 @@ from actions.models import (
     NotificationSent,
     Remedy,
     UserSettings,
-    Workflow,
-    WorkflowState,
 )
 from approvals.four_eyes import policy_change_refusal
 from approvals.models import PolicyChange, PolicyChangeStatus
-from approvals.selectors.plans import manager_waiting_counts
+from approvals.selectors.plans import manager_waiting_counts, plans_waiting, proposals_waiting
 
 MANAGER_ROLE = "manager"
 FINANCE_ROLE = "finance"
@@ -149,15 +147,11 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
         if not choice.notify_waiting_proposals:
             continue
         told = _already_told(manager, NotificationKind.WAITING_PROPOSAL)
-        waiting = (
-            Action.objects.filter(
-                status=ActionStatus.PROPOSED, created_at__lte=now - timedelta(minutes=choice.waiting_minutes)
-            )
-            # Four eyes: a manager cannot decide what they (or their agents) proposed.
-            .exclude(proposed_by_user=manager)
-            .select_related("order")
-            .order_by("created_at")
-        )
+        since = now - timedelta(minutes=choice.waiting_minutes)
+        # Four eyes: a manager cannot decide what they (or their agents) proposed, and is not told of it.
+        waiting = proposals_waiting(user=manager).filter(created_at__lte=since).select_related("order")
+        # A workflow's plan is one decision covering several actions: told about like a proposal.
+        plans = plans_waiting(user=manager).filter(created_at__lte=since)
         items = [
             Item(
                 f"action:{a.pk}",
@@ -167,14 +161,6 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
             for a in waiting[: ITEMS_PER_MAIL * 4]
             if f"action:{a.pk}" not in told
         ]
-        # A workflow's plan is one decision covering several actions: told about like a proposal.
-        plans = (
-            Workflow.objects.filter(
-                state=WorkflowState.PROPOSED, created_at__lte=now - timedelta(minutes=choice.waiting_minutes)
-            )
-            .exclude(proposed_by_user=manager)
-            .order_by("created_at")
-        )
         items += [
             Item(
                 f"workflow:{w.pk}",
