@@ -93,6 +93,11 @@ def _swapped(row: dict[str, Any], other: dict[str, Any]) -> bool:
     )
 
 
+def _event_named(row: dict[str, Any]) -> str:
+    """An event as a break's words name it: by its key and its place in the chain."""
+    return f"event {row['id']} (sequence {row['sequence']})"
+
+
 def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
     """The first broken link of one action's trail (its events in any order), or None."""
     rows = sorted(rows, key=lambda row: (row["sequence"] is None, row["sequence"] or 0, row["id"]))
@@ -113,11 +118,7 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
             return _break(INSERTED, forged, f"a second event claims sequence {sequence}")
         if row_content_hash(row) != row["content_hash"]:
             if following is not None and _swapped(row, following):
-                return _break(
-                    REORDERED,
-                    row,
-                    f"its content and that of event {following['id']} (sequence {following['sequence']}) traded places",
-                )
+                return _break(REORDERED, row, f"its content and that of {_event_named(following)} traded places")
             if chain_link(previous_chain, row["content_hash"]) != row["chain_hash"]:
                 return _break(INSERTED, row, "its hashes match neither its fields nor the chain before it")
             return _break(EDITED, row, "its fields no longer match its content hash")
@@ -125,11 +126,7 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
             missing = f"sequence {expected}" if sequence == expected + 1 else f"sequences {expected} to {sequence - 1}"
             return _break(REMOVED, row, f"{missing} missing before it")
         if previous is not None and row["id"] < previous["id"]:
-            return _break(
-                REORDERED,
-                row,
-                f"written before event {previous['id']} (sequence {previous['sequence']}) yet sequenced after it",
-            )
+            return _break(REORDERED, row, f"written before {_event_named(previous)} yet sequenced after it")
         if chain_link(previous_chain, row["content_hash"]) != row["chain_hash"]:
             return _break(INSERTED, row, "its chain hash does not follow from the previous event's")
         previous_chain, expected, previous = row["chain_hash"], sequence + 1, row
