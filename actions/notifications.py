@@ -45,12 +45,11 @@ from actions.models import (
     Remedy,
     UserSettings,
     Workflow,
-    WorkflowState,
 )
 from actions.plain import action_words
 from approvals.four_eyes import policy_change_refusal
 from approvals.models import PolicyChange, PolicyChangeStatus
-from approvals.selectors.plans import plan_subject
+from approvals.selectors.plans import manager_waiting_counts, plan_subject, plans_waiting, proposals_waiting
 
 MANAGER_ROLE = "manager"
 FINANCE_ROLE = "finance"
@@ -169,15 +168,11 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
         if not choice.notify_waiting_proposals:
             continue
         told = _already_told(manager, NotificationKind.WAITING_PROPOSAL)
-        waiting = (
-            Action.objects.filter(
-                status=ActionStatus.PROPOSED, created_at__lte=now - timedelta(minutes=choice.waiting_minutes)
-            )
-            # Four eyes: a manager cannot decide what they (or their agents) proposed.
-            .exclude(proposed_by_user=manager)
-            .select_related("order", "bill")
-            .order_by("created_at")
-        )
+        since = now - timedelta(minutes=choice.waiting_minutes)
+        # Four eyes: a manager cannot decide what they (or their agents) proposed, and is not told of it.
+        waiting = proposals_waiting(user=manager).filter(created_at__lte=since).select_related("order", "bill")
+        # A workflow's plan is one decision covering several actions: told about like a proposal.
+        plans = plans_waiting(user=manager).filter(created_at__lte=since)
         items = [
             Item(
                 f"action:{a.pk}",
@@ -187,14 +182,6 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
             for a in waiting[: ITEMS_PER_MAIL * 4]
             if f"action:{a.pk}" not in told
         ]
-        # A workflow's plan is one decision covering several actions: told about like a proposal.
-        plans = (
-            Workflow.objects.filter(
-                state=WorkflowState.PROPOSED, created_at__lte=now - timedelta(minutes=choice.waiting_minutes)
-            )
-            .exclude(proposed_by_user=manager)
-            .order_by("created_at")
-        )
         items += [
             Item(
                 f"workflow:{w.pk}",
@@ -365,8 +352,7 @@ def waiting_count_for(user: Any, roles: set[str]) -> int:
         return 0
     count = 0
     if MANAGER_ROLE in roles:
-        count += Action.objects.filter(status=ActionStatus.PROPOSED).exclude(proposed_by_user=user).count()
-        count += Workflow.objects.filter(state=WorkflowState.PROPOSED).exclude(proposed_by_user=user).count()
+        count += sum(manager_waiting_counts(user=user))
     if roles & {"finance", "accounts payable"}:
         count += Action.objects.filter(owner=user, status=ActionStatus.NEEDS_REVIEW).count()
         count += Remedy.objects.filter(owner=user, status__in=OPEN_REMEDY).count()

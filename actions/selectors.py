@@ -130,6 +130,27 @@ def _when(moment: datetime | None) -> str:
     return f"{moment:%Y-%m-%d %H:%M} UTC" if moment else "soon"
 
 
+def _held_by(holder: str, *, summary: str, next_step: str, needs_person: bool = False) -> StatusExplanation:
+    """An action on its way, which ``holder`` holds: a person who must act (``needs_person``) or a
+    part of the console or the receiver that moves it on by itself."""
+    return StatusExplanation(
+        summary=summary, next_step=next_step, held_by=holder, final=False, needs_person=needs_person
+    )
+
+
+def _waits_for_a_manager(summary: str, decision: str) -> StatusExplanation:
+    """Proposed, or stale: a manager's ``decision`` is next, and a new proposal would only find
+    this action."""
+    return _held_by(
+        "a manager", summary=summary, next_step=f"{decision} Poll this action. {_NEVER_AGAIN}", needs_person=True
+    )
+
+
+def _final(*, summary: str, next_step: str, held_by: str = "nobody") -> StatusExplanation:
+    """An action in a status nothing changes any more."""
+    return StatusExplanation(summary=summary, next_step=next_step, held_by=held_by, final=True, needs_person=False)
+
+
 _NEVER_AGAIN = "Do not propose it again: a new proposal for the same request returns this action."
 
 
@@ -157,33 +178,22 @@ def _explain_before_sending(action: Action, money: str) -> StatusExplanation | N
     """Proposed, approved or stale: nothing was sent to the receiver."""
     status = action.status
     if status == S.PROPOSED:
-        return StatusExplanation(
-            summary=f"The refund of {money} is proposed and waits for a decision. Nothing was sent to the payment "
-            "provider.",
-            next_step="A manager whose approval limit covers the amount approves or rejects it. Poll this action. "
-            + _NEVER_AGAIN,
-            held_by="a manager",
-            final=False,
-            needs_person=True,
+        return _waits_for_a_manager(
+            f"The refund of {money} is proposed and waits for a decision. Nothing was sent to the payment provider.",
+            "A manager whose approval limit covers the amount approves or rejects it.",
         )
     if status == S.AUTHORIZED:
-        return StatusExplanation(
+        return _held_by(
+            "the console's workers",
             summary=f"The refund of {money} is approved. Nothing was sent to the payment provider yet.",
             next_step="A console worker reserves the amount on the order and sends the refund, usually within "
             f"{settings.SWEEP_INTERVAL_SECONDS} seconds. Poll this action. {_NEVER_AGAIN}",
-            held_by="the console's workers",
-            final=False,
-            needs_person=False,
         )
     if status == S.STALE:
-        return StatusExplanation(
-            summary="The approval no longer holds: the order changed since it was given, or it expired. Nothing was "
-            "sent to the payment provider.",
-            next_step="A manager asks for a new decision on the same action, or cancels it. Poll this action. "
-            + _NEVER_AGAIN,
-            held_by="a manager",
-            final=False,
-            needs_person=True,
+        return _waits_for_a_manager(
+            "The approval no longer holds: the order changed since it was given, or it expired. Nothing was sent to "
+            "the payment provider.",
+            "A manager asks for a new decision on the same action, or cancels it.",
         )
     return None
 
@@ -192,44 +202,37 @@ def _explain_while_open(action: Action, money: str) -> StatusExplanation | None:
     """Being sent, or sent with its final outcome not yet known: the console or a person holds it."""
     status = action.status
     if status == S.SUBMITTING:
-        return StatusExplanation(
+        return _held_by(
+            "the console's workers",
             summary=f"The refund of {money} is being sent to the payment provider; the amount is reserved on the "
             "order.",
             next_step="The worker records the provider's answer. If the answer is unclear, the console asks the "
             f"provider what happened before anything else. Poll this action. {_NEVER_AGAIN}",
-            held_by="the console's workers",
-            final=False,
-            needs_person=False,
         )
     if status == S.UNKNOWN:
-        return StatusExplanation(
+        return _held_by(
+            "the console's reconciliation",
             summary=f"The refund of {money} was sent, but the payment provider's answer was unclear (a timeout or "
             "an error). It may or may not have happened; the amount stays reserved.",
             next_step="The console asks the provider for its record of this refund (next check "
             f"{_when(action.next_reconcile_at)}); after {settings.RECONCILE_MAX_FAILURES} inconclusive checks a named "
             "person in finance takes it over. "
             "Wait and read this action: never send a new request, and never tell the customer it failed.",
-            held_by="the console's reconciliation",
-            final=False,
-            needs_person=False,
         )
     if status == S.SETTLING:
-        return StatusExplanation(
+        return _held_by(
+            "the payment provider",
             summary=f"The payment provider accepted the refund of {money}; its final status is pending.",
             next_step="The console records the provider's final status when it settles. Poll this action.",
-            held_by="the payment provider",
-            final=False,
-            needs_person=False,
         )
     if status == S.NEEDS_REVIEW:
         due = f" by {_when(action.due_at)}" if action.due_at else ""
-        return StatusExplanation(
+        return _held_by(
+            _finance_role(action.owner),
             summary=f"The outcome of the refund of {money} could not be established automatically; the amount stays "
             "reserved.",
             next_step=f"{_finance_role(action.owner)} resolves it{due} with the payment provider's evidence. "
             "Wait and read this action: never send a new request.",
-            held_by=_finance_role(action.owner),
-            final=False,
             needs_person=True,
         )
     return None
@@ -240,40 +243,29 @@ def _explain_final(action: Action, money: str) -> StatusExplanation | None:
     status = action.status
     if status == S.SUCCEEDED:
         reference = f" (provider reference {action.provider_reference})" if action.provider_reference else ""
-        return StatusExplanation(
+        return _final(
             summary=f"The refund of {money} succeeded{reference}.",
             next_step="Nothing: this is final. The customer's bank shows the money in its own time.",
-            held_by="nobody",
-            final=True,
-            needs_person=False,
         )
     if status == S.FAILED_FINAL:
-        return StatusExplanation(
+        return _final(
             summary=f"The refund of {money} failed for good: the payment provider refused it, and no money moved.",
             next_step="Nothing for the agent: this is final. Finance follows up with the customer (store credit or "
             "a bank transfer).",
             held_by="finance (follow-up)",
-            final=True,
-            needs_person=False,
         )
     if status == S.REJECTED:
         reasons = "; ".join(str(r.get("message", "")) for r in action.rejection_reasons if isinstance(r, dict))
         because = f": {reasons}" if reasons else "."
-        return StatusExplanation(
+        return _final(
             summary=f"The refund of {money} was rejected{because}",
             next_step="Nothing: this is final and nothing was sent to the payment provider. A different refund needs "
             "a new refund request.",
-            held_by="nobody",
-            final=True,
-            needs_person=False,
         )
     if status == S.CANCELLED:
-        return StatusExplanation(
+        return _final(
             summary=f"The refund of {money} was cancelled before anything was sent to the payment provider.",
             next_step="Nothing: this is final. A different refund needs a new refund request.",
-            held_by="nobody",
-            final=True,
-            needs_person=False,
         )
     return None
 

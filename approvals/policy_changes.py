@@ -69,6 +69,12 @@ def _rows_of(change: PolicyChange) -> QuerySet[Any]:
     return AutoApprovalCap.objects.filter(scope=change.scope, currency=change.currency)
 
 
+def _security_trail_record(change: PolicyChange, kind: SecurityEventKind, *, user: Any) -> None:
+    """One step of ``change`` (proposed, confirmed, rejected) in the security trail: who took it,
+    and the change in full."""
+    security_event_record(kind=kind, user=user, subject=change.what(), detail=_trail_detail(change))
+
+
 def _trail_detail(change: PolicyChange) -> dict[str, Any]:
     detail: dict[str, Any] = {
         "change": change.pk,
@@ -158,12 +164,7 @@ def policy_change_propose(
         except IntegrityError as lost:
             # Another admin proposed a change to the same row in the meantime.
             raise _waiting_refusal(change) or PolicyChangeRefused("Nothing was changed: try again.") from lost
-        security_event_record(
-            kind=SecurityEventKind.POLICY_CHANGE_PROPOSED,
-            user=proposed_by,
-            subject=change.what(),
-            detail=_trail_detail(change),
-        )
+        _security_trail_record(change, SecurityEventKind.POLICY_CHANGE_PROPOSED, user=proposed_by)
     return change
 
 
@@ -221,12 +222,7 @@ def policy_change_confirm(*, change_pk: int, user: Any, now: datetime | None = N
         _apply(change)
         change.confirm(by=user, at=now)
         change.save(update_fields=["status", "decided_by", "decided_at"])
-        security_event_record(
-            kind=SecurityEventKind.POLICY_CHANGE_CONFIRMED,
-            user=user,
-            subject=change.what(),
-            detail=_trail_detail(change),
-        )
+        _security_trail_record(change, SecurityEventKind.POLICY_CHANGE_CONFIRMED, user=user)
     return change
 
 
@@ -242,12 +238,7 @@ def policy_change_reject(*, change_pk: int, user: Any, note: str = "", now: date
         _still_pending(change)
         change.reject(by=user, at=now, note=note)
         change.save(update_fields=["status", "decided_by", "decided_at", "decision_note"])
-        security_event_record(
-            kind=SecurityEventKind.POLICY_CHANGE_REJECTED,
-            user=user,
-            subject=change.what(),
-            detail=_trail_detail(change),
-        )
+        _security_trail_record(change, SecurityEventKind.POLICY_CHANGE_REJECTED, user=user)
     return change
 
 

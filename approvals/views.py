@@ -320,21 +320,27 @@ def _group_answer(
     return response
 
 
+def _step_up_refusal(request: HtmxHttpRequest, amount: Decimal, currency: str) -> str | None:
+    """Why deciding this amount needs a fresh second factor first, or None."""
+    return step_up_refusal(
+        user=request.user, amount=amount, currency=currency, verified_at=step_up_verified_at(request), now=time.time()
+    )
+
+
+def _step_up_url(*, back_to: str) -> str:
+    """The page that asks for a code, and then leads back to ``back_to``."""
+    return f"{reverse('two-factor-verify')}?{urlencode({'next': back_to})}"
+
+
 def _require_step_up_total(request: HtmxHttpRequest, pks: list[int]) -> HttpResponse | None:
     """A grouped decision needs a fresh second factor when its sum would need one."""
     rows = list(Action.objects.filter(pk__in=pks).values_list("amount", "currency"))
     if not rows or len({currency for _, currency in rows}) != 1:
         return None  # the service refuses mixed or missing proposals with its own words
-    refusal = step_up_refusal(
-        user=request.user,
-        amount=sum((amount for amount, _ in rows), Decimal("0")),
-        currency=rows[0][1],
-        verified_at=step_up_verified_at(request),
-        now=time.time(),
-    )
+    refusal = _step_up_refusal(request, sum((amount for amount, _ in rows), Decimal("0")), rows[0][1])
     if refusal is None:
         return None
-    verify_url = f"{reverse('two-factor-verify')}?{urlencode({'next': reverse('approvals-inbox')})}"
+    verify_url = _step_up_url(back_to=reverse("approvals-inbox"))
     if request.htmx:
         response = HttpResponse(status=204)
         response["HX-Redirect"] = verify_url
@@ -361,16 +367,10 @@ def _require_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse | None:
     money = Action.objects.filter(pk=pk).values("amount", "currency").first()
     if money is None:
         raise Http404("There is no such action.")
-    refusal = step_up_refusal(
-        user=request.user,
-        amount=money["amount"],
-        currency=money["currency"],
-        verified_at=step_up_verified_at(request),
-        now=time.time(),
-    )
+    refusal = _step_up_refusal(request, money["amount"], money["currency"])
     if refusal is None:
         return None
-    verify_url = f"{reverse('two-factor-verify')}?{urlencode({'next': reverse('approvals-detail', args=[pk])})}"
+    verify_url = _step_up_url(back_to=reverse("approvals-detail", args=[pk]))
     if request.htmx:
         # The row shows why; htmx then takes the browser to the code page.
         response = _row_response(request, pk, level="error", text=refusal, status=403)

@@ -16,21 +16,21 @@ from ninja import Schema, Status
 from pydantic import ConfigDict, Field, Strict
 
 from actions.api.logs import log_event
-from actions.api.schemas import ORDER_NUMBER_PATTERN, ActionOut, ExternalReference, Problem
+from actions.api.schemas import (
+    ActionOut,
+    CurrencyCode,
+    ExternalReference,
+    Problem,
+    decimal_amount,
+    document_number,
+)
 from actions.api.views import api, proposed, served
 from actions.kinds.fields import MAX_EVIDENCE_LENGTH, MAX_NOTE_LENGTH
 from actions.models import AdjustmentReason, AdjustmentRequest
 from actions.proposals.adjustments import agent_adjustment_request_open, agent_invoice_adjustment_propose
 
 BillNumber = Annotated[
-    str,
-    Field(
-        min_length=1,
-        max_length=32,
-        pattern=ORDER_NUMBER_PATTERN,
-        description="The supplier bill's number, as the accounting system shows it.",
-        examples=["INV-2291"],
-    ),
+    str, document_number("The supplier bill's number, as the accounting system shows it.", "INV-2291")
 ]
 
 
@@ -85,16 +85,10 @@ class InvoiceAdjustmentProposal(Schema):
     adjustment_number: Annotated[int, Strict()] = Field(
         ge=1, le=1_000_000, description="The adjustment request's number on the bill (1, 2, ...)."
     )
-    amount: str = Field(
-        min_length=1,
-        max_length=20,
-        pattern=r"^[0-9]+(\.[0-9]+)?$",
-        description='The credit note\'s amount as a decimal string, e.g. "20.00". Never a JSON number.',
-        examples=["20.00"],
+    amount: str = decimal_amount(
+        'The credit note\'s amount as a decimal string, e.g. "20.00". Never a JSON number.', "20.00"
     )
-    currency: str = Field(
-        min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"]
-    )
+    currency: CurrencyCode
     reason_code: AdjustmentReason = Field(description="Why the bill failed its purchase-order match.")
     evidence: str = Field("", max_length=MAX_EVIDENCE_LENGTH, description="Free text for the manager who decides.")
 

@@ -35,7 +35,7 @@ from django.views.decorators.csrf import csrf_exempt
 from actions.api.auth import authenticate_request, presented_token
 from actions.api.logs import bind, log_context, log_event
 from actions.api.problems import ApiProblem, is_problem, kind_for_status, problem_response
-from actions.api.ratelimit import anonymous_rate_limit_per_minute, ratelimit_hit
+from actions.api.ratelimit import RateDecision, anonymous_rate_limit_per_minute, ratelimit_hit, token_ratelimit_hit
 from actions.api.versions import HEADER, version_headers, version_resolve
 from actions.models import AgentToken
 
@@ -77,9 +77,7 @@ def _check_body(request: HttpRequest) -> None:
         )
 
 
-def _admit(
-    request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None, limited: bool = True
-) -> None:
+def _admit(request: HttpRequest, *, authenticated: bool, methods: frozenset[str] | None, limited: bool = True) -> None:
     if methods is not None and request.method not in methods:
         raise ApiProblem(
             "method-not-allowed",
@@ -95,15 +93,11 @@ def _admit(
     # Read by AgentBearer, so that ninja does not authenticate a second time.
     request.agent_token = token  # type: ignore[attr-defined]
     bind(agent=token.agent.name, token=token.prefix)
-    decision = ratelimit_hit(key=f"token:{token.pk}")
-    if not decision.allowed:
-        raise ApiProblem(
-            "rate-limited",
-            code="rate_limited",
-            detail=f"This token sent more than {decision.limit} requests this minute. Wait "
-            f"{decision.retry_after} seconds, then send the same request again.",
-            headers={"Retry-After": str(decision.retry_after)},
-        )
+    _refuse_over_limit(
+        token_ratelimit_hit(token),
+        "This token sent more than {limit} requests this minute. Wait {retry_after} seconds, then send the same "
+        "request again.",
+    )
     version = version_resolve(requested=request.headers.get(HEADER, ""), token_created_at=token.created_at)
     # Read by the JSON parser (StrictJsonParser), which answers an older version's body as it
     # promised, and by the response's headers below.
@@ -139,13 +133,20 @@ def client_address(request: HttpRequest) -> str:
 
 def client_address_limit(request: HttpRequest) -> None:
     """Count one request without a valid token for the client's address; 429 once over the limit."""
-    decision = ratelimit_hit(key=f"ip:{client_address(request)}", limit=anonymous_rate_limit_per_minute())
+    _refuse_over_limit(
+        ratelimit_hit(key=f"ip:{client_address(request)}", limit=anonymous_rate_limit_per_minute()),
+        "This address sent more than {limit} requests without a valid token this minute. Wait {retry_after} seconds.",
+    )
+
+
+def _refuse_over_limit(decision: RateDecision, detail: str) -> None:
+    """A 429 with Retry-After once ``decision`` is past its limit; ``detail`` says whose limit it
+    is, with ``{limit}`` and ``{retry_after}`` filled in."""
     if not decision.allowed:
         raise ApiProblem(
             "rate-limited",
             code="rate_limited",
-            detail=f"This address sent more than {decision.limit} requests without a valid token this minute. Wait "
-            f"{decision.retry_after} seconds.",
+            detail=detail.format(limit=decision.limit, retry_after=decision.retry_after),
             headers={"Retry-After": str(decision.retry_after)},
         )
 

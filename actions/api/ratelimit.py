@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from actions.models import RateCounter
+from actions.models import AgentToken, RateCounter
 
 WINDOW_SECONDS = 60
 DEFAULT_PER_MINUTE = 120
@@ -82,3 +82,9 @@ def ratelimit_hit(*, key: str, limit: int | None = None, now: float | None = Non
         return RateDecision(allowed=True, limit=limit, count=0, retry_after=retry_after)
     count = _increment(key[:100], window)
     return RateDecision(allowed=count <= limit, limit=limit, count=count, retry_after=retry_after)
+
+
+def token_ratelimit_hit(token: AgentToken) -> RateDecision:
+    """Count one call on the token's budget: one budget per token, whether the agent calls the
+    HTTP API or the MCP server."""
+    return ratelimit_hit(key=f"token:{token.pk}")

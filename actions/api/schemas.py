@@ -38,15 +38,22 @@ ActionStatusName = Literal[
     "NEEDS_REVIEW",
 ]
 
-OrderNumber = Annotated[
-    str,
-    Field(
-        min_length=1,
-        max_length=32,
-        pattern=ORDER_NUMBER_PATTERN,
-        description="The order's number, as the shop shows it.",
-        examples=["4821"],
-    ),
+# A decimal amount in the currency's major unit, e.g. "12.50": never a JSON number.
+DECIMAL_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+
+
+def document_number(description: str, example: str) -> Any:
+    """A business document's number (an order's, a supplier bill's), as its own system shows it."""
+    return Field(min_length=1, max_length=32, pattern=ORDER_NUMBER_PATTERN, description=description, examples=[example])
+
+
+def decimal_amount(description: str, example: str) -> Any:
+    return Field(min_length=1, max_length=20, pattern=DECIMAL_PATTERN, description=description, examples=[example])
+
+
+OrderNumber = Annotated[str, document_number("The order's number, as the shop shows it.", "4821")]
+CurrencyCode = Annotated[
+    str, Field(min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"])
 ]
 ExternalReference = Annotated[
     str,
@@ -112,17 +119,12 @@ class RefundProposal(_Request):
         None, ge=1, le=1_000_000, description="The refund request's number on the order (1, 2, ...)."
     )
     external_reference: ExternalReference | None = None
-    amount: str = Field(
-        min_length=1,
-        max_length=20,
-        pattern=r"^[0-9]+(\.[0-9]+)?$",
-        description='The amount as a decimal string in the currency\'s major unit, e.g. "12.50". Never a JSON '
-        "number: binary floating point cannot hold most decimal amounts exactly.",
-        examples=["12.50"],
+    amount: str = decimal_amount(
+        'The amount as a decimal string in the currency\'s major unit, e.g. "12.50". Never a JSON number: binary '
+        "floating point cannot hold most decimal amounts exactly.",
+        "12.50",
     )
-    currency: str = Field(
-        min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"]
-    )
+    currency: CurrencyCode
     reason_code: ReasonCode = Field(description="Why the customer gets money back.")
     evidence: str = Field(
         "",
@@ -241,16 +243,11 @@ class OrderUpsert(_Request):
     customer_email: str = Field(
         "", max_length=254, description="The customer's email address; empty keeps the one recorded."
     )
-    currency: str = Field(
-        min_length=3, max_length=3, pattern=r"^[A-Za-z]{3}$", description="ISO 4217 code.", examples=["EUR"]
-    )
-    captured_amount: str = Field(
-        min_length=1,
-        max_length=20,
-        pattern=r"^[0-9]+(\.[0-9]+)?$",
-        description='What the customer paid and the provider captured, as a decimal string, e.g. "79.00". It can '
-        "go down (items cancelled) but never below what is refunded and reserved for refunds.",
-        examples=["1000.00"],
+    currency: CurrencyCode
+    captured_amount: str = decimal_amount(
+        'What the customer paid and the provider captured, as a decimal string, e.g. "79.00". It can go down (items '
+        "cancelled) but never below what is refunded and reserved for refunds.",
+        "1000.00",
     )
     charge_reference: str = Field(
         "",

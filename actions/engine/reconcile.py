@@ -227,14 +227,7 @@ def _record(
             return _record_settling(action=action, lookup=lookup, now=now, evidence=evidence)
 
         if lookup.verdict == LookupVerdict.FOUND:
-            return apply_outcome(
-                action=action,
-                answer=lookup.effects[0].answer(),
-                actor=ACTOR,
-                now=now,
-                source="reconciliation",
-                evidence=evidence,
-            )
+            return _found_apply(action=action, lookup=lookup, source="reconciliation", now=now, evidence=evidence)
         if lookup.verdict == LookupVerdict.DUPLICATE:
             return _record_duplicate(action=action, lookup=lookup, now=now, evidence=evidence)
         if lookup.verdict == LookupVerdict.NOT_FOUND:
@@ -314,16 +307,16 @@ def _record_inconclusive(*, action: Action, lookup: Lookup, now: datetime, evide
     return "inconclusive"
 
 
+def _found_apply(*, action: Action, lookup: Lookup, source: str, now: datetime, evidence: dict[str, Any]) -> str:
+    """The receiver found the effect: what it says of it is the action's outcome."""
+    return apply_outcome(
+        action=action, answer=lookup.effects[0].answer(), actor=ACTOR, now=now, source=source, evidence=evidence
+    )
+
+
 def _record_settling(*, action: Action, lookup: Lookup, now: datetime, evidence: dict[str, Any]) -> str:
     if lookup.verdict == LookupVerdict.FOUND:
-        status = apply_outcome(
-            action=action,
-            answer=lookup.effects[0].answer(),
-            actor=ACTOR,
-            now=now,
-            source="settlement",
-            evidence=evidence,
-        )
+        status = _found_apply(action=action, lookup=lookup, source="settlement", now=now, evidence=evidence)
         if status == S.SETTLING:
             action.next_reconcile_at = next_reconcile_time(action=action, now=now)
             action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at"])

@@ -86,6 +86,11 @@ def row_content_hash(row: dict[str, Any], *, sequence: int | None = None) -> str
     return content_hash(row_event_content(row, sequence=sequence))
 
 
+def _event_named(row: dict[str, Any]) -> str:
+    """An event as a break's words name it: by its key and its place in the chain."""
+    return f"event {row['id']} (sequence {row['sequence']})"
+
+
 def _break(kind: str, row: dict[str, Any], detail: str) -> Break:
     return Break(kind, detail, event_id=row["id"], action=row["action__action_id"], sequence=row["sequence"])
 
@@ -120,11 +125,7 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
             return _break(INSERTED, forged, f"a second event claims sequence {sequence}")
         if row_content_hash(row) != row["content_hash"]:
             if following is not None and _swapped(row, following):
-                return _break(
-                    REORDERED,
-                    row,
-                    f"its content and that of event {following['id']} (sequence {following['sequence']}) traded places",
-                )
+                return _break(REORDERED, row, f"its content and that of {_event_named(following)} traded places")
             if chain_link(previous_chain, row["content_hash"]) != row["chain_hash"]:
                 return _break(INSERTED, row, "its hashes match neither its fields nor the chain before it")
             return _break(EDITED, row, "its fields no longer match its content hash")
@@ -132,11 +133,7 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
             missing = f"sequence {expected}" if sequence == expected + 1 else f"sequences {expected} to {sequence - 1}"
             return _break(REMOVED, row, f"{missing} missing before it")
         if previous is not None and row["id"] < previous["id"]:
-            return _break(
-                REORDERED,
-                row,
-                f"written before event {previous['id']} (sequence {previous['sequence']}) yet sequenced after it",
-            )
+            return _break(REORDERED, row, f"written before {_event_named(previous)} yet sequenced after it")
         if chain_link(previous_chain, row["content_hash"]) != row["chain_hash"]:
             return _break(INSERTED, row, "its chain hash does not follow from the previous event's")
         previous_chain, expected, previous = row["chain_hash"], sequence + 1, row

@@ -20,6 +20,7 @@ counts against the client address's limit shared with the API, so that past it t
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -72,23 +73,36 @@ connection send the same call again. Errors say what to do: bad_input (fix the n
 needs_person (a person must decide: stop and report), retryable (send the same call again later).
 """
 
-_REPEAT = (
-    "Calling this again with the same arguments returns the same action; it never refunds twice. After a timeout "
-    "or a dropped connection, send the same call again."
-)
-
 
 @dataclass(frozen=True)
 class ToolSpec:
-    name: str
-    title: str
-    description: str
+    """A tool: its function in ``actions.mcp.tools``, whose name is the tool's and whose docstring
+    gives its title (the first line) and its description (the rest), and what the SDK advertises
+    of it besides."""
+
+    run: Callable[..., dict[str, Any]]
     # Validates the arguments (inside the tool, so that every refusal is a typed bad_input)
     # and gives the tool's advertised input schema.
     input_model: type[Schema]
     output_model: type[Schema]
     annotations: ToolAnnotations
-    run: Callable[..., dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return self.run.__name__
+
+    @property
+    def title(self) -> str:
+        return self._docstring()[0]
+
+    @property
+    def description(self) -> str:
+        return self._docstring()[1]
+
+    def _docstring(self) -> tuple[str, str]:
+        """The first line, without its full stop, and the rest as one paragraph."""
+        first, _, rest = (inspect.getdoc(self.run) or "").partition("\n")
+        return first.removesuffix("."), " ".join(rest.split())
 
 
 _READ = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -98,107 +112,20 @@ _OPEN = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent
 # tool); the same arguments name the same action.
 _PROPOSE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True)
 
+# Each tool: its function, its arguments' schema, its answer's schema and its hints.
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec(
-        name="open_refund_request",
-        title="Open a refund request",
-        description="Open a refund request on an order for a customer's ticket (external_reference: the support "
-        "ticket's id) and get its request number. Calling this again with the same ticket reference returns the same "
-        "request (created: false); it never opens a second one. A reference that already belongs to another order is "
-        "bad_input (reference_conflict); one that another agent opened is needs_person (reference_taken). Then "
-        "propose the refund with propose_refund.",
-        input_model=RefundRequestOpen,
-        output_model=RefundRequestToolOut,
-        annotations=_OPEN,
-        run=tools.open_refund_request,
-    ),
-    ToolSpec(
-        name="propose_refund",
-        title="Propose a refund",
-        description="Propose a refund for a refund request on an order: the order number, the refund request (its "
-        "request_number, or the external_reference it was opened with, not both), the amount as a decimal string "
-        'such as "12.50", the currency, a reason code and evidence for the manager who decides. '
-        f"{_REPEAT} Different arguments for a refund request that already has a proposal are refused as "
-        "needs_person (payload_conflict, with the differing fields): do not change the request number or open "
-        "another request to get it through. A refund request another agent opened reads as no request at all "
-        "(bad_input, not_found). The money moves only after approval (a manager, or the policy for small amounts); "
-        "follow the action with get_action.",
-        input_model=RefundProposal,
-        output_model=ActionOut,
-        # Destructive: once approved, the refund is money sent to a customer, which cannot be
-        # taken back. Idempotent: the same arguments name the same action.
-        annotations=_PROPOSE,
-        run=tools.propose_refund,
-    ),
-    ToolSpec(
-        name="open_adjustment_request",
-        title="Open an adjustment request on a supplier bill",
-        description="Open an adjustment request on a supplier bill that failed its purchase-order match "
-        "(external_reference: the matcher's exception id) and get its adjustment number. Calling this again with the "
-        "same reference returns the same request (created: false); it never opens a second one. A reference that "
-        "already belongs to another bill is bad_input (reference_conflict); one that another agent opened is "
-        "needs_person (reference_taken). Then propose the credit note with propose_invoice_adjustment. Needs the "
-        "invoice_adjustment scope.",
-        input_model=AdjustmentRequestOpen,
-        output_model=AdjustmentRequestToolOut,
-        annotations=_OPEN,
-        run=tools.open_adjustment_request,
-    ),
-    ToolSpec(
-        name="propose_invoice_adjustment",
-        title="Propose an invoice adjustment",
-        description="Propose an invoice adjustment: a credit note against a supplier bill in the accounting system, "
-        "for one of the bill's adjustment requests. Give the bill number, the adjustment_number, the amount as a "
-        'decimal string such as "20.00" (at most what is left to adjust on the bill), the bill\'s currency, a '
-        "reason code and evidence for the manager who decides. Calling this again with the same arguments returns "
-        "the same action; it never creates a second credit note. After a timeout or a dropped connection, send the "
-        "same call again. Different arguments for an adjustment request that already has a proposal are refused as "
-        "needs_person (payload_conflict, with the differing fields): do not change the adjustment number or open "
-        "another request to get it through. An adjustment request another agent opened reads as no request at all "
-        "(bad_input, not_found). The credit note is posted only after approval (a manager, or the policy "
-        "for small amounts within the per-bill cap); follow the action with get_action or explain_action. Needs the "
-        "invoice_adjustment scope.",
-        input_model=InvoiceAdjustmentProposal,
-        output_model=ActionOut,
-        # Destructive: an authorised credit note changes what the business owes its supplier;
-        # undoing it is a correction (a void) a person decides. Idempotent: the same arguments
-        # name the same action.
-        annotations=_PROPOSE,
-        run=tools.propose_invoice_adjustment,
-    ),
-    ToolSpec(
-        name="get_action",
-        title="Read an action",
-        description="Read one of this agent's actions by its action_id: its status, a plain-language explanation "
-        "(what happens next, who holds it, whether it is final) and the payment provider's reference once known. "
-        "An id that is not this agent's is bad_input (action_not_found), exactly like an id that does not exist. "
-        "Read-only: repeat it as often as needed.",
-        input_model=ActionRef,
-        output_model=ActionOut,
-        annotations=_READ,
-        run=tools.get_action,
-    ),
-    ToolSpec(
-        name="list_actions",
-        title="List this agent's actions",
-        description="List this agent's actions, newest first, optionally only some statuses, a page at a time "
-        "(pass next_cursor as cursor for the next page). Read-only: repeat it as often as needed.",
-        input_model=ActionListQuery,
-        output_model=ActionListOut,
-        annotations=_READ,
-        run=tools.list_actions,
-    ),
-    ToolSpec(
-        name="explain_action",
-        title="Explain an action",
-        description="Explain one of this agent's actions in plain language: what is true now, what happens next, who "
-        "holds it, and what the agent should do (agent_should), with when to read it again. Use it whenever a status "
-        "is not final. Read-only: repeat it as often as needed.",
-        input_model=ActionRef,
-        output_model=ActionExplanationOut,
-        annotations=_READ,
-        run=tools.explain_action,
-    ),
+    ToolSpec(tools.open_refund_request, RefundRequestOpen, RefundRequestToolOut, _OPEN),
+    # Destructive: once approved, the refund is money sent to a customer, which cannot be
+    # taken back. Idempotent: the same arguments name the same action.
+    ToolSpec(tools.propose_refund, RefundProposal, ActionOut, _PROPOSE),
+    ToolSpec(tools.open_adjustment_request, AdjustmentRequestOpen, AdjustmentRequestToolOut, _OPEN),
+    # Destructive: an authorised credit note changes what the business owes its supplier;
+    # undoing it is a correction (a void) a person decides. Idempotent: the same arguments
+    # name the same action.
+    ToolSpec(tools.propose_invoice_adjustment, InvoiceAdjustmentProposal, ActionOut, _PROPOSE),
+    ToolSpec(tools.get_action, ActionRef, ActionOut, _READ),
+    ToolSpec(tools.list_actions, ActionListQuery, ActionListOut, _READ),
+    ToolSpec(tools.explain_action, ActionRef, ActionExplanationOut, _READ),
 )
 
 
@@ -237,23 +164,29 @@ def _call(spec: ToolSpec, token: AgentToken, arguments: Mapping[str, Any]) -> di
     except tools.ToolFailure:
         raise
     except DatabaseError:
-        logger.exception("mcp.tool.database_error tool=%s", spec.name)
-        raise tools.ToolFailure(
-            "retryable",
+        raise _logged_retryable(
+            spec,
+            "database_error",
             code="database_unavailable",
             detail="The console's database did not answer. Whether anything was written is unknown: send the same "
             "call again in a few seconds (it is safe).",
         ) from None
     except Exception:
-        logger.exception("mcp.tool.crashed tool=%s", spec.name)
-        raise tools.ToolFailure(
-            "retryable",
+        raise _logged_retryable(
+            spec,
+            "crashed",
             code="server_error",
             detail="The console failed while answering. Read the action before anything else; sending the same call "
             "again is safe.",
         ) from None
     finally:
         close_old_connections()
+
+
+def _logged_retryable(spec: ToolSpec, event: str, *, code: str, detail: str) -> tools.ToolFailure:
+    """The retryable failure of a tool that broke on the console's side, its traceback logged."""
+    logger.exception("mcp.tool.%s tool=%s", event, spec.name)
+    return tools.ToolFailure("retryable", code=code, detail=detail)
 
 
 def _token_of(ctx: Context[Any, Any]) -> AgentToken | None:

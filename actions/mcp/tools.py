@@ -35,7 +35,7 @@ from actions.api.adjustments import (
     InvoiceAdjustmentProposal,
     adjustment_request_out,
 )
-from actions.api.ratelimit import ratelimit_hit
+from actions.api.ratelimit import token_ratelimit_hit
 from actions.api.schemas import (
     ActionOut,
     ActionStatusName,
@@ -156,9 +156,7 @@ def _validated(model: type[S], arguments: Mapping[str, Any]) -> S:
 
 
 def _count_call(token: AgentToken) -> None:
-    # The same counter as the HTTP API's (actions.api.gateway): one budget per token, whichever
-    # way the agent comes in.
-    decision = ratelimit_hit(key=f"token:{token.pk}")
+    decision = token_ratelimit_hit(token)
     if not decision.allowed:
         raise ToolFailure(
             "retryable",
@@ -281,16 +279,43 @@ def _opened(
 
 
 def open_refund_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Open a refund request.
+
+    Open a refund request on an order for a customer's ticket (external_reference: the support ticket's id) and get
+    its request number. Calling this again with the same ticket reference returns the same request (created: false);
+    it never opens a second one. A reference that already belongs to another order is bad_input
+    (reference_conflict); one that another agent opened is needs_person (reference_taken). Then propose the refund
+    with propose_refund.
+    """
     return _opened(
         token, RefundRequestOpen, agent_refund_request_open, arguments, RefundRequestToolOut, refund_request_out
     )
 
 
 def propose_refund(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Propose a refund.
+
+    Propose a refund for a refund request on an order: the order number, the refund request (its request_number, or
+    the external_reference it was opened with, not both), the amount as a decimal string such as "12.50", the
+    currency, a reason code and evidence for the manager who decides. Calling this again with the same arguments
+    returns the same action; it never refunds twice. After a timeout or a dropped connection, send the same call
+    again. Different arguments for a refund request that already has a proposal are refused as needs_person
+    (payload_conflict, with the differing fields): do not change the request number or open another request to get
+    it through. A refund request another agent opened reads as no request at all (bad_input, not_found). The money
+    moves only after approval (a manager, or the policy for small amounts); follow the action with get_action.
+    """
     return _proposed(token, "refund", RefundProposal, agent_refund_propose, arguments)
 
 
 def open_adjustment_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Open an adjustment request on a supplier bill.
+
+    Open an adjustment request on a supplier bill that failed its purchase-order match (external_reference: the
+    matcher's exception id) and get its adjustment number. Calling this again with the same reference returns the
+    same request (created: false); it never opens a second one. A reference that already belongs to another bill is
+    bad_input (reference_conflict); one that another agent opened is needs_person (reference_taken). Then propose
+    the credit note with propose_invoice_adjustment. Needs the invoice_adjustment scope.
+    """
     return _opened(
         token,
         AdjustmentRequestOpen,
@@ -302,12 +327,32 @@ def open_adjustment_request(*, token: AgentToken, arguments: Mapping[str, Any]) 
 
 
 def propose_invoice_adjustment(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Propose an invoice adjustment.
+
+    Propose an invoice adjustment: a credit note against a supplier bill in the accounting system, for one of the
+    bill's adjustment requests. Give the bill number, the adjustment_number, the amount as a decimal string such as
+    "20.00" (at most what is left to adjust on the bill), the bill's currency, a reason code and evidence for the
+    manager who decides. Calling this again with the same arguments returns the same action; it never creates a
+    second credit note. After a timeout or a dropped connection, send the same call again. Different arguments for
+    an adjustment request that already has a proposal are refused as needs_person (payload_conflict, with the
+    differing fields): do not change the adjustment number or open another request to get it through. An adjustment
+    request another agent opened reads as no request at all (bad_input, not_found). The credit note is posted only
+    after approval (a manager, or the policy for small amounts within the per-bill cap); follow the action with
+    get_action or explain_action. Needs the invoice_adjustment scope.
+    """
     return _proposed(
         token, "invoice_adjustment", InvoiceAdjustmentProposal, agent_invoice_adjustment_propose, arguments
     )
 
 
 def get_action(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Read an action.
+
+    Read one of this agent's actions by its action_id: its status, a plain-language explanation (what happens next,
+    who holds it, whether it is final) and the payment provider's reference once known. An id that is not this
+    agent's is bad_input (action_not_found), exactly like an id that does not exist. Read-only: repeat it as often
+    as needed.
+    """
     _count_call(token)
     ref = _validated(ActionRef, arguments)
     try:
@@ -317,6 +362,11 @@ def get_action(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, 
 
 
 def list_actions(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """List this agent's actions.
+
+    List this agent's actions, newest first, optionally only some statuses, a page at a time (pass next_cursor as
+    cursor for the next page). Read-only: repeat it as often as needed.
+    """
     _count_call(token)
     query = _validated(ActionListQuery, arguments)
     try:
@@ -327,6 +377,12 @@ def list_actions(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str
 
 
 def explain_action(*, token: AgentToken, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Explain an action.
+
+    Explain one of this agent's actions in plain language: what is true now, what happens next, who holds it, and
+    what the agent should do (agent_should), with when to read it again. Use it whenever a status is not final.
+    Read-only: repeat it as often as needed.
+    """
     _count_call(token)
     ref = _validated(ActionRef, arguments)
     try:

@@ -466,14 +466,11 @@ class UnchainedEvent(Exception):
     """An audit event written without its place in the hash chain."""
 
 
-class ActionEvent(AppendOnly):
-    """One line of the append-only audit trail (invariant 9).
+class TrailEvent(AppendOnly):
+    """One state change in an append-only trail: the transition, who made it (a user, an agent
+    or the system, with the label the trail shows), why, and when. The action's and the
+    workflow's trails are both made of these."""
 
-    Written by the service in the same transaction as the change it records. Python refuses
-    updates and deletes, and on PostgreSQL a trigger refuses them too.
-    """
-
-    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="events")
     transition = models.CharField(max_length=64)
     from_state = models.CharField(max_length=16, blank=True)
     to_state = models.CharField(max_length=16)
@@ -482,10 +479,25 @@ class ActionEvent(AppendOnly):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     actor_agent = models.ForeignKey("actions.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
-    actor_label = models.CharField(max_length=200, help_text="Who acted, as shown in the trail.")
+    actor_label = models.CharField(max_length=200)
     reason = models.TextField(blank=True)
     evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["created_at", "id"]
+
+
+class ActionEvent(TrailEvent):
+    """One line of the append-only audit trail (invariant 9).
+
+    Written by the service in the same transaction as the change it records. Python refuses
+    updates and deletes, and on PostgreSQL a trigger refuses them too.
+    """
+
+    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="events")
+    actor_label = models.CharField(max_length=200, help_text="Who acted, as shown in the trail.")
     # The hash chain (actions.foundation.chain, docs/evidence.md): the event's place in its
     # action's trail (1, 2, ...), the SHA-256 of its canonical content, and the chain hash that
     # links it to the previous event of the same action. Written with the event, never after.
@@ -501,8 +513,7 @@ class ActionEvent(AppendOnly):
     trail_name = "audit events"
     append_only_error = AuditTrailIsAppendOnly
 
-    class Meta:
-        ordering = ["created_at", "id"]
+    class Meta(TrailEvent.Meta):
         constraints = [
             # Two writers that each read the same previous event would fork the chain: the
             # second one's INSERT fails instead.

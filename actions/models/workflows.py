@@ -19,8 +19,8 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from actions.models.actions import ActorKind
-from actions.models.append_only import AppendOnly, AppendOnlyQuerySet, TrailIsAppendOnly
+from actions.models.actions import TrailEvent
+from actions.models.append_only import AppendOnlyQuerySet, TrailIsAppendOnly
 
 
 class WorkflowState(models.TextChoices):
@@ -174,29 +174,14 @@ class WorkflowTrailIsAppendOnly(TrailIsAppendOnly):
     pass
 
 
-class WorkflowEvent(AppendOnly):
+class WorkflowEvent(TrailEvent):
     """The workflow's append-only audit trail: every state change, written in its transaction."""
 
     workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="events")
-    transition = models.CharField(max_length=64)
-    from_state = models.CharField(max_length=16, blank=True)
-    to_state = models.CharField(max_length=16)
-    actor_kind = models.CharField(max_length=8, choices=ActorKind.choices)
-    actor_user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
-    )
-    actor_agent = models.ForeignKey("actions.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
-    actor_label = models.CharField(max_length=200)
-    reason = models.TextField(blank=True)
-    evidence = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(db_index=True)
 
     objects = AppendOnlyQuerySet["WorkflowEvent"].as_manager()
     trail_name = "workflow events"
     append_only_error = WorkflowTrailIsAppendOnly
-
-    class Meta:
-        ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
         return f"{self.workflow_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"

@@ -9,6 +9,8 @@ and its audit record in one transaction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +48,7 @@ S = ActionStatus
 RESOLVE_PERMISSION = perms.RESOLVE
 REMEDY_PERMISSION = perms.CHANGE_REMEDY
 DISCREPANCY_PERMISSION = perms.CHANGE_DISCREPANCY
+FollowUpModel = type[Remedy] | type[Discrepancy]
 # The remedies a person may choose when a refund failed for good.
 REMEDY_CHOICES = (RemedyKind.STORE_CREDIT, RemedyKind.MANUAL_TRANSFER, RemedyKind.CHEQUE, RemedyKind.NONE)
 
@@ -132,17 +135,22 @@ def action_owner_record(*, action: Action, owner: Any, user: Any, reason: str, n
     )
 
 
-def _follow_up_assign(
-    *, model: type[Remedy] | type[Discrepancy], pk: int, user: Any, owner_pk: object, note: str, permission: str
-) -> Any:
+def _follow_up_locked(model: FollowUpModel, pk: int) -> Any:
+    """The follow-up, with its owner and action, locked until the transaction ends."""
+    item = model.objects.select_for_update(of=("self",)).select_related("owner", "action").filter(pk=pk).first()
+    if item is None:
+        raise ReviewRefused(f"There is no such {model._meta.verbose_name}.", code="not_found", status=404)
+    return item
+
+
+def _follow_up_assign(model: FollowUpModel, pk: int, *, user: Any, owner_pk: object, note: str) -> Any:
     name = model._meta.verbose_name
+    permission = _FOLLOW_UPS[model].permission
     review_require(user, permission, f"Only finance may take or reassign a {name}.")
     note = review_text(note, name="note", required=False, label="")
     now = timezone.now()
     with transaction.atomic(durable=True):
-        item = model.objects.select_for_update(of=("self",)).select_related("owner", "action").filter(pk=pk).first()
-        if item is None:
-            raise ReviewRefused(f"There is no such {name}.", code="not_found", status=404)
+        item = _follow_up_locked(model, pk)
         if item.status not in (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS):
             raise ReviewRefused(f"This {name} is closed: there is nothing left to own.", code="not_open")
         kind = follow_up_kind(item)
@@ -160,21 +168,12 @@ def _follow_up_assign(
 
 
 def remedy_assign(*, remedy_pk: int, user: Any, owner_pk: object = None, note: str = "") -> Remedy:
-    item: Remedy = _follow_up_assign(
-        model=Remedy, pk=remedy_pk, user=user, owner_pk=owner_pk, note=note, permission=REMEDY_PERMISSION
-    )
+    item: Remedy = _follow_up_assign(Remedy, remedy_pk, user=user, owner_pk=owner_pk, note=note)
     return item
 
 
 def discrepancy_assign(*, discrepancy_pk: int, user: Any, owner_pk: object = None, note: str = "") -> Discrepancy:
-    item: Discrepancy = _follow_up_assign(
-        model=Discrepancy,
-        pk=discrepancy_pk,
-        user=user,
-        owner_pk=owner_pk,
-        note=note,
-        permission=DISCREPANCY_PERMISSION,
-    )
+    item: Discrepancy = _follow_up_assign(Discrepancy, discrepancy_pk, user=user, owner_pk=owner_pk, note=note)
     return item
 
 
@@ -211,26 +210,34 @@ DISCREPANCY_FLOW = {
 }
 
 
+@dataclass(frozen=True)
+class _FollowUpRules:
+    """A kind of follow-up's statuses, the moves between them, and the permission to work on it."""
+
+    statuses: type[FollowUpStatus] | type[DiscrepancyStatus]
+    flow: Mapping[Any, set[Any]]
+    permission: str
+
+
+_FOLLOW_UPS: dict[FollowUpModel, _FollowUpRules] = {
+    Remedy: _FollowUpRules(FollowUpStatus, REMEDY_FLOW, REMEDY_PERMISSION),
+    Discrepancy: _FollowUpRules(DiscrepancyStatus, DISCREPANCY_FLOW, DISCREPANCY_PERMISSION),
+}
+
+
 def _advance(
-    *,
-    model: type[Remedy] | type[Discrepancy],
-    pk: int,
-    user: Any,
-    to_status: object,
-    note: object,
-    flow: dict[Any, set[Any]],
-    permission: str,
-    remedy_kind: object = None,
+    model: FollowUpModel, pk: int, *, user: Any, to_status: object, note: object, remedy_kind: object = None
 ) -> Any:
     name = model._meta.verbose_name
+    rules = _FOLLOW_UPS[model]
+    permission = rules.permission
     review_require(user, permission, f"Only finance may work on a {name}.")
     # Separation of duties holds whatever permissions a superuser or a stray grant carries.
     refusal = follow_up_admin_refusal(user=user)
     if refusal is not None:
         raise ReviewRefused(refusal, code="not_allowed", status=403)
     target = str(to_status or "")
-    statuses: type[FollowUpStatus] | type[DiscrepancyStatus] = FollowUpStatus if model is Remedy else DiscrepancyStatus
-    choices = {status.value: status for status in statuses}
+    choices = {status.value: status for status in rules.statuses}
     if target not in choices:
         raise ReviewRefused(
             f"status: {target[:40]!r} is not a {name} status.", code="invalid", status=400, field="status"
@@ -240,12 +247,10 @@ def _advance(
     kind = _remedy_kind(remedy_kind, allow_undecided=True) if remedy_kind not in (None, "") else None
     now = timezone.now()
     with transaction.atomic(durable=True):
-        item = model.objects.select_for_update(of=("self",)).select_related("owner", "action").filter(pk=pk).first()
-        if item is None:
-            raise ReviewRefused(f"There is no such {name}.", code="not_found", status=404)
+        item = _follow_up_locked(model, pk)
         review_resolver_rule(user, kind=follow_up_kind(item), owner=item.owner, permission=permission)
         review_owner_rule(user, item.owner)
-        if target not in {status.value for status in flow.get(item.status, set())}:
+        if target not in {status.value for status in rules.flow.get(item.status, set())}:
             raise ReviewRefused(
                 f"This {name} is {item.get_status_display().lower()}: it cannot move to "
                 f"{choices[target].label.lower()} from there.",
@@ -281,28 +286,11 @@ def remedy_advance(
     *, remedy_pk: int, user: Any, to_status: object, note: object = "", remedy_kind: object = None
 ) -> Remedy:
     """Move a remedy on: open -> in progress -> done. Closing needs a note and a decided kind."""
-    item: Remedy = _advance(
-        model=Remedy,
-        pk=remedy_pk,
-        user=user,
-        to_status=to_status,
-        note=note,
-        flow=REMEDY_FLOW,  # type: ignore[arg-type]
-        permission=REMEDY_PERMISSION,
-        remedy_kind=remedy_kind,
-    )
+    item: Remedy = _advance(Remedy, remedy_pk, user=user, to_status=to_status, note=note, remedy_kind=remedy_kind)
     return item
 
 
 def discrepancy_advance(*, discrepancy_pk: int, user: Any, to_status: object, note: object = "") -> Discrepancy:
     """Move a discrepancy on: open -> in progress -> explained or corrected. Closing needs a note."""
-    item: Discrepancy = _advance(
-        model=Discrepancy,
-        pk=discrepancy_pk,
-        user=user,
-        to_status=to_status,
-        note=note,
-        flow=DISCREPANCY_FLOW,  # type: ignore[arg-type]
-        permission=DISCREPANCY_PERMISSION,
-    )
+    item: Discrepancy = _advance(Discrepancy, discrepancy_pk, user=user, to_status=to_status, note=note)
     return item

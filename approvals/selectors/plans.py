@@ -21,10 +21,14 @@ def plans_waiting(*, user: Any) -> QuerySet[Workflow]:
     )
 
 
+def proposals_waiting(*, user: Any) -> QuerySet[Action]:
+    """Single proposals waiting for a decision, oldest first, but for those this person proposed."""
+    return Action.objects.filter(status=ActionStatus.PROPOSED).exclude(proposed_by_user=user).order_by("created_at")
+
+
 def manager_waiting_counts(*, user: Any) -> tuple[int, int]:
     """How many single proposals and how many plans wait for this manager."""
-    proposals = Action.objects.filter(status=ActionStatus.PROPOSED).exclude(proposed_by_user=user).count()
-    return proposals, plans_waiting(user=user).count()
+    return proposals_waiting(user=user).count(), plans_waiting(user=user).count()
 
 
 # What a plan is about, in the words on the papers a clerk holds: the parameters that name a

@@ -47,15 +47,22 @@ ensure_redis() {
     return 1
 }
 
-ensure_chromium() {
-    if command -v chromium >/dev/null 2>&1; then return 0; fi
+# Installs the Debian package $1, which the tests named in $2 need, when running as root with
+# apt-get; otherwise says what is missing and fails.
+install_debian_package() {
+    local package="$1" needed_for="$2"
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        echo "==> installing Debian's chromium for the browser tests"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+        echo "==> installing Debian's $package for $needed_for"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
     else
-        echo "chromium is missing: install Debian's chromium package for the browser tests" >&2
+        echo "$package is missing: install Debian's $package package for $needed_for" >&2
         return 1
     fi
+}
+
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1; then return 0; fi
+    install_debian_package chromium "the browser tests"
 }
 
 # Prints the secret kept in the file $1, written once (readable by its owner only) from the
@@ -85,11 +92,5 @@ start_sandbox() {
 # (harness/chaos/hosts.py), preloaded into every process of that host.
 ensure_faketime() {
     if compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null; then return 0; fi
-    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        echo "==> installing Debian's faketime (libfaketime) for the chaos test's skewed host"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
-    else
-        echo "libfaketime is missing: install Debian's faketime package for the chaos test" >&2
-        return 1
-    fi
+    install_debian_package faketime "the chaos test's skewed host"
 }

@@ -93,8 +93,18 @@ class LookupView:
         ]
 
 
+class _Workable:
+    """A page of something a person may work on, unless ``work_refusal`` says why not."""
+
+    work_refusal: str | None
+
+    @property
+    def may_work(self) -> bool:
+        return self.work_refusal is None
+
+
 @dataclass(frozen=True)
-class ActionDetail:
+class ActionDetail(_Workable):
     action: Action
     row_due: datetime | None
     overdue: bool
@@ -109,10 +119,6 @@ class ActionDetail:
     limits: dict[str, str]
     # Why this person may not work on the action at all (``resolver_refusal``), or None.
     work_refusal: str | None = None
-
-    @property
-    def may_work(self) -> bool:
-        return self.work_refusal is None
 
     @property
     def is_needs_review(self) -> bool:
@@ -264,7 +270,7 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
 
 
 @dataclass(frozen=True)
-class FollowUpDetail:
+class FollowUpDetail(_Workable):
     kind: str
     item: Any
     due: datetime
@@ -274,10 +280,6 @@ class FollowUpDetail:
     next_states: list[tuple[str, str]]
     # Why this person may not work on the follow-up at all (``resolver_refusal``), or None.
     work_refusal: str | None = None
-
-    @property
-    def may_work(self) -> bool:
-        return self.work_refusal is None
 
     @property
     def is_open(self) -> bool:

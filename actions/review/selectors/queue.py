@@ -296,53 +296,52 @@ def _action_row(action: Action, attempts: dict[int, Attempt], *, user: Any, now:
 
 
 def _remedy_row(remedy: Remedy, *, user: Any, now: datetime) -> QueueRow:
-    due = follow_up_due(remedy.created_at)
-    action = remedy.action
-    return QueueRow(
-        kind=ItemKind.REMEDY,
-        item=remedy,
-        state=remedy.status,
-        state_label=f"Remedy {remedy.get_status_display().lower()}",
-        owner=remedy.owner,
-        since=remedy.created_at,
-        due=due,
-        overdue=due < now,
-        amount=remedy.amount,
-        currency=remedy.currency,
-        order=action.order if action is not None else None,
-        submissions=action.attempt_count if action is not None else 0,
-        lookups=0,
-        last_answer=f"{remedy.get_kind_display()}: the refund failed for good; the customer still expects the money.",
-        next_reconcile_at=None,
-        next_reconcile_note="",
-        rank=RANK[ItemKind.REMEDY],
-        refusal=owner_rule_refusal(user=user, owner=remedy.owner),
-    )
+    answer = f"{remedy.get_kind_display()}: the refund failed for good; the customer still expects the money."
+    return _follow_up_row(remedy, remedy.created_at, (remedy.amount, remedy.currency), answer, user=user, now=now)
 
 
 def _discrepancy_row(discrepancy: Discrepancy, *, user: Any, now: datetime) -> QueueRow:
-    due = follow_up_due(discrepancy.detected_at)
     action = discrepancy.action
+    money = (action.amount, action.currency) if action is not None else (None, "")
+    reference = f" ({discrepancy.provider_reference})" if discrepancy.provider_reference else ""
+    answer = f"{discrepancy.get_kind_display()}{reference}"
+    return _follow_up_row(discrepancy, discrepancy.detected_at, money, answer, user=user, now=now)
+
+
+def _follow_up_row(
+    item: Remedy | Discrepancy,
+    opened_at: datetime,
+    money: tuple[Decimal | None, str],
+    answer: str,
+    *,
+    user: Any,
+    now: datetime,
+) -> QueueRow:
+    """A remedy's or a discrepancy's row: due a set time after it opened, about its action's
+    order, never looked up, and ranked by its kind."""
+    kind = str(type(item)._meta.model_name)  # ItemKind.REMEDY or ItemKind.DISCREPANCY
+    due = follow_up_due(opened_at)
+    action = item.action
+    amount, currency = money
     return QueueRow(
-        kind=ItemKind.DISCREPANCY,
-        item=discrepancy,
-        state=discrepancy.status,
-        state_label=f"Discrepancy {discrepancy.get_status_display().lower()}",
-        owner=discrepancy.owner,
-        since=discrepancy.detected_at,
+        kind=kind,
+        item=item,
+        state=item.status,
+        state_label=f"{kind.capitalize()} {item.get_status_display().lower()}",
+        owner=item.owner,
+        since=opened_at,
         due=due,
         overdue=due < now,
-        amount=action.amount if action is not None else None,
-        currency=action.currency if action is not None else "",
+        amount=amount,
+        currency=currency,
         order=action.order if action is not None else None,
         submissions=action.attempt_count if action is not None else 0,
         lookups=0,
-        last_answer=f"{discrepancy.get_kind_display()}"
-        + (f" ({discrepancy.provider_reference})" if discrepancy.provider_reference else ""),
+        last_answer=answer,
         next_reconcile_at=None,
         next_reconcile_note="",
-        rank=RANK[ItemKind.DISCREPANCY],
-        refusal=owner_rule_refusal(user=user, owner=discrepancy.owner),
+        rank=RANK[kind],
+        refusal=owner_rule_refusal(user=user, owner=item.owner),
     )
 
 
