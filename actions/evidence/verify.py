@@ -19,6 +19,7 @@ its link to the previous checkpoint, its signature and its line in the file are 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +34,12 @@ from actions.evidence.checkpoints import (
 )
 from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content, key_id, merkle_root
 from actions.foundation.chain import signature_valid as hmac_valid
-from actions.models import ActionEvent, Checkpoint
+from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
+from actions.models import ActionEvent, ArchivedActionEvent, Checkpoint, RetentionTombstone
 from actions.notifications import trail_break_notify
 
 EDITED, REMOVED, INSERTED, REORDERED, CHECKPOINT = "edited", "removed", "inserted", "reordered", "checkpoint"
+TOMBSTONE = "tombstone"
 
 _FIELDS = (
     "id",
@@ -68,9 +71,12 @@ class Break:
     action: str | None = None
     sequence: int | None = None
     checkpoint: int | None = None
+    tombstone: int | None = None
 
     def line(self) -> str:
-        if self.checkpoint is not None:
+        if self.tombstone is not None:
+            where = f"retention tombstone {self.tombstone}"
+        elif self.checkpoint is not None:
             where = f"checkpoint {self.checkpoint}"
         else:
             where = f"event {self.event_id} (action {self.action}, sequence {self.sequence})"
@@ -82,6 +88,7 @@ class TrailReport:
     actions: int = 0
     events: int = 0
     checkpoints: int = 0
+    tombstones: int = 0
     breaks: list[Break] = field(default_factory=list)
 
     @property
@@ -167,7 +174,15 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
 
 def _actions_events() -> Iterator[list[dict[str, Any]]]:
     """Each action's events, one action at a time, read in one pass in key order."""
-    rows = ActionEvent.objects.order_by("action_id", "id").values(*_FIELDS).iterator(chunk_size=5000)
+    # The live trail and its archive, each in (action, key) order, merged as they stream: an
+    # action's events may lie in both (one written after its archiving, on a late follow-up).
+    rows = heapq.merge(
+        *(
+            model.objects.order_by("action_id", "id").values(*_FIELDS).iterator(chunk_size=5000)
+            for model in (ActionEvent, ArchivedActionEvent)
+        ),
+        key=lambda row: (row["action_id"], row["id"]),
+    )
     group: list[dict[str, Any]] = []
     for row in rows:
         if group and group[0]["action_id"] != row["action_id"]:
@@ -178,9 +193,11 @@ def _actions_events() -> Iterator[list[dict[str, Any]]]:
         yield group
 
 
-def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
+def checkpoints_first_break(*, key: bytes, pruned: dict[str, int] | None = None) -> tuple[int, Break | None]:
     """Check every checkpoint in order: its link to the one before, its hash, its signature, its
-    root over the events of its period, and its line in the file. (count, first break)."""
+    root over the events of its period, and its line in the file. (count, first break).
+    ``pruned``: how many of each checkpoint's events valid tombstones account for, by number."""
+    pruned = pruned or {}
     previous: Checkpoint | None = None
     lines = {line.get("number"): line for line in checkpoint_log_read()}
     count = 0
@@ -200,8 +217,15 @@ def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
         if checkpoint.key_id != key_id(key) or not hmac_valid(key, checkpoint.checkpoint_hash, checkpoint.signature):
             return count, broken(f"its signature does not verify under the key {key_id(key)}")
         leaves = checkpoint_leaves(checkpoint_events(checkpoint, previous))
-        if len(leaves) != checkpoint.event_count or merkle_root([leaf for _, leaf in leaves]) != checkpoint.root:
-            return count, broken(_period_difference(checkpoint, [pk for pk, _ in leaves]))
+        found = [pk for pk, _ in leaves]
+        gone = pruned.get(str(checkpoint.number), 0)
+        if gone:
+            # Part of its period was pruned past retention, under signed tombstones: what is left
+            # must be exactly the rest. Its root can no longer be recomputed.
+            if len(found) + gone != checkpoint.event_count:
+                return count, broken(_period_difference(checkpoint, found, pruned=gone))
+        elif len(found) != checkpoint.event_count or merkle_root([leaf for _, leaf in leaves]) != checkpoint.root:
+            return count, broken(_period_difference(checkpoint, found))
         line = lines.pop(checkpoint.number, None)
         if line is not None and line != checkpoint_document(checkpoint):
             return count, broken("its line in the checkpoint file differs from its row")
@@ -212,7 +236,12 @@ def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
     return count, None
 
 
-def _period_difference(checkpoint: Checkpoint, found: list[int]) -> str:
+def _period_difference(checkpoint: Checkpoint, found: list[int], *, pruned: int = 0) -> str:
+    if pruned:
+        return (
+            f"its period now holds {len(found)} events and tombstones account for {pruned} pruned,"
+            f" {checkpoint.event_count} when signed"
+        )
     if len(found) > checkpoint.event_count:
         low, high = checkpoint.first_event, checkpoint.last_event
         strays = [pk for pk in found if low is None or high is None or not low <= pk <= high]
@@ -235,10 +264,36 @@ def trail_verify(*, key: bytes) -> TrailReport:
         if found is not None:
             report.breaks.append(found)
     report.breaks.sort(key=lambda b: b.event_id or 0)
-    report.checkpoints, checkpoint_break = checkpoints_first_break(key=key)
+    report.tombstones, tombstone_breaks, pruned = tombstones_check(key=key)
+    report.checkpoints, checkpoint_break = checkpoints_first_break(key=key, pruned=pruned)
     if checkpoint_break is not None:
         report.breaks.append(checkpoint_break)
+    report.breaks.extend(tombstone_breaks)
     return report
+
+
+def tombstones_check(*, key: bytes) -> tuple[int, list[Break], dict[str, int]]:
+    """Check every retention tombstone's signature. (count, breaks, and how many pruned audit
+    events the valid ones account for in each checkpoint's period, by its number). A tombstone
+    that does not verify accounts for nothing, so its checkpoints then show the events missing."""
+    breaks: list[Break] = []
+    pruned: dict[str, int] = {}
+    count = 0
+    for tombstone in RetentionTombstone.objects.order_by("id"):
+        count += 1
+        if not tombstone_valid(tombstone, key=key):
+            breaks.append(
+                Break(
+                    TOMBSTONE,
+                    f"its fields no longer match its signature under the key {key_id(key)}",
+                    tombstone=tombstone.pk,
+                )
+            )
+            continue
+        if tombstone.record_type == AUDIT_EVENTS:
+            for number, events in tombstone.checkpoint_counts.items():
+                pruned[str(number)] = pruned.get(str(number), 0) + int(events)
+    return count, breaks, pruned
 
 
 def trail_check(*, key: bytes) -> TrailReport:
@@ -248,7 +303,7 @@ def trail_check(*, key: bytes) -> TrailReport:
         trail_break_notify(
             breaks=[
                 (
-                    f"trail:{b.kind}:{b.checkpoint if b.checkpoint is not None else b.event_id}",
+                    f"trail:{b.kind}:{b.tombstone or (b.checkpoint if b.checkpoint is not None else b.event_id)}",
                     b.line(),
                     # The action's page is found by its id; a checkpoint's break has no action.
                     f"/search?{urlencode({'q': b.action})}" if b.action else "/review/",

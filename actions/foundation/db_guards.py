@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import Count
 
 from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
+from actions.foundation.sql import SQLITE_DELETE_GUARDS
 
 # The audit trail is append-only, and an action's material fields never change after the
 # proposal. Python refuses both; on PostgreSQL these triggers refuse them for any client.
@@ -77,8 +78,7 @@ CREATE TRIGGER securityevent_append_only
 SQLITE_GUARDS = [
     """CREATE TRIGGER IF NOT EXISTS actionevent_no_update BEFORE UPDATE ON actions_actionevent
     BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: UPDATE refused'); END""",
-    """CREATE TRIGGER IF NOT EXISTS actionevent_no_delete BEFORE DELETE ON actions_actionevent
-    BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: DELETE refused'); END""",
+    SQLITE_DELETE_GUARDS["actions_actionevent"][1],
     """CREATE TRIGGER IF NOT EXISTS securityevent_no_update BEFORE UPDATE ON actions_securityevent
     BEGIN SELECT RAISE(ABORT, 'actions_securityevent is append-only: UPDATE refused'); END""",
     """CREATE TRIGGER IF NOT EXISTS securityevent_no_delete BEFORE DELETE ON actions_securityevent
@@ -214,3 +214,81 @@ def backfill_trail_hashes(apps: Any, schema_editor: Any) -> None:
         event_model.objects.filter(pk=row["id"]).update(sequence=sequence, content_hash=digest, chain_hash=chained)
         heads[row["action_id"]] = (sequence, chained)
     schema_editor.execute(PG_EVENT_GUARD_ON if vendor == "postgresql" else SQLITE_GUARDS[0], params=None)
+
+
+# The archive and the retention of the audit trail (actions.engine.retention). The trigger
+# function above refuses every UPDATE and DELETE of an event; two deletes are let through, each
+# only on an explicit, transaction-local switch that only the archive's statements set
+# (actions.foundation.sql), and only with the evidence of the move in the same transaction:
+#
+# - a live event, while ``console.archiving`` is on, and only once its identical copy (same key,
+#   same hashes) is in the archive: the archive moves closed actions' events, it never drops one;
+# - an archived event, while ``console.pruning`` is on, and only when a tombstone of pruned audit
+#   events names its key: past the trail's retention an event may go, never without a signed
+#   statement of what went (actions.foundation.tombstones).
+#
+# Why a setting and not a second role or a disabled trigger: ``SET LOCAL`` ends with its
+# transaction, so a forgotten reset cannot leave the trail open; the switch is named in the one
+# function that moves rows, which a reader finds by grepping for it; and a stray DELETE (a
+# mistaken query, an ORM call, a psql session) still fails. It is not a barrier against the
+# database's owner, who can drop any trigger: the hash chain and the signed checkpoints catch that.
+PG_ARCHIVE_GUARDS = """
+CREATE OR REPLACE FUNCTION console_refuse_event_change() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_actionevent'
+       AND current_setting('console.archiving', true) = 'on'
+       AND EXISTS (
+           SELECT 1 FROM actions_archivedactionevent AS a
+           WHERE a.id = OLD.id AND a.chain_hash = OLD.chain_hash AND a.content_hash = OLD.content_hash
+       ) THEN
+        RETURN OLD;
+    END IF;
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_archivedactionevent'
+       AND current_setting('console.pruning', true) = 'on'
+       AND EXISTS (
+           SELECT 1 FROM actions_retentiontombstone AS t
+           WHERE t.record_type = 'audit events' AND OLD.id BETWEEN t.first_id AND t.last_id
+       ) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '% is append-only: % refused', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'integrity_constraint_violation';
+END;
+$$ LANGUAGE plpgsql;
+
+DROP TRIGGER IF EXISTS archivedactionevent_append_only ON actions_archivedactionevent;
+CREATE TRIGGER archivedactionevent_append_only
+    BEFORE UPDATE OR DELETE ON actions_archivedactionevent
+    FOR EACH ROW EXECUTE FUNCTION console_refuse_event_change();
+"""
+
+# SQLite has no session settings a trigger could read (and a trigger may not read a temporary
+# table): there the archive's transaction drops the delete guard and creates it again before it
+# commits (SQLite's DDL is transactional, and one writer holds the database meanwhile).
+SQLITE_ARCHIVE_GUARDS = [
+    """CREATE TRIGGER IF NOT EXISTS archivedevent_no_update BEFORE UPDATE ON actions_archivedactionevent
+    BEGIN SELECT RAISE(ABORT, 'actions_archivedactionevent is append-only: UPDATE refused'); END""",
+    SQLITE_DELETE_GUARDS["actions_archivedactionevent"][1],
+]
+
+
+def install_archive_guards(apps: Any, schema_editor: Any) -> None:
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        schema_editor.execute(PG_ARCHIVE_GUARDS, params=None)
+    elif vendor == "sqlite":
+        for statement in SQLITE_ARCHIVE_GUARDS:
+            schema_editor.execute(statement, params=None)
+
+
+def remove_archive_guards(apps: Any, schema_editor: Any) -> None:
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        schema_editor.execute(
+            "DROP TRIGGER IF EXISTS archivedactionevent_append_only ON actions_archivedactionevent;"
+            + PG_GUARDS.split("CREATE OR REPLACE FUNCTION console_refuse_material_change")[0],
+            params=None,
+        )
+    elif vendor == "sqlite":
+        for name in ("archivedevent_no_update", "archivedevent_no_delete"):
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)

@@ -24,6 +24,11 @@ The statements, each run by the function of the same name in lower case:
   same for a record that hands its action to a person: the owner and the due date too.
 - ``EVENT_CHAIN_HEADS``: the last event of each of N actions' trails (its sequence and chain
   hash), which the next event's chain hash follows (actions.foundation.chain).
+- ``EVENTS_ARCHIVE_COPY`` and ``EVENTS_ARCHIVE_DELETE``: the archive's move of closed actions'
+  events, one INSERT ... SELECT and one DELETE in the caller's transaction, the delete let past
+  the append-only trigger by ``ARCHIVING_ON`` only; ``ARCHIVED_EVENTS_DELETE`` prunes archived
+  events past retention, let through by ``PRUNING_ON`` and their tombstone
+  (actions.foundation.db_guards says why).
 - ``EVENTS_INSERT`` and ``ATTEMPTS_INSERT``: N audit events, or N attempts, in one INSERT that
   returns their keys in the order given (as Django's ``bulk_create`` reads them).
 - ``ATTEMPT_ANSWERS``: what the receiver said, written on N attempts in one UPDATE.
@@ -59,7 +64,8 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -183,9 +189,10 @@ _ACTIVE_WEBHOOK_OF_ACTION = (
 
 CLAIMABLE_ACTIONS = (
     'SELECT "actions_action".*, '  # noqa: S608 -- fixed text: the values are parameters
-    + _ACTIVE_WEBHOOK_OF_ACTION + ' AS "agent_webhook_pk"'
+    + _ACTIVE_WEBHOOK_OF_ACTION
+    + ' AS "agent_webhook_pk"'
     ' FROM "actions_action"'
-    " WHERE \"actions_action\".\"status\" = 'AUTHORIZED'{before}{among}"
+    ' WHERE "actions_action"."status" = \'AUTHORIZED\'{before}{among}'
     ' ORDER BY "actions_action"."status_changed_at", "actions_action"."id"'
     " LIMIT %s{lock}"
 )
@@ -300,7 +307,7 @@ ACTIONS_CLAIM = (
     ' "updated_at" = v."updated_at", "lease_token" = v."lease_token", "lease_expires_at" = v."lease_expires_at",'
     ' "attempt_count" = v."attempt_count", "first_attempt_at" = v."first_attempt_at",'
     ' "last_attempt_at" = v."last_attempt_at"'
-    " FROM {rows} WHERE a.\"id\" = v.\"id\" AND a.\"status\" = 'AUTHORIZED'"
+    ' FROM {rows} WHERE a."id" = v."id" AND a."status" = \'AUTHORIZED\''
 )
 
 
@@ -323,14 +330,14 @@ ACTIONS_RECORD = (
     'UPDATE "actions_action" AS a SET "status" = v."status", "status_changed_at" = v."status_changed_at",'
     ' "updated_at" = v."updated_at", "lease_token" = v."lease_token", "lease_expires_at" = v."lease_expires_at",'
     ' "provider_reference" = v."provider_reference", "next_reconcile_at" = v."next_reconcile_at"'
-    " FROM {rows} WHERE a.\"id\" = v.\"id\" AND a.\"status\" = 'SUBMITTING' AND a.\"lease_token\" = v.\"fence\""
+    ' FROM {rows} WHERE a."id" = v."id" AND a."status" = \'SUBMITTING\' AND a."lease_token" = v."fence"'
 )
 ACTIONS_RECORD_ESCALATION = (
     'UPDATE "actions_action" AS a SET "status" = v."status", "status_changed_at" = v."status_changed_at",'
     ' "updated_at" = v."updated_at", "lease_token" = v."lease_token", "lease_expires_at" = v."lease_expires_at",'
     ' "provider_reference" = v."provider_reference", "next_reconcile_at" = v."next_reconcile_at",'
     ' "owner_id" = v."owner_id", "due_at" = v."due_at"'
-    " FROM {rows} WHERE a.\"id\" = v.\"id\" AND a.\"status\" = 'SUBMITTING' AND a.\"lease_token\" = v.\"fence\""
+    ' FROM {rows} WHERE a."id" = v."id" AND a."status" = \'SUBMITTING\' AND a."lease_token" = v."fence"'
 )
 
 
@@ -430,25 +437,133 @@ EVENTS_INSERT = (
     ' SELECT * FROM {rows} RETURNING "id"'
 )
 
+# The archive (actions.engine.retention) moves a closed action's events to their own table; an
+# event written later on that action (a follow-up's note) continues the chain from there. So the
+# head is read from both tables: one probe of each unique index on (action, sequence), and the
+# higher sequence wins.
+_CHAIN_HEAD_OF = (
+    'SELECT e."action_id", e."sequence", e."chain_hash" FROM "{table}" AS e'
+    ' WHERE e."action_id" IN (SELECT v."id" FROM {{keys}}) AND e."sequence" = ('
+    'SELECT MAX(m."sequence") FROM "{table}" AS m WHERE m."action_id" = e."action_id")'
+)
 EVENT_CHAIN_HEADS = (
-    'SELECT e."action_id", e."sequence", e."chain_hash" FROM "actions_actionevent" AS e'
-    ' WHERE e."action_id" IN (SELECT v."id" FROM {keys}) AND e."sequence" = ('
-    'SELECT MAX(m."sequence") FROM "actions_actionevent" AS m WHERE m."action_id" = e."action_id")'
+    _CHAIN_HEAD_OF.format(table="actions_actionevent")
+    + " UNION ALL "
+    + _CHAIN_HEAD_OF.format(table="actions_archivedactionevent")
 )
 
 
 def event_chain_heads(*, action_pks: Sequence[int]) -> dict[int, tuple[int, str]]:
-    """The last event of each of these actions' trails: its sequence and chain hash, by the
-    action's key (an action without events is missing). Each is one probe of the unique index
-    on (action, sequence). The caller holds the actions' row locks, so no other writer can add
-    an event meanwhile."""
+    """The last event of each of these actions' trails, live or archived: its sequence and
+    chain hash, by the action's key (an action without events is missing). The caller holds the
+    actions' row locks, so no other writer can add an event meanwhile, nor the archive move one."""
     if not action_pks:
         return {}
     connection = _connection(ActionEvent)
     keys, params = _key_rows(connection, action_pks)
+    heads: dict[int, tuple[int, str]] = {}
     with connection.cursor() as cursor:
-        cursor.execute(EVENT_CHAIN_HEADS.format(keys=keys), params)
-        return {int(pk): (int(sequence), str(chain)) for pk, sequence, chain in cursor.fetchall()}
+        cursor.execute(EVENT_CHAIN_HEADS.format(keys=keys), params + params)
+        for pk, sequence, chain in cursor.fetchall():
+            if int(pk) not in heads or int(sequence) > heads[int(pk)][0]:
+                heads[int(pk)] = (int(sequence), str(chain))
+    return heads
+
+
+# --- the archive of closed actions' events, and their pruning past retention ----------------------
+
+# Every column of an audit event, in both tables (ArchivedActionEvent has ActionEvent's columns,
+# its key and its txid included: tests/evidence/test_archive.py holds the two to that).
+TRAIL_EVENT_COLUMNS = (
+    "id",
+    "action_id",
+    "transition",
+    "from_state",
+    "to_state",
+    "actor_kind",
+    "actor_user_id",
+    "actor_agent_id",
+    "actor_label",
+    "reason",
+    "evidence",
+    "created_at",
+    "sequence",
+    "content_hash",
+    "chain_hash",
+    "txid",
+)
+_TRAIL_EVENT_NAMES = ", ".join(f'"{name}"' for name in TRAIL_EVENT_COLUMNS)
+
+# The delete guards of the two tables on SQLite, by table: (trigger, its CREATE statement). The
+# migrations install them (actions.foundation.db_guards); the archive's SQLite path drops one and
+# makes it again inside its transaction.
+SQLITE_DELETE_GUARDS = {
+    "actions_actionevent": (
+        "actionevent_no_delete",
+        """CREATE TRIGGER IF NOT EXISTS actionevent_no_delete BEFORE DELETE ON actions_actionevent
+    BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: DELETE refused'); END""",
+    ),
+    "actions_archivedactionevent": (
+        "archivedevent_no_delete",
+        """CREATE TRIGGER IF NOT EXISTS archivedevent_no_delete BEFORE DELETE ON actions_archivedactionevent
+    BEGIN SELECT RAISE(ABORT, 'actions_archivedactionevent is append-only: DELETE refused'); END""",
+    ),
+}
+
+# The switches the append-only trigger reads (actions.foundation.db_guards), for this
+# transaction only.
+ARCHIVING_ON = "SELECT set_config('console.archiving', 'on', true)"
+PRUNING_ON = "SELECT set_config('console.pruning', 'on', true)"
+
+EVENTS_ARCHIVE_COPY = (
+    f'INSERT INTO "actions_archivedactionevent" ({_TRAIL_EVENT_NAMES})'  # noqa: S608 -- column names only
+    f' SELECT {_TRAIL_EVENT_NAMES} FROM "actions_actionevent"'
+    ' WHERE "action_id" IN (SELECT v."id" FROM {keys}) ORDER BY "id"'
+)
+EVENTS_ARCHIVE_DELETE = 'DELETE FROM "actions_actionevent" WHERE "action_id" IN (SELECT v."id" FROM {keys})'
+ARCHIVED_EVENTS_DELETE = 'DELETE FROM "actions_archivedactionevent" WHERE "action_id" IN (SELECT v."id" FROM {keys})'
+
+
+@contextmanager
+def _delete_allowed(connection: Any, *, table: str, switch: str) -> Iterator[None]:
+    """Let this transaction's DELETE of ``table`` past its append-only guard: on PostgreSQL the
+    transaction-local switch the trigger reads; on SQLite the delete trigger is dropped and made
+    again before the transaction ends (db_guards.SQLITE_DELETE_GUARDS)."""
+    if connection.vendor == "postgresql":
+        _write(connection, switch, [])
+        yield
+        return
+    name, create = SQLITE_DELETE_GUARDS[table]
+    _write(connection, f'DROP TRIGGER IF EXISTS "{name}"', [])
+    yield
+    _write(connection, create, [])
+
+
+def events_archive(*, action_pks: Sequence[int]) -> tuple[int, int]:
+    """Move every live event of these actions to the archive: INSERT ... SELECT, then DELETE.
+    Must run inside a transaction that holds the actions' row locks. (copied, deleted): the
+    caller compares them."""
+    if not transaction.get_connection(using=_connection(ActionEvent).alias).in_atomic_block:
+        raise RuntimeError("the archive moves events inside its caller's transaction")
+    connection = _connection(ActionEvent)
+    keys, params = _key_rows(connection, action_pks)
+    _, copied = _write(connection, EVENTS_ARCHIVE_COPY.format(keys=keys), params)
+    with _delete_allowed(connection, table="actions_actionevent", switch=ARCHIVING_ON):
+        _, deleted = _write(connection, EVENTS_ARCHIVE_DELETE.format(keys=keys), params)
+    return int(copied), int(deleted)
+
+
+def archived_events_delete(*, action_pks: Sequence[int]) -> int:
+    """Delete the archived events of these actions. Must run inside the transaction that wrote
+    their tombstone (the guard on PostgreSQL looks for it)."""
+    connection = _connection(ActionEvent)
+    if not transaction.get_connection(using=connection.alias).in_atomic_block:
+        raise RuntimeError("archived events are pruned inside the transaction that writes their tombstone")
+    keys, params = _key_rows(connection, action_pks)
+    with _delete_allowed(connection, table="actions_archivedactionevent", switch=PRUNING_ON):
+        _, deleted = _write(connection, ARCHIVED_EVENTS_DELETE.format(keys=keys), params)
+    return int(deleted)
+
 
 _ATTEMPT_COLUMNS = (
     Column("action_id", "bigint"),

@@ -466,14 +466,10 @@ class UnchainedEvent(Exception):
     """An audit event written without its place in the hash chain."""
 
 
-class ActionEvent(AppendOnly):
-    """One line of the append-only audit trail (invariant 9).
+class TrailEventFields(AppendOnly):
+    """The columns of an audit event, shared by the live trail (ActionEvent) and its archive
+    (ArchivedActionEvent): an archived event is the same row, moved (actions.engine.retention)."""
 
-    Written by the service in the same transaction as the change it records. Python refuses
-    updates and deletes, and on PostgreSQL a trigger refuses them too.
-    """
-
-    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="events")
     transition = models.CharField(max_length=64)
     from_state = models.CharField(max_length=16, blank=True)
     to_state = models.CharField(max_length=16)
@@ -492,14 +488,32 @@ class ActionEvent(AppendOnly):
     sequence = models.PositiveIntegerField(null=True)
     content_hash = models.CharField(max_length=64, blank=True, default="")
     chain_hash = models.CharField(max_length=64, blank=True, default="")
+
+    trail_name = "audit events"
+    append_only_error = AuditTrailIsAppendOnly
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"  # type: ignore[attr-defined]
+
+
+class ActionEvent(TrailEventFields):
+    """One line of the append-only audit trail (invariant 9).
+
+    Written by the service in the same transaction as the change it records. Python refuses
+    updates and deletes, and on PostgreSQL a trigger refuses them too; the one delete it lets
+    through is the archive's move of a closed action's events (actions.foundation.db_guards).
+    """
+
+    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="events")
     # The inserting transaction's id (PostgreSQL's pg_current_xact_id()): a checkpoint covers the
     # events of the transactions that had all ended when it was made (actions.evidence.checkpoints).
     # NULL on SQLite, whose single writer commits in key order.
     txid = models.BigIntegerField(null=True, blank=True, db_default=CurrentTransactionId())
 
     objects = AppendOnlyQuerySet["ActionEvent"].as_manager()
-    trail_name = "audit events"
-    append_only_error = AuditTrailIsAppendOnly
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -513,11 +527,36 @@ class ActionEvent(AppendOnly):
             models.Index(fields=["transition", "created_at"], name="event_transition_created_idx"),
         ]
 
-    def __str__(self) -> str:
-        return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"
-
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self._state.adding and not self.chain_hash:
             # Only the trail's writer (actions.foundation.trail) links an event into its chain.
             raise UnchainedEvent(f"{self.action_id}: an audit event is written through the trail, with its hashes")
         super().save(*args, **kwargs)
+
+
+class ArchivedActionEvent(TrailEventFields):
+    """An audit event of a closed action, moved out of the live trail after the hot window
+    (settings.ARCHIVE_AFTER_DAYS, actions.engine.retention): the same columns and the same key,
+    so its hashes and its checkpoint's Merkle leaf are unchanged. Only the archive's SQL writes
+    here (actions.foundation.sql); the trail's readers read both tables (``trail_events``)."""
+
+    id = models.BigIntegerField(primary_key=True)
+    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="archived_events")
+    # Copied from the live row, never the archiving transaction's own.
+    txid = models.BigIntegerField(null=True, blank=True)
+
+    objects = AppendOnlyQuerySet["ArchivedActionEvent"].as_manager()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["action", "sequence"], name="archivedevent_action_sequence_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["action", "created_at"], name="archivedevent_action_idx"),
+            models.Index(fields=["txid"], name="archivedevent_txid_idx"),
+        ]
+
+
+# An audit event as its readers see it, from the live trail or from its archive.
+TrailEvent = ActionEvent | ArchivedActionEvent
