@@ -395,18 +395,12 @@ LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 36
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.
 ATTEMPT_BODY_RETENTION_DAYS: int = env_int("ATTEMPT_BODY_RETENTION_DAYS", 90)
 HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 3600)
-# Retention and archive (actions.engine.retention; the table is docs/operators/retention.md).
-# Closed actions (a final status, nothing open on them) leave the hot window this many days
-# after they closed: their audit events move to the archive table, still read by every page,
-# bundle, export and the trail's check.
+# Retention and archive, run every RETENTION_INTERVAL_SECONDS (docs/operators/retention.md has
+# the table): closed actions' events move to the archive ARCHIVE_AFTER_DAYS after closing; the
+# trail and the notifications are pruned past their days, under signed tombstones (0: for ever).
 ARCHIVE_AFTER_DAYS: int = env_int("ARCHIVE_AFTER_DAYS", 90)
-# The audit trail is kept this long (seven years by default, as books and their records are):
-# an action whose archived events are all older loses them under a signed tombstone. 0: for ever.
 TRAIL_RETENTION_DAYS: int = env_int("TRAIL_RETENTION_DAYS", 2555)
-# The bell's notifications are deleted (under a tombstone) this long after they were made; the
-# items they pointed at keep their own trail. 0: for ever.
 NOTIFICATION_RETENTION_DAYS: int = env_int("NOTIFICATION_RETENTION_DAYS", 365)
-# The archive and the prunings run once per this interval (30 days), on one host.
 RETENTION_INTERVAL_SECONDS: int = env_int("RETENTION_INTERVAL_SECONDS", 30 * 24 * 3600)
 # Webhooks for agents (actions/agents/webhooks.py). A failed delivery is retried after
 # BASE * 2**(n-1) seconds (capped at CAP) until WINDOW seconds after the event; beat sweeps

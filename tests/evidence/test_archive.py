@@ -225,8 +225,8 @@ def test_archive_refuses_a_bad_or_future_date_by_name(db: Any) -> None:
 
 
 def test_the_archive_has_the_live_trails_columns() -> None:
-    live = [field.column for field in ActionEvent._meta.concrete_fields]
-    archived = [field.column for field in ArchivedActionEvent._meta.concrete_fields]
+    live = [str(field.column) for field in ActionEvent._meta.concrete_fields]
+    archived = [str(field.column) for field in ArchivedActionEvent._meta.concrete_fields]
     assert sorted(live) == sorted(archived) == sorted(sql.TRAIL_EVENT_COLUMNS)
 
 

@@ -64,8 +64,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -140,7 +139,7 @@ def _dialect(connection: Any) -> _Dialect:
         ) from None
 
 
-def _connection(model: type[Model], *, write: bool = True) -> Any:
+def connection_for(model: type[Model], *, write: bool = True) -> Any:
     return connections[router.db_for_write(model) if write else router.db_for_read(model)]
 
 
@@ -158,7 +157,7 @@ def _prepared(connection: Any, model: type[Model], columns: Sequence[Column], ob
     )
 
 
-def _write(connection: Any, sql: str, params: Sequence[Any]) -> Any:
+def statement_write(connection: Any, sql: str, params: Sequence[Any]) -> Any:
     """Run one writing statement and return its cursor's rows (or an empty list) and row count.
 
     As ``QuerySet.update``: an error inside an atomic block marks it for rollback, even when the
@@ -172,7 +171,7 @@ def _write(connection: Any, sql: str, params: Sequence[Any]) -> Any:
 _KEYS = (Column("id", "bigint"),)
 
 
-def _key_rows(connection: Any, keys: Iterable[int]) -> tuple[str, list[Any]]:
+def key_rows(connection: Any, keys: Iterable[int]) -> tuple[str, list[Any]]:
     return _dialect(connection).rows(connection, _KEYS, [(key,) for key in keys])
 
 
@@ -206,7 +205,7 @@ def claimable_actions(
     loads it and with ``agent_webhook_pk``, its agent's active webhook's key or None.
 
     ``authorized_before``: only those authorized before then. ``action_pks``: only these."""
-    connection = _connection(Action)
+    connection = connection_for(Action)
     dialect = _dialect(connection)
     params: list[Any] = []
     before = among = ""
@@ -214,7 +213,7 @@ def claimable_actions(
         before = ' AND "actions_action"."status_changed_at" < %s'
         params.append(authorized_before)
     if action_pks is not None:
-        keys, key_params = _key_rows(connection, action_pks)
+        keys, key_params = key_rows(connection, action_pks)
         among = f' AND "actions_action"."id" IN (SELECT v."id" FROM {keys})'  # noqa: S608 -- placeholders only
         params += key_params
     params.append(limit)
@@ -232,8 +231,8 @@ def approve_rows(*, action_pks: Sequence[int]) -> list[Approval]:
     """The APPROVE rows of these actions, in the order they were inserted (by key)."""
     if not action_pks:
         return []
-    connection = _connection(Approval, write=False)
-    keys, params = _key_rows(connection, action_pks)
+    connection = connection_for(Approval, write=False)
+    keys, params = key_rows(connection, action_pks)
     return list(Approval.objects.raw(APPROVE_ROWS.format(keys=keys), (Decision.APPROVE.value, *params)))
 
 
@@ -257,8 +256,8 @@ class LockedForRecord:
 def actions_lock_for_record(*, action_pks: Sequence[int]) -> dict[int, LockedForRecord]:
     """Lock these actions (FOR UPDATE, in the order of their keys) and read each one's status,
     lease token, agent and its agent's active webhook."""
-    connection = _connection(Action)
-    keys, params = _key_rows(connection, action_pks)
+    connection = connection_for(Action)
+    keys, params = key_rows(connection, action_pks)
     token_field = Action._meta.get_field("lease_token")
     with connection.cursor() as cursor:
         cursor.execute(ACTIONS_LOCK_FOR_RECORD.format(keys=keys, lock=_dialect(connection).lock), params)
@@ -275,7 +274,7 @@ ACTIVE_WEBHOOK = 'SELECT "id" FROM "actions_agentwebhook" WHERE "agent_id" = %s 
 
 def active_webhook(*, agent_id: int) -> int | None:
     """The key of the agent's active webhook, or None."""
-    connection = _connection(AgentWebhook, write=False)
+    connection = connection_for(AgentWebhook, write=False)
     with connection.cursor() as cursor:
         cursor.execute(ACTIVE_WEBHOOK, [agent_id])
         row = cursor.fetchone()
@@ -383,7 +382,7 @@ def _transitions_write(
 ) -> int:
     if not actions:
         return 0
-    connection = _connection(Action)
+    connection = connection_for(Action)
     written = _names(columns)
     for action in actions:
         changed = set(_changed(action))
@@ -403,7 +402,7 @@ def _transitions_write(
             (*row, token_field.get_db_prep_save(fence, connection)) for row, fence in zip(rows, fences, strict=True)
         ]
     source, params = _dialect(connection).rows(connection, row_columns, rows)
-    _, count = _write(connection, statement.format(rows=source), params)
+    _, count = statement_write(connection, statement.format(rows=source), params)
     if count == len(actions):
         for action in actions:
             action.saved_elsewhere(written)
@@ -436,134 +435,6 @@ EVENTS_INSERT = (
     ' "sequence", "content_hash", "chain_hash")'
     ' SELECT * FROM {rows} RETURNING "id"'
 )
-
-# The archive (actions.engine.retention) moves a closed action's events to their own table; an
-# event written later on that action (a follow-up's note) continues the chain from there. So the
-# head is read from both tables: one probe of each unique index on (action, sequence), and the
-# higher sequence wins.
-_CHAIN_HEAD_OF = (
-    'SELECT e."action_id", e."sequence", e."chain_hash" FROM "{table}" AS e'
-    ' WHERE e."action_id" IN (SELECT v."id" FROM {{keys}}) AND e."sequence" = ('
-    'SELECT MAX(m."sequence") FROM "{table}" AS m WHERE m."action_id" = e."action_id")'
-)
-EVENT_CHAIN_HEADS = (
-    _CHAIN_HEAD_OF.format(table="actions_actionevent")
-    + " UNION ALL "
-    + _CHAIN_HEAD_OF.format(table="actions_archivedactionevent")
-)
-
-
-def event_chain_heads(*, action_pks: Sequence[int]) -> dict[int, tuple[int, str]]:
-    """The last event of each of these actions' trails, live or archived: its sequence and
-    chain hash, by the action's key (an action without events is missing). The caller holds the
-    actions' row locks, so no other writer can add an event meanwhile, nor the archive move one."""
-    if not action_pks:
-        return {}
-    connection = _connection(ActionEvent)
-    keys, params = _key_rows(connection, action_pks)
-    heads: dict[int, tuple[int, str]] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(EVENT_CHAIN_HEADS.format(keys=keys), params + params)
-        for pk, sequence, chain in cursor.fetchall():
-            if int(pk) not in heads or int(sequence) > heads[int(pk)][0]:
-                heads[int(pk)] = (int(sequence), str(chain))
-    return heads
-
-
-# --- the archive of closed actions' events, and their pruning past retention ----------------------
-
-# Every column of an audit event, in both tables (ArchivedActionEvent has ActionEvent's columns,
-# its key and its txid included: tests/evidence/test_archive.py holds the two to that).
-TRAIL_EVENT_COLUMNS = (
-    "id",
-    "action_id",
-    "transition",
-    "from_state",
-    "to_state",
-    "actor_kind",
-    "actor_user_id",
-    "actor_agent_id",
-    "actor_label",
-    "reason",
-    "evidence",
-    "created_at",
-    "sequence",
-    "content_hash",
-    "chain_hash",
-    "txid",
-)
-_TRAIL_EVENT_NAMES = ", ".join(f'"{name}"' for name in TRAIL_EVENT_COLUMNS)
-
-# The delete guards of the two tables on SQLite, by table: (trigger, its CREATE statement). The
-# migrations install them (actions.foundation.db_guards); the archive's SQLite path drops one and
-# makes it again inside its transaction.
-SQLITE_DELETE_GUARDS = {
-    "actions_actionevent": (
-        "actionevent_no_delete",
-        """CREATE TRIGGER IF NOT EXISTS actionevent_no_delete BEFORE DELETE ON actions_actionevent
-    BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: DELETE refused'); END""",
-    ),
-    "actions_archivedactionevent": (
-        "archivedevent_no_delete",
-        """CREATE TRIGGER IF NOT EXISTS archivedevent_no_delete BEFORE DELETE ON actions_archivedactionevent
-    BEGIN SELECT RAISE(ABORT, 'actions_archivedactionevent is append-only: DELETE refused'); END""",
-    ),
-}
-
-# The switches the append-only trigger reads (actions.foundation.db_guards), for this
-# transaction only.
-ARCHIVING_ON = "SELECT set_config('console.archiving', 'on', true)"
-PRUNING_ON = "SELECT set_config('console.pruning', 'on', true)"
-
-EVENTS_ARCHIVE_COPY = (
-    f'INSERT INTO "actions_archivedactionevent" ({_TRAIL_EVENT_NAMES})'  # noqa: S608 -- column names only
-    f' SELECT {_TRAIL_EVENT_NAMES} FROM "actions_actionevent"'
-    ' WHERE "action_id" IN (SELECT v."id" FROM {keys}) ORDER BY "id"'
-)
-EVENTS_ARCHIVE_DELETE = 'DELETE FROM "actions_actionevent" WHERE "action_id" IN (SELECT v."id" FROM {keys})'
-ARCHIVED_EVENTS_DELETE = 'DELETE FROM "actions_archivedactionevent" WHERE "action_id" IN (SELECT v."id" FROM {keys})'
-
-
-@contextmanager
-def _delete_allowed(connection: Any, *, table: str, switch: str) -> Iterator[None]:
-    """Let this transaction's DELETE of ``table`` past its append-only guard: on PostgreSQL the
-    transaction-local switch the trigger reads; on SQLite the delete trigger is dropped and made
-    again before the transaction ends (db_guards.SQLITE_DELETE_GUARDS)."""
-    if connection.vendor == "postgresql":
-        _write(connection, switch, [])
-        yield
-        return
-    name, create = SQLITE_DELETE_GUARDS[table]
-    _write(connection, f'DROP TRIGGER IF EXISTS "{name}"', [])
-    yield
-    _write(connection, create, [])
-
-
-def events_archive(*, action_pks: Sequence[int]) -> tuple[int, int]:
-    """Move every live event of these actions to the archive: INSERT ... SELECT, then DELETE.
-    Must run inside a transaction that holds the actions' row locks. (copied, deleted): the
-    caller compares them."""
-    if not transaction.get_connection(using=_connection(ActionEvent).alias).in_atomic_block:
-        raise RuntimeError("the archive moves events inside its caller's transaction")
-    connection = _connection(ActionEvent)
-    keys, params = _key_rows(connection, action_pks)
-    _, copied = _write(connection, EVENTS_ARCHIVE_COPY.format(keys=keys), params)
-    with _delete_allowed(connection, table="actions_actionevent", switch=ARCHIVING_ON):
-        _, deleted = _write(connection, EVENTS_ARCHIVE_DELETE.format(keys=keys), params)
-    return int(copied), int(deleted)
-
-
-def archived_events_delete(*, action_pks: Sequence[int]) -> int:
-    """Delete the archived events of these actions. Must run inside the transaction that wrote
-    their tombstone (the guard on PostgreSQL looks for it)."""
-    connection = _connection(ActionEvent)
-    if not transaction.get_connection(using=connection.alias).in_atomic_block:
-        raise RuntimeError("archived events are pruned inside the transaction that writes their tombstone")
-    keys, params = _key_rows(connection, action_pks)
-    with _delete_allowed(connection, table="actions_archivedactionevent", switch=PRUNING_ON):
-        _, deleted = _write(connection, ARCHIVED_EVENTS_DELETE.format(keys=keys), params)
-    return int(deleted)
-
 
 _ATTEMPT_COLUMNS = (
     Column("action_id", "bigint"),
@@ -599,13 +470,13 @@ def attempts_insert(attempts: Sequence[Attempt]) -> None:
 def _insert(model: type[Model], objects: Sequence[Model], columns: Sequence[Column], statement: str) -> None:
     if not objects:
         return
-    connection = _connection(model)
+    connection = connection_for(model)
     for obj in objects:
         if type(obj) is not model or obj.pk is not None or not obj._state.adding:
             raise ValueError(f"{model.__name__}: only new rows without a key are inserted here")
     rows = [_prepared(connection, model, columns, obj) for obj in objects]
     source, params = _dialect(connection).rows(connection, columns, rows)
-    keys, _ = _write(connection, statement.format(rows=source), params)
+    keys, _ = statement_write(connection, statement.format(rows=source), params)
     # In the order of the rows given, as bulk_create reads them on both databases.
     for obj, (key,) in zip(objects, keys, strict=True):
         obj.pk = key
@@ -636,10 +507,10 @@ def attempt_answers(answers: Sequence[Attempt]) -> int:
     ATTEMPT_ANSWER_FIELDS) in one statement. Returns the number of attempts written."""
     if not answers:
         return 0
-    connection = _connection(Attempt)
+    connection = connection_for(Attempt)
     rows = [_prepared(connection, Attempt, _ANSWER_COLUMNS, answer) for answer in answers]
     source, params = _dialect(connection).rows(connection, _ANSWER_COLUMNS, rows)
-    _, count = _write(connection, ATTEMPT_ANSWERS.format(rows=source), params)
+    _, count = statement_write(connection, ATTEMPT_ANSWERS.format(rows=source), params)
     return int(count)
 
 
@@ -666,25 +537,25 @@ def order_reserve(*, order_pk: int, version: int, amount: Decimal) -> bool:
     """Reserve ``amount`` on the order and move it one version on, only if it is still at
     ``version`` and its refundable balance covers the amount. Whether it did."""
     money = _money(amount)
-    _, count = _write(_connection(Order), ORDER_RESERVE, [money, order_pk, version, money])
+    _, count = statement_write(connection_for(Order), ORDER_RESERVE, [money, order_pk, version, money])
     return bool(count)
 
 
 def order_book(*, order_pk: int, amount: Decimal) -> int:
     """The reserved ``amount`` becomes refunded money."""
     money = _money(amount)
-    _, count = _write(_connection(Order), ORDER_BOOK, [money, money, order_pk])
+    _, count = statement_write(connection_for(Order), ORDER_BOOK, [money, money, order_pk])
     return int(count)
 
 
 def order_release(*, order_pk: int, amount: Decimal) -> int:
     """The reserved ``amount`` is released."""
-    _, count = _write(_connection(Order), ORDER_RELEASE, [_money(amount), order_pk])
+    _, count = statement_write(connection_for(Order), ORDER_RELEASE, [_money(amount), order_pk])
     return int(count)
 
 
 def _money(amount: Decimal) -> Any:
-    return Order._meta.get_field("reserved_amount").get_db_prep_save(amount, _connection(Order))
+    return Order._meta.get_field("reserved_amount").get_db_prep_save(amount, connection_for(Order))
 
 
 # --- the server's clock, and the audit trail's checkpoints ---------------------------------------
@@ -692,7 +563,7 @@ def _money(amount: Decimal) -> Any:
 
 def database_now() -> datetime:
     """The database server's clock, as an aware datetime in UTC (SQLite's is a naive text)."""
-    connection = _connection(Action, write=False)
+    connection = connection_for(Action, write=False)
     with connection.cursor() as cursor:
         cursor.execute(_dialect(connection).now)
         (value,) = cursor.fetchone()
@@ -706,9 +577,23 @@ TRANSACTIONS_ENDED_BELOW = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text
 def transactions_ended_below() -> int | None:
     """The lowest transaction id still running on PostgreSQL: every lower one has ended, so the
     events it wrote are final (actions.evidence.checkpoints covers those). None on SQLite."""
-    connection = _connection(ActionEvent, write=False)
+    connection = connection_for(ActionEvent, write=False)
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:
         cursor.execute(TRANSACTIONS_ENDED_BELOW)
         return int(cursor.fetchone()[0])
+
+
+# The audit trail's own statements (chain heads, archive, pruning) are in trail_events, beside.
+from actions.foundation.sql.trail_events import ARCHIVED_EVENTS_DELETE as ARCHIVED_EVENTS_DELETE  # noqa: E402
+from actions.foundation.sql.trail_events import ARCHIVING_ON as ARCHIVING_ON  # noqa: E402
+from actions.foundation.sql.trail_events import EVENT_CHAIN_HEADS as EVENT_CHAIN_HEADS  # noqa: E402
+from actions.foundation.sql.trail_events import EVENTS_ARCHIVE_COPY as EVENTS_ARCHIVE_COPY  # noqa: E402
+from actions.foundation.sql.trail_events import EVENTS_ARCHIVE_DELETE as EVENTS_ARCHIVE_DELETE  # noqa: E402
+from actions.foundation.sql.trail_events import PRUNING_ON as PRUNING_ON  # noqa: E402
+from actions.foundation.sql.trail_events import SQLITE_DELETE_GUARDS as SQLITE_DELETE_GUARDS  # noqa: E402
+from actions.foundation.sql.trail_events import TRAIL_EVENT_COLUMNS as TRAIL_EVENT_COLUMNS  # noqa: E402
+from actions.foundation.sql.trail_events import archived_events_delete as archived_events_delete  # noqa: E402
+from actions.foundation.sql.trail_events import event_chain_heads as event_chain_heads  # noqa: E402
+from actions.foundation.sql.trail_events import events_archive as events_archive  # noqa: E402
