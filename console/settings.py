@@ -395,9 +395,8 @@ LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 36
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.
 ATTEMPT_BODY_RETENTION_DAYS: int = env_int("ATTEMPT_BODY_RETENTION_DAYS", 90)
 HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 3600)
-# Retention and archive, run every RETENTION_INTERVAL_SECONDS (docs/operators/retention.md has
-# the table): closed actions' events move to the archive ARCHIVE_AFTER_DAYS after closing; the
-# trail and the notifications are pruned past their days, under signed tombstones (0: for ever).
+# Retention and archive, run every RETENTION_INTERVAL_SECONDS: see docs/operators/retention.md
+# (closed actions' events are archived; the trail and notifications pruned past their days).
 ARCHIVE_AFTER_DAYS: int = env_int("ARCHIVE_AFTER_DAYS", 90)
 TRAIL_RETENTION_DAYS: int = env_int("TRAIL_RETENTION_DAYS", 2555)
 NOTIFICATION_RETENTION_DAYS: int = env_int("NOTIFICATION_RETENTION_DAYS", 365)
