@@ -36,7 +36,7 @@ from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
 from actions.engine.housekeeping import actions_closed_before
-from actions.foundation import sql
+from actions.foundation.sql.trail_events import archived_events_delete, events_archive
 from actions.foundation.tombstones import AUDIT_EVENTS, Pruned, tombstone_write
 from actions.models import (
     Action,
@@ -108,7 +108,7 @@ def archive_closed_actions(
             # The agents' webhook outbox names its event; a delivery of an action closed this
             # long ago is long delivered or expired, and keeps its event id and payload.
             AgentWebhookDelivery.objects.filter(audit_event__action_id__in=locked).update(audit_event=None)
-            copied, deleted = sql.events_archive(action_pks=locked)
+            copied, deleted = events_archive(action_pks=locked)
             if copied != deleted:
                 raise ArchiveMoveFailed(f"copied {copied} events to the archive but deleted {deleted}")
         actions += len(locked)
@@ -181,7 +181,7 @@ def archive_prune(*, now: datetime | None = None, max_batches: int = 100) -> Pru
                 checkpoint_counts=counts,
                 now=now,
             )
-            deleted = sql.archived_events_delete(action_pks=locked)
+            deleted = archived_events_delete(action_pks=locked)
         pruned += deleted
         tombstones += 1
     return PruneRun(pruned=pruned, tombstones=tombstones)

@@ -88,8 +88,8 @@ class TrailReport:
     actions: int = 0
     events: int = 0
     checkpoints: int = 0
-    tombstones: int = 0
     breaks: list[Break] = field(default_factory=list)
+    tombstones: int = 0  # retention tombstones checked
 
     @property
     def first(self) -> Break | None:

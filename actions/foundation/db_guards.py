@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import Count
 
 from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
-from actions.foundation.sql import SQLITE_DELETE_GUARDS
+from actions.foundation.sql.trail_events import sqlite_refusal, sqlite_refusal_name
 
 # The audit trail is append-only, and an action's material fields never change after the
 # proposal. Python refuses both; on PostgreSQL these triggers refuse them for any client.
@@ -78,7 +78,7 @@ CREATE TRIGGER securityevent_append_only
 SQLITE_GUARDS = [
     """CREATE TRIGGER IF NOT EXISTS actionevent_no_update BEFORE UPDATE ON actions_actionevent
     BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: UPDATE refused'); END""",
-    SQLITE_DELETE_GUARDS["actions_actionevent"][1],
+    sqlite_refusal("actions_actionevent", "DELETE"),
     """CREATE TRIGGER IF NOT EXISTS securityevent_no_update BEFORE UPDATE ON actions_securityevent
     BEGIN SELECT RAISE(ABORT, 'actions_securityevent is append-only: UPDATE refused'); END""",
     """CREATE TRIGGER IF NOT EXISTS securityevent_no_delete BEFORE DELETE ON actions_securityevent
@@ -100,13 +100,15 @@ SQLITE_GUARD_NAMES = [
 ]
 
 
-def install_security_guards(apps: Any, schema_editor: Any) -> None:
+def _guards_run(schema_editor: Any, *, postgresql: str, sqlite: list[str]) -> None:
+    """Run the guards' statements for the database the migration runs on."""
     vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(PG_SECURITY_GUARDS, params=None)
-    elif vendor == "sqlite":
-        for statement in SQLITE_GUARDS:
-            schema_editor.execute(statement, params=None)
+    for statement in [postgresql] if vendor == "postgresql" else sqlite if vendor == "sqlite" else []:
+        schema_editor.execute(statement, params=None)
+
+
+def install_security_guards(apps: Any, schema_editor: Any) -> None:
+    _guards_run(schema_editor, postgresql=PG_SECURITY_GUARDS, sqlite=SQLITE_GUARDS)
 
 
 def remove_security_guards(apps: Any, schema_editor: Any) -> None:
@@ -235,60 +237,54 @@ def backfill_trail_hashes(apps: Any, schema_editor: Any) -> None:
 PG_ARCHIVE_GUARDS = """
 CREATE OR REPLACE FUNCTION console_refuse_event_change() RETURNS trigger AS $$
 BEGIN
-    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_actionevent'
-       AND current_setting('console.archiving', true) = 'on'
-       AND EXISTS (
-           SELECT 1 FROM actions_archivedactionevent AS a
-           WHERE a.id = OLD.id AND a.chain_hash = OLD.chain_hash AND a.content_hash = OLD.content_hash
-       ) THEN
-        RETURN OLD;
-    END IF;
-    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_archivedactionevent'
-       AND current_setting('console.pruning', true) = 'on'
-       AND EXISTS (
-           SELECT 1 FROM actions_retentiontombstone AS t
-           WHERE t.record_type = 'audit events' AND OLD.id BETWEEN t.first_id AND t.last_id
-       ) THEN
-        RETURN OLD;
+    -- Nested, so that a row's columns are read only for the table that has them.
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_actionevent' THEN
+        IF current_setting('console.archiving', true) = 'on' AND EXISTS (
+            SELECT 1 FROM actions_archivedactionevent AS a
+            WHERE a.id = OLD.id AND a.chain_hash = OLD.chain_hash AND a.content_hash = OLD.content_hash
+        ) THEN
+            RETURN OLD;
+        END IF;
+    ELSIF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_archivedactionevent' THEN
+        IF current_setting('console.pruning', true) = 'on' AND EXISTS (
+            SELECT 1 FROM actions_retentiontombstone AS t
+            WHERE t.record_type = 'audit events' AND OLD.id BETWEEN t.first_id AND t.last_id
+        ) THEN
+            RETURN OLD;
+        END IF;
     END IF;
     RAISE EXCEPTION '% is append-only: % refused', TG_TABLE_NAME, TG_OP
         USING ERRCODE = 'integrity_constraint_violation';
 END;
 $$ LANGUAGE plpgsql;
 
-DROP TRIGGER IF EXISTS archivedactionevent_append_only ON actions_archivedactionevent;
-CREATE TRIGGER archivedactionevent_append_only
-    BEFORE UPDATE OR DELETE ON actions_archivedactionevent
-    FOR EACH ROW EXECUTE FUNCTION console_refuse_event_change();
 """
+# The archive is append-only as the trail is, and so are the tombstones (nothing ever lets one go).
+ARCHIVE_TABLES = ("actions_archivedactionevent", "actions_retentiontombstone")
+
+
+def _pg_append_only(table: str) -> str:
+    return (
+        f"DROP TRIGGER IF EXISTS {table}_append_only ON {table};"
+        f" CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}"
+        " FOR EACH ROW EXECUTE FUNCTION console_refuse_event_change();"
+    )
+
 
 # SQLite has no session settings a trigger could read (and a trigger may not read a temporary
 # table): there the archive's transaction drops the delete guard and creates it again before it
 # commits (SQLite's DDL is transactional, and one writer holds the database meanwhile).
-SQLITE_ARCHIVE_GUARDS = [
-    """CREATE TRIGGER IF NOT EXISTS archivedevent_no_update BEFORE UPDATE ON actions_archivedactionevent
-    BEGIN SELECT RAISE(ABORT, 'actions_archivedactionevent is append-only: UPDATE refused'); END""",
-    SQLITE_DELETE_GUARDS["actions_archivedactionevent"][1],
-]
+SQLITE_ARCHIVE_GUARDS = [sqlite_refusal(table, verb) for table in ARCHIVE_TABLES for verb in ("UPDATE", "DELETE")]
 
 
 def install_archive_guards(apps: Any, schema_editor: Any) -> None:
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(PG_ARCHIVE_GUARDS, params=None)
-    elif vendor == "sqlite":
-        for statement in SQLITE_ARCHIVE_GUARDS:
-            schema_editor.execute(statement, params=None)
+    tables = "".join(map(_pg_append_only, ARCHIVE_TABLES))
+    _guards_run(schema_editor, postgresql=PG_ARCHIVE_GUARDS + tables, sqlite=SQLITE_ARCHIVE_GUARDS)
 
 
 def remove_archive_guards(apps: Any, schema_editor: Any) -> None:
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(
-            "DROP TRIGGER IF EXISTS archivedactionevent_append_only ON actions_archivedactionevent;"
-            + PG_GUARDS.split("CREATE OR REPLACE FUNCTION console_refuse_material_change")[0],
-            params=None,
-        )
-    elif vendor == "sqlite":
-        for name in ("archivedevent_no_update", "archivedevent_no_delete"):
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
+    drops = "".join(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table};" for table in ARCHIVE_TABLES)
+    # The trigger function as it was before the archive.
+    before = PG_GUARDS.split("DROP TRIGGER IF EXISTS actionevent_append_only")[0]
+    names = [sqlite_refusal_name(table, verb) for table in ARCHIVE_TABLES for verb in ("UPDATE", "DELETE")]
+    _guards_run(schema_editor, postgresql=drops + before, sqlite=[f"DROP TRIGGER IF EXISTS {name}" for name in names])

@@ -73,22 +73,14 @@ def tombstone_write(
     the delete: the database's guard on archived events looks for it)."""
     key = signing_key()
     rows = sorted(records, key=lambda record: record.pk)
-    tombstone = RetentionTombstone(
-        record_type=record_type,
-        rule=rule,
-        retention_days=retention_days,
-        cutoff=cutoff,
-        count=len(rows),
-        first_id=rows[0].pk if rows else None,
-        last_id=rows[-1].pk if rows else None,
-        first_at=min(row.at for row in rows) if rows else None,
-        last_at=max(row.at for row in rows) if rows else None,
-        digest=sha256_hex(canonical_json([[row.pk, row.digest] for row in rows])),
-        checkpoint_counts=checkpoint_counts or {},
-        created_at=now or timezone.now(),
-        algorithm=ALGORITHM,
-        key_id=key_id(key),
-    )
+    first, last = (rows[0], rows[-1]) if rows else (None, None)
+    tombstone = RetentionTombstone(record_type=record_type, rule=rule, retention_days=retention_days, cutoff=cutoff)
+    tombstone.count, tombstone.checkpoint_counts = len(rows), checkpoint_counts or {}
+    tombstone.first_id, tombstone.last_id = (first.pk, last.pk) if first and last else (None, None)
+    tombstone.first_at = min((row.at for row in rows), default=None)
+    tombstone.last_at = max((row.at for row in rows), default=None)
+    tombstone.digest = sha256_hex(canonical_json([[row.pk, row.digest] for row in rows]))
+    tombstone.created_at, tombstone.algorithm, tombstone.key_id = now or timezone.now(), ALGORITHM, key_id(key)
     tombstone.signature = sign(key, tombstone_hash(tombstone))
     tombstone.save(force_insert=True)
     return tombstone

@@ -17,6 +17,7 @@ from django.utils import timezone
 from actions.foundation import sql
 from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
 from actions.foundation.outbox import webhook_outbox_write
+from actions.foundation.sql.trail_events import event_chain_heads
 from actions.models import Action, ActionEvent, ActorKind, Agent, ArchivedActionEvent, Attempt
 from actions.models.actions import TrailEvent
 
@@ -113,7 +114,7 @@ def events_chain(events: list[ActionEvent], *, new_actions: set[int] | frozenset
 
     ``new_actions``: actions the caller's transaction inserted, whose trails start here.
     """
-    heads = sql.event_chain_heads(action_pks=sorted({event.action_id for event in events} - new_actions))
+    heads = event_chain_heads(action_pks=sorted({event.action_id for event in events} - new_actions))
     for event in events:
         sequence, previous = heads.get(event.action_id, (0, GENESIS))
         event.sequence = sequence + 1

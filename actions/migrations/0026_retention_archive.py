@@ -96,7 +96,7 @@ class Migration(migrations.Migration):
                     models.Index(fields=["txid"], name="archivedevent_txid_idx"),
                 ],
                 "constraints": [
-                    models.UniqueConstraint(fields=("action", "sequence"), name="archivedevent_action_sequence_unique")
+                    models.UniqueConstraint(fields=("action", "sequence"), name="archivedevent_sequence_unique")
                 ],
             },
         ),

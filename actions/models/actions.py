@@ -494,6 +494,7 @@ class TrailEventFields(AppendOnly):
 
     class Meta:
         abstract = True
+        ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
         return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"  # type: ignore[attr-defined]
@@ -515,8 +516,7 @@ class ActionEvent(TrailEventFields):
 
     objects = AppendOnlyQuerySet["ActionEvent"].as_manager()
 
-    class Meta:
-        ordering = ["created_at", "id"]
+    class Meta(TrailEventFields.Meta):
         constraints = [
             # Two writers that each read the same previous event would fork the chain: the
             # second one's INSERT fails instead.
@@ -534,6 +534,9 @@ class ActionEvent(TrailEventFields):
         super().save(*args, **kwargs)
 
 
+_ARCHIVE_INDEXES = (("archivedevent_action_idx", ["action", "created_at"]), ("archivedevent_txid_idx", ["txid"]))
+
+
 class ArchivedActionEvent(TrailEventFields):
     """An audit event of a closed action, moved out of the live trail after the hot window
     (settings.ARCHIVE_AFTER_DAYS, actions.engine.retention): the same columns and the same key,
@@ -547,15 +550,11 @@ class ArchivedActionEvent(TrailEventFields):
 
     objects = AppendOnlyQuerySet["ArchivedActionEvent"].as_manager()
 
-    class Meta:
-        ordering = ["created_at", "id"]
-        constraints = [
-            models.UniqueConstraint(fields=["action", "sequence"], name="archivedevent_action_sequence_unique"),
-        ]
-        indexes = [
-            models.Index(fields=["action", "created_at"], name="archivedevent_action_idx"),
-            models.Index(fields=["txid"], name="archivedevent_txid_idx"),
-        ]
+    class Meta(TrailEventFields.Meta):
+        # As the live trail's: one event per place in a chain, and each action's events by time;
+        # and by txid, which a checkpoint's period is read by.
+        constraints = [models.UniqueConstraint(fields=["action", "sequence"], name="archivedevent_sequence_unique")]
+        indexes = [models.Index(fields=fields, name=name) for name, fields in _ARCHIVE_INDEXES]
 
 
 # An audit event as its readers see it, from the live trail or from its archive.

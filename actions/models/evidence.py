@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db import models
 
+from actions.models.append_only import AppendOnly, AppendOnlyQuerySet
+
 
 class Checkpoint(models.Model):
     """A signed statement: "these events, and nothing else, were in the trail's period".
@@ -43,7 +45,7 @@ class Checkpoint(models.Model):
         super().save(*args, **kwargs)
 
 
-class RetentionTombstone(models.Model):
+class RetentionTombstone(AppendOnly):
     """A signed statement: "these records were deleted (or emptied) by this retention rule".
 
     Written in the transaction that prunes, one per batch (actions.engine.retention). It names
@@ -70,13 +72,11 @@ class RetentionTombstone(models.Model):
     key_id = models.CharField(max_length=32)
     signature = models.CharField(max_length=128)
 
+    objects = AppendOnlyQuerySet["RetentionTombstone"].as_manager()
+    trail_name = "retention tombstones"
+
     class Meta:
         ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
         return f"{self.count} {self.record_type} pruned by {self.rule} at {self.created_at:%Y-%m-%d}"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
-            raise ValueError("tombstones are written once")
-        super().save(*args, **kwargs)

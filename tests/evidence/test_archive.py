@@ -21,9 +21,11 @@ from actions.engine.retention import archive_closed_actions, archive_prune
 from actions.evidence.bundle import evidence_bundle
 from actions.evidence.checkpoints import checkpoint_make
 from actions.foundation import sql
+from actions.foundation.security import security_event_record
+from actions.foundation.sql import trail_events
 from actions.foundation.tombstones import AUDIT_EVENTS
 from actions.kinds.refund.proposal import action_propose_refund
-from actions.models import Action, ActionEvent, ArchivedActionEvent, RetentionTombstone
+from actions.models import Action, ActionEvent, ArchivedActionEvent, RetentionTombstone, SecurityEventKind
 from actions.models.actions import TERMINAL_STATUSES
 from actions.review.services import action_owner_record
 from actions.services import Actor, action_cancel
@@ -153,12 +155,22 @@ def test_a_delete_of_an_event_outside_the_archive_path_is_refused(agent_actor: A
     action = refund(agent_actor, cancel=True)
     event = ActionEvent.objects.filter(action=action).first()
     assert event is not None
-    for switch in ("SELECT 1", sql.ARCHIVING_ON, sql.PRUNING_ON):
+    for switch in ("SELECT 1", trail_events.ARCHIVING_ON, trail_events.PRUNING_ON):
         # Even with the archive's switch on, a live event with no copy in the archive stays.
         with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(switch)
             cursor.execute("DELETE FROM actions_actionevent WHERE id = %s", [event.pk])
     assert ActionEvent.objects.filter(pk=event.pk).exists()
+
+
+def test_the_other_trails_still_refuse_a_delete_with_the_archives_switches_on(db: Any) -> None:
+    """The trigger function is shared by every append-only trail: its archive and pruning paths
+    read columns only the audit trail's tables have, and must not stand in another's way."""
+    row = security_event_record(kind=SecurityEventKind.TOKEN_ISSUED, user=None, subject="agent a")
+    for switch in (trail_events.ARCHIVING_ON, trail_events.PRUNING_ON):
+        with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(switch)
+            cursor.execute("DELETE FROM actions_securityevent WHERE id = %s", [row.pk])
 
 
 def test_an_archived_event_is_pruned_only_under_its_tombstone(agent_actor: Actor) -> None:
@@ -168,7 +180,7 @@ def test_an_archived_event_is_pruned_only_under_its_tombstone(agent_actor: Actor
     archived = ArchivedActionEvent.objects.filter(action=action).first()
     assert archived is not None
     with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql.PRUNING_ON)
+        cursor.execute(trail_events.PRUNING_ON)
         cursor.execute("DELETE FROM actions_archivedactionevent WHERE id = %s", [archived.pk])
     with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE actions_archivedactionevent SET reason = 'edited' WHERE id = %s", [archived.pk])
@@ -209,8 +221,13 @@ def test_pruning_past_retention_leaves_a_signed_tombstone_and_a_tampered_one_is_
 
     # One digit of its count changed: the signature no longer covers it, and the checkpoint's
     # missing events are no longer accounted for.
-    with connection.cursor() as cursor:
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE actions_retentiontombstone SET count = 2 WHERE id = %s", [tombstone.pk])
+    # The database's owner lifts the guard and edits it.
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE actions_retentiontombstone DISABLE TRIGGER USER")
+        cursor.execute("UPDATE actions_retentiontombstone SET count = 2 WHERE id = %s", [tombstone.pk])
+        cursor.execute("ALTER TABLE actions_retentiontombstone ENABLE TRIGGER USER")
     code, _, err = verify()
     assert code == 1
     assert f"tombstone: retention tombstone {tombstone.pk}: its fields no longer match its signature" in err
@@ -227,7 +244,7 @@ def test_archive_refuses_a_bad_or_future_date_by_name(db: Any) -> None:
 def test_the_archive_has_the_live_trails_columns() -> None:
     live = [str(field.column) for field in ActionEvent._meta.concrete_fields]
     archived = [str(field.column) for field in ArchivedActionEvent._meta.concrete_fields]
-    assert sorted(live) == sorted(archived) == sorted(sql.TRAIL_EVENT_COLUMNS)
+    assert sorted(live) == sorted(archived) == sorted(trail_events.TRAIL_EVENT_COLUMNS)
 
 
 def test_beat_runs_the_archive_monthly(settings: Any) -> None:

@@ -22,8 +22,9 @@ The statements, each run by the function of the same name in lower case:
   and only where the row is still SUBMITTING under the lease token its record holds: the lease
   fence, a compare-and-set. A stale token changes no row. ``ACTIONS_RECORD_ESCALATION`` is the
   same for a record that hands its action to a person: the owner and the due date too.
-- ``EVENT_CHAIN_HEADS``: the last event of each of N actions' trails (its sequence and chain
-  hash), which the next event's chain hash follows (actions.foundation.chain).
+- In ``trail_events``, beside this module: ``EVENT_CHAIN_HEADS``, the last event of each of N
+  actions' trails, live or archived (its sequence and chain hash), which the next event's chain
+  hash follows (actions.foundation.chain).
 - ``EVENTS_ARCHIVE_COPY`` and ``EVENTS_ARCHIVE_DELETE``: the archive's move of closed actions'
   events, one INSERT ... SELECT and one DELETE in the caller's transaction, the delete let past
   the append-only trigger by ``ARCHIVING_ON`` only; ``ARCHIVED_EVENTS_DELETE`` prunes archived
@@ -583,17 +584,3 @@ def transactions_ended_below() -> int | None:
     with connection.cursor() as cursor:
         cursor.execute(TRANSACTIONS_ENDED_BELOW)
         return int(cursor.fetchone()[0])
-
-
-# The audit trail's own statements (chain heads, archive, pruning) are in trail_events, beside.
-from actions.foundation.sql.trail_events import ARCHIVED_EVENTS_DELETE as ARCHIVED_EVENTS_DELETE  # noqa: E402
-from actions.foundation.sql.trail_events import ARCHIVING_ON as ARCHIVING_ON  # noqa: E402
-from actions.foundation.sql.trail_events import EVENT_CHAIN_HEADS as EVENT_CHAIN_HEADS  # noqa: E402
-from actions.foundation.sql.trail_events import EVENTS_ARCHIVE_COPY as EVENTS_ARCHIVE_COPY  # noqa: E402
-from actions.foundation.sql.trail_events import EVENTS_ARCHIVE_DELETE as EVENTS_ARCHIVE_DELETE  # noqa: E402
-from actions.foundation.sql.trail_events import PRUNING_ON as PRUNING_ON  # noqa: E402
-from actions.foundation.sql.trail_events import SQLITE_DELETE_GUARDS as SQLITE_DELETE_GUARDS  # noqa: E402
-from actions.foundation.sql.trail_events import TRAIL_EVENT_COLUMNS as TRAIL_EVENT_COLUMNS  # noqa: E402
-from actions.foundation.sql.trail_events import archived_events_delete as archived_events_delete  # noqa: E402
-from actions.foundation.sql.trail_events import event_chain_heads as event_chain_heads  # noqa: E402
-from actions.foundation.sql.trail_events import events_archive as events_archive  # noqa: E402

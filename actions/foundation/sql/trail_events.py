@@ -70,21 +70,20 @@ TRAIL_EVENT_COLUMNS = (
 )
 _TRAIL_EVENT_NAMES = ", ".join(f'"{name}"' for name in TRAIL_EVENT_COLUMNS)
 
-# The delete guards of the two tables on SQLite, by table: (trigger, its CREATE statement). The
-# migrations install them (actions.foundation.db_guards); the archive's SQLite path drops one and
-# makes it again inside its transaction.
-SQLITE_DELETE_GUARDS = {
-    "actions_actionevent": (
-        "actionevent_no_delete",
-        """CREATE TRIGGER IF NOT EXISTS actionevent_no_delete BEFORE DELETE ON actions_actionevent
-    BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: DELETE refused'); END""",
-    ),
-    "actions_archivedactionevent": (
-        "archivedevent_no_delete",
-        """CREATE TRIGGER IF NOT EXISTS archivedevent_no_delete BEFORE DELETE ON actions_archivedactionevent
-    BEGIN SELECT RAISE(ABORT, 'actions_archivedactionevent is append-only: DELETE refused'); END""",
-    ),
-}
+# The append-only guards on SQLite: a trigger per table and statement that aborts it. The
+# migrations install them (actions.foundation.db_guards); the archive's SQLite path drops the
+# delete guard of one table and makes it again inside its transaction.
+def sqlite_refusal_name(table: str, verb: str) -> str:
+    # The live trail's guards were named before the archive existed: actionevent_no_delete.
+    return f"{table.removeprefix('actions_').replace('archivedaction', 'archived')}_no_{verb.lower()}"
+
+
+def sqlite_refusal(table: str, verb: str) -> str:
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS {sqlite_refusal_name(table, verb)} BEFORE {verb} ON {table}\n"
+        f"    BEGIN SELECT RAISE(ABORT, '{table} is append-only: {verb} refused'); END"
+    )
+
 
 # The switches the append-only trigger reads (actions.foundation.db_guards), for this
 # transaction only.
@@ -104,15 +103,14 @@ ARCHIVED_EVENTS_DELETE = 'DELETE FROM "actions_archivedactionevent" WHERE "actio
 def _delete_allowed(connection: Any, *, table: str, switch: str) -> Iterator[None]:
     """Let this transaction's DELETE of ``table`` past its append-only guard: on PostgreSQL the
     transaction-local switch the trigger reads; on SQLite the delete trigger is dropped and made
-    again before the transaction ends (db_guards.SQLITE_DELETE_GUARDS)."""
+    again before the transaction ends (sqlite_refusal)."""
     if connection.vendor == "postgresql":
         statement_write(connection, switch, [])
         yield
         return
-    name, create = SQLITE_DELETE_GUARDS[table]
-    statement_write(connection, f'DROP TRIGGER IF EXISTS "{name}"', [])
+    statement_write(connection, f'DROP TRIGGER IF EXISTS "{sqlite_refusal_name(table, "DELETE")}"', [])
     yield
-    statement_write(connection, create, [])
+    statement_write(connection, sqlite_refusal(table, "DELETE"), [])
 
 
 def events_archive(*, action_pks: Sequence[int]) -> tuple[int, int]:
