@@ -99,6 +99,9 @@ EVENTS_ARCHIVE_DELETE = 'DELETE FROM "actions_actionevent" WHERE "action_id" IN 
 ARCHIVED_EVENTS_DELETE = 'DELETE FROM "actions_archivedactionevent" WHERE "action_id" IN (SELECT v."id" FROM {keys})'
 
 
+SQLITE_TRIGGER_EXISTS = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND name = %s"
+
+
 @contextmanager
 def _delete_allowed(connection: Any, *, table: str, switch: str) -> Iterator[None]:
     """Let this transaction's DELETE of ``table`` past its append-only guard: on PostgreSQL the
@@ -108,9 +111,12 @@ def _delete_allowed(connection: Any, *, table: str, switch: str) -> Iterator[Non
         statement_write(connection, switch, [])
         yield
         return
-    statement_write(connection, f'DROP TRIGGER IF EXISTS "{sqlite_refusal_name(table, "DELETE")}"', [])
+    name = sqlite_refusal_name(table, "DELETE")
+    (found,), _ = statement_write(connection, SQLITE_TRIGGER_EXISTS, [name])
+    statement_write(connection, f'DROP TRIGGER IF EXISTS "{name}"', [])
     yield
-    statement_write(connection, sqlite_refusal(table, "DELETE"), [])
+    if found[0]:  # left as found: the archive lifts a guard for its delete, it installs none
+        statement_write(connection, sqlite_refusal(table, "DELETE"), [])
 
 
 def events_archive(*, action_pks: Sequence[int]) -> tuple[int, int]:
