@@ -47,8 +47,10 @@ from actions.models import (
     Workflow,
     WorkflowState,
 )
+from actions.plain import action_words
 from approvals.four_eyes import policy_change_refusal
 from approvals.models import PolicyChange, PolicyChangeStatus
+from approvals.selectors.plans import plan_subject
 
 MANAGER_ROLE = "manager"
 FINANCE_ROLE = "finance"
@@ -82,10 +84,29 @@ def _settings_of(users: list[Any]) -> dict[int, UserSettings]:
     return {user.pk: found.get(user.pk) or UserSettings(user=user) for user in users}
 
 
-def _action_line(action: Action) -> str:
-    money = f"{action.amount} {action.currency}" if action.currency else "no money"
-    order = f", order {action.order.number}" if action.order is not None else ""
-    return f"{action.get_kind_display()} {action.action_id} ({money}{order})"
+# Each item is named as a clerk knows it (kind, money, the order or bill and whose it is); the
+# action's id stays behind the link, on the item's page and in its technical details.
+
+
+def _remedy_line(remedy: Remedy) -> str:
+    # What the customer still expects back, which is the failed action's amount unless finance
+    # changed it.
+    if remedy.action is None:
+        return f"Remedy · {remedy.amount} {remedy.currency}"
+    return f"Remedy of {remedy.amount} {remedy.currency} for: {action_words(remedy.action)}"
+
+
+def _discrepancy_line(found: Discrepancy) -> str:
+    words = f"Discrepancy: {found.get_kind_display()}"
+    if found.action is not None:
+        return f"{words} · {action_words(found.action)}"
+    # An effect no action asked for is known only by the receiver's reference.
+    return f"{words} · {found.provider_reference}" if found.provider_reference else words
+
+
+def _plan_line(workflow: Workflow) -> str:
+    subject = plan_subject(workflow.parameters)
+    return f"Plan for {subject}" if subject else "Plan"
 
 
 def _send_once(*, user: Any, kind: str, items: list[Item], subject_line: str, intro: str, now: datetime) -> int:
@@ -154,13 +175,13 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
             )
             # Four eyes: a manager cannot decide what they (or their agents) proposed.
             .exclude(proposed_by_user=manager)
-            .select_related("order")
+            .select_related("order", "bill")
             .order_by("created_at")
         )
         items = [
             Item(
                 f"action:{a.pk}",
-                f"{_action_line(a)}, waiting since {a.created_at:%Y-%m-%d %H:%M} UTC",
+                f"{action_words(a)}, waiting since {a.created_at:%Y-%m-%d %H:%M} UTC",
                 reverse("approvals-detail", args=[a.pk]),
             )
             for a in waiting[: ITEMS_PER_MAIL * 4]
@@ -177,7 +198,7 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
         items += [
             Item(
                 f"workflow:{w.pk}",
-                f"Plan {w.workflow_id} ({w.template}), waiting since {w.created_at:%Y-%m-%d %H:%M} UTC",
+                f"{_plan_line(w)}, waiting since {w.created_at:%Y-%m-%d %H:%M} UTC",
                 reverse("approvals-workflow", args=[w.pk]),
             )
             for w in plans[: ITEMS_PER_MAIL * 4]
@@ -200,29 +221,36 @@ def _owned_items(now: datetime, *, overdue: bool) -> dict[int, list[Item]]:
     when ``overdue``)."""
     by_owner: dict[int, list[Item]] = defaultdict(list)
     due_cut = now - timedelta(hours=settings.REVIEW_DUE_HOURS)
-    actions = Action.objects.filter(status=ActionStatus.NEEDS_REVIEW, owner__isnull=False).select_related("order")
+    actions = Action.objects.filter(status=ActionStatus.NEEDS_REVIEW, owner__isnull=False).select_related(
+        "order", "bill"
+    )
     if overdue:
         actions = actions.filter(due_at__lte=now)
     for action in actions.order_by("due_at", "pk")[:1000]:
         due = f", due {action.due_at:%Y-%m-%d %H:%M} UTC" if action.due_at else ""
         assert action.owner_id is not None
         by_owner[action.owner_id].append(
-            Item(f"action:{action.pk}", f"{_action_line(action)}{due}", reverse("review-action", args=[action.pk]))
+            Item(f"action:{action.pk}", f"{action_words(action)}{due}", reverse("review-action", args=[action.pk]))
         )
-    remedies = Remedy.objects.filter(status__in=OPEN_REMEDY, owner__isnull=False).select_related("action")
+    remedies = Remedy.objects.filter(status__in=OPEN_REMEDY, owner__isnull=False).select_related(
+        "action__order", "action__bill"
+    )
     if overdue:
         remedies = remedies.filter(created_at__lte=due_cut)
     for remedy in remedies.order_by("created_at", "pk")[:1000]:
-        line = f"Remedy for {remedy.action.action_id} ({remedy.amount} {remedy.currency})"
         assert remedy.owner_id is not None
-        by_owner[remedy.owner_id].append(Item(f"remedy:{remedy.pk}", line, reverse("review-remedy", args=[remedy.pk])))
-    discrepancies = Discrepancy.objects.filter(status__in=OPEN_DISCREPANCY, owner__isnull=False)
+        by_owner[remedy.owner_id].append(
+            Item(f"remedy:{remedy.pk}", _remedy_line(remedy), reverse("review-remedy", args=[remedy.pk]))
+        )
+    discrepancies = Discrepancy.objects.filter(status__in=OPEN_DISCREPANCY, owner__isnull=False).select_related(
+        "action__order", "action__bill"
+    )
     if overdue:
         discrepancies = discrepancies.filter(detected_at__lte=due_cut)
     for found in discrepancies.order_by("detected_at", "pk")[:1000]:
         assert found.owner_id is not None
         by_owner[found.owner_id].append(
-            Item(f"discrepancy:{found.pk}", f"Discrepancy: {found}", reverse("review-discrepancy", args=[found.pk]))
+            Item(f"discrepancy:{found.pk}", _discrepancy_line(found), reverse("review-discrepancy", args=[found.pk]))
         )
     return by_owner
 

@@ -18,11 +18,23 @@ def _manager_waiting_href(user: Any) -> str:
     return reverse("approvals-workflows") if plans and not proposals else reverse("approvals-inbox")
 
 
+def nav_section(request: HttpRequest) -> str:
+    """The part of the console a page belongs to, which the navigation highlights: the first
+    segment of its address ("approvals" for the inbox, a proposal, the plans and each plan;
+    "review" for the queue and everything under it; "home" for the home page). A page no
+    address matched (a 404) belongs to none."""
+    match = getattr(request, "resolver_match", None)
+    if match is None:
+        return ""
+    return str(match.route).split("/", 1)[0] or "home"
+
+
 def roles(request: HttpRequest) -> dict[str, Any]:
     """Which navigation the base layout shows."""
     names = user_roles(request.user)
     return {
         "roles": names,
+        "nav_section": nav_section(request),
         "is_manager": "manager" in names,
         # Accounts payable works the same review queue, for invoice adjustments.
         "is_finance": "finance" in names or "accounts payable" in names,

@@ -23,7 +23,8 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+
+from django.urls import reverse
 
 from actions.evidence.checkpoints import (
     checkpoint_document,
@@ -32,33 +33,25 @@ from actions.evidence.checkpoints import (
     checkpoint_leaves,
     checkpoint_log_read,
 )
-from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content, key_id, merkle_root
+from actions.foundation.chain import (
+    EVENT_ROW_FIELDS,
+    GENESIS,
+    chain_link,
+    content_hash,
+    key_id,
+    merkle_root,
+    row_event_content,
+)
 from actions.foundation.chain import signature_valid as hmac_valid
 from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
-from actions.models import ActionEvent, ArchivedActionEvent, Checkpoint, RetentionTombstone
+from actions.models import Action, ActionEvent, ArchivedActionEvent, Checkpoint, RetentionTombstone
 from actions.notifications import trail_break_notify
+from actions.plain import action_words
 
 EDITED, REMOVED, INSERTED, REORDERED, CHECKPOINT = "edited", "removed", "inserted", "reordered", "checkpoint"
 TOMBSTONE = "tombstone"
 
-_FIELDS = (
-    "id",
-    "action_id",
-    "action__action_id",
-    "sequence",
-    "transition",
-    "from_state",
-    "to_state",
-    "actor_kind",
-    "actor_label",
-    "actor_user_id",
-    "actor_agent_id",
-    "reason",
-    "evidence",
-    "created_at",
-    "content_hash",
-    "chain_hash",
-)
+_FIELDS = ("id", "action_id", *EVENT_ROW_FIELDS, "content_hash", "chain_hash")
 
 
 @dataclass(frozen=True)
@@ -97,22 +90,7 @@ class TrailReport:
 
 
 def row_content_hash(row: dict[str, Any], *, sequence: int | None = None) -> str:
-    return content_hash(
-        event_content(
-            action=row["action__action_id"],
-            sequence=row["sequence"] if sequence is None else sequence,
-            transition=row["transition"],
-            from_state=row["from_state"],
-            to_state=row["to_state"],
-            actor_kind=row["actor_kind"],
-            actor_label=row["actor_label"],
-            actor_user=row["actor_user_id"],
-            actor_agent=row["actor_agent_id"],
-            reason=row["reason"],
-            evidence=row["evidence"],
-            created_at=row["created_at"],
-        )
-    )
+    return content_hash(row_event_content(row, sequence=sequence))
 
 
 def _break(kind: str, row: dict[str, Any], detail: str) -> Break:
@@ -296,19 +274,46 @@ def tombstones_check(*, key: bytes) -> tuple[int, list[Break], dict[str, int]]:
     return count, breaks, pruned
 
 
+# What each kind of break means, for the members of finance who are told of it.
+_BREAK_WORDS = {
+    EDITED: "one of its events was changed after it was written",
+    REMOVED: "one of its events was removed",
+    INSERTED: "an event was added to it that the console did not write",
+    REORDERED: "its events were put in another order",
+}
+
+
+def _told_line(found: Break, action: Action | None) -> str:
+    """A break as finance is told of it: the action as a clerk knows it and what happened to
+    its trail, then where (the event or checkpoint, for the administrator)."""
+    if found.tombstone is not None:
+        return (
+            f"A signed retention tombstone no longer matches what it says was pruned "
+            f"(tombstone {found.tombstone}: {found.detail})."
+        )
+    if found.checkpoint is not None:
+        return (
+            f"A signed checkpoint of the audit trail no longer matches the events it covers "
+            f"(checkpoint {found.checkpoint}: {found.detail})."
+        )
+    whose = action_words(action) if action is not None else found.action
+    what = _BREAK_WORDS.get(found.kind, "it no longer matches its hashes")
+    return f"The audit trail of {whose}: {what} (event {found.event_id}, sequence {found.sequence})."
+
+
 def trail_check(*, key: bytes) -> TrailReport:
     """The periodic check: verify, and tell finance of what broke (each break once)."""
     report = trail_verify(key=key)
     if report.breaks:
-        trail_break_notify(
-            breaks=[
-                (
-                    f"trail:{b.kind}:{b.tombstone or (b.checkpoint if b.checkpoint is not None else b.event_id)}",
-                    b.line(),
-                    # The action's page is found by its id; a checkpoint's break has no action.
-                    f"/search?{urlencode({'q': b.action})}" if b.action else "/review/",
-                )
-                for b in report.breaks
-            ]
-        )
+        named = [b.action for b in report.breaks if b.action]
+        actions = {a.action_id: a for a in Action.objects.filter(action_id__in=named).select_related("order", "bill")}
+        breaks = []
+        for found in report.breaks:
+            action = actions.get(found.action) if found.action else None
+            # The action's page; a checkpoint's break has no action, and finance starts at the queue.
+            link = reverse("review-action", args=[action.pk]) if action is not None else reverse("review-queue")
+            where = found.tombstone or (found.checkpoint if found.checkpoint is not None else found.event_id)
+            subject = f"trail:{found.kind}:{where}"
+            breaks.append((subject, _told_line(found, action), link))
+        trail_break_notify(breaks=breaks)
     return report

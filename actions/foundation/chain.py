@@ -77,6 +77,44 @@ def event_content(
     }
 
 
+# The columns of a stored event, as ``.values()`` names them, from which its content is read back:
+# the verifier and the migration that chained the older trail read these, so neither can hash a
+# field the writer does not, or miss one it does.
+EVENT_ROW_FIELDS = (
+    "action__action_id",
+    "sequence",
+    "transition",
+    "from_state",
+    "to_state",
+    "actor_kind",
+    "actor_label",
+    "actor_user_id",
+    "actor_agent_id",
+    "reason",
+    "evidence",
+    "created_at",
+)
+
+
+def row_event_content(row: dict[str, Any], *, sequence: int | None = None) -> dict[str, Any]:
+    """The content of an event read back as a row of ``EVENT_ROW_FIELDS``; ``sequence`` stands in
+    for the row's own (the migration numbering an unchained trail, or the verifier testing a swap)."""
+    return event_content(
+        action=row["action__action_id"],
+        sequence=row["sequence"] if sequence is None else sequence,
+        transition=row["transition"],
+        from_state=row["from_state"],
+        to_state=row["to_state"],
+        actor_kind=row["actor_kind"],
+        actor_label=row["actor_label"],
+        actor_user=row["actor_user_id"],
+        actor_agent=row["actor_agent_id"],
+        reason=row["reason"],
+        evidence=row["evidence"],
+        created_at=row["created_at"],
+    )
+
+
 def content_hash(content: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(content))
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
+from actions.foundation.chain import EVENT_ROW_FIELDS, GENESIS, chain_link, content_hash, row_event_content
 from actions.foundation.sql.trail_events import sqlite_refusal, sqlite_refusal_name
 
 # The audit trail is append-only, and an action's material fields never change after the
@@ -178,40 +178,11 @@ def backfill_trail_hashes(apps: Any, schema_editor: Any) -> None:
         return
     schema_editor.execute(PG_EVENT_GUARD_OFF if vendor == "postgresql" else SQLITE_EVENT_GUARD_OFF, params=None)
     heads: dict[int, tuple[int, str]] = {}
-    rows = event_model.objects.order_by("id").values(
-        "id",
-        "action_id",
-        "action__action_id",
-        "transition",
-        "from_state",
-        "to_state",
-        "actor_kind",
-        "actor_label",
-        "actor_user_id",
-        "actor_agent_id",
-        "reason",
-        "evidence",
-        "created_at",
-    )
+    rows = event_model.objects.order_by("id").values("id", "action_id", *EVENT_ROW_FIELDS)
     for row in rows.iterator(chunk_size=2000):
         sequence, previous = heads.get(row["action_id"], (0, GENESIS))
         sequence += 1
-        digest = content_hash(
-            event_content(
-                action=row["action__action_id"],
-                sequence=sequence,
-                transition=row["transition"],
-                from_state=row["from_state"],
-                to_state=row["to_state"],
-                actor_kind=row["actor_kind"],
-                actor_label=row["actor_label"],
-                actor_user=row["actor_user_id"],
-                actor_agent=row["actor_agent_id"],
-                reason=row["reason"],
-                evidence=row["evidence"],
-                created_at=row["created_at"],
-            )
-        )
+        digest = content_hash(row_event_content(row, sequence=sequence))
         chained = chain_link(previous, digest)
         event_model.objects.filter(pk=row["id"]).update(sequence=sequence, content_hash=digest, chain_hash=chained)
         heads[row["action_id"]] = (sequence, chained)

@@ -15,6 +15,7 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from actions.models import Action, ActionStatus, Order, OrderEvent, OutsideRefund
+from actions.models.actions import TERMINAL_STATUSES
 from actions.providers.money import money_text
 from actions.search import action_urls
 from approvals.models import Approval
@@ -81,6 +82,12 @@ class OrderPage:
     @property
     def refunds(self) -> list[OrderAction]:
         return [line for line in self.actions if line.action.status == S.SUCCEEDED]
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether an action on the order may still move its money: proposed, approved, being
+        sent or checked, or with a person. The page follows the order while one is."""
+        return any(line.action.status not in TERMINAL_STATUSES for line in self.actions)
 
 
 def _ordinal(n: int) -> str:

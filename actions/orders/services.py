@@ -284,4 +284,3 @@ def order_upsert(*, data: OrderData, source: str) -> OrderResult:
         # Another writer (a reservation, an outcome, another upsert) changed the order since it
         # was read: read it again and decide against what is there now.
     raise OrderBusy(f"Order {data.number} kept changing while it was being updated; send the same request again.")
-

@@ -68,6 +68,11 @@ def _new_owner(owner_pk: object, *, kind: str | None, permission: str) -> Any:
     permission, and a forged form must not hand an item to someone the list would never show
     (who, once its owner, could resolve it)."""
     group = owner_group_of(kind) if kind is not None else "the people who work it"
+    if owner_pk == "":
+        # The Reassign list's "Choose…" left as it was: to assign it to oneself is another form.
+        raise ReviewRefused(
+            f"owner: choose whom to reassign it to, a member of {group}.", code="invalid", status=400, field="owner"
+        )
     try:
         pk = int(str(owner_pk))
     except (TypeError, ValueError):
@@ -100,7 +105,7 @@ def action_assign(*, action_pk: int, user: Any, owner_pk: object = None, note: s
         review_resolver_rule(user, kind=action.kind, owner=action.owner)
         review_owner_rule(user, action.owner)
         owner = (
-            user if owner_pk in (None, "") else _new_owner(owner_pk, kind=action.kind, permission=RESOLVE_PERMISSION)
+            user if owner_pk is None else _new_owner(owner_pk, kind=action.kind, permission=RESOLVE_PERMISSION)
         )
         if action.owner is not None and action.owner.pk == owner.pk:
             raise ReviewRefused(f"{action.action_id} already belongs to {owner.get_username()}.", code="unchanged")
@@ -143,7 +148,7 @@ def _follow_up_assign(
         kind = follow_up_kind(item)
         review_resolver_rule(user, kind=kind, owner=item.owner, permission=permission)
         review_owner_rule(user, item.owner)
-        owner = user if owner_pk in (None, "") else _new_owner(owner_pk, kind=kind, permission=permission)
+        owner = user if owner_pk is None else _new_owner(owner_pk, kind=kind, permission=permission)
         previous = item.owner
         if previous is not None and previous.pk == owner.pk:
             raise ReviewRefused(f"This {name} already belongs to {owner.get_username()}.", code="unchanged")

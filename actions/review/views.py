@@ -319,12 +319,13 @@ def _posted_change(kind: str) -> Callable[[Callable[[HtmxHttpRequest, int], str]
 
 
 def _assignment(request: HttpRequest) -> dict[str, Any]:
-    """What an assign form posts: the new owner (none: the person sending it) and a note."""
-    return {"user": request.user, "owner_pk": request.POST.get("owner") or None, "note": request.POST.get("note", "")}
+    """What an assign form posts: the new owner and a note. "Assign to me" sends no owner (the
+    person sending it); Reassign always sends one, blank if nobody was chosen."""
+    return {"user": request.user, "owner_pk": request.POST.get("owner"), "note": request.POST.get("note", "")}
 
 
 def _belongs_to(what: str, owner: Any) -> str:
-    # An assignment always leaves an owner: a blank choice means the person who sent it.
+    # An assignment always leaves an owner: a form that names none means the person who sent it.
     assert owner is not None
     return f"{what} now belongs to {owner.get_username()}."
 

@@ -16,7 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
-from actions.models import AdjustmentRequest, Agent, Bill
+from actions.models import Action, AdjustmentRequest, Agent, Bill
 from actions.proposals.workflows import agent_workflow_propose
 from actions.services import Actor
 
@@ -90,6 +90,19 @@ PLAN_BILL = (
     "price_mismatch",
 )
 PLAN_SUPPLIER = ("ACME", "ap@acme.example")
+
+# A bill whose adjustment the accounting system saved although its answer was lost: seed_demo's
+# scenario hands it to accounts payable (alex), who looks it up and records what it finds.
+REVIEW_BILL = (
+    "INV-2297",
+    "Initrode Packaging",
+    "EUR",
+    "640.00",
+    "PO-8818",
+    ("Carton", 400, "1.50", "1.60"),
+    "40.00",
+    "price_mismatch",
+)
 # What the payables agent needs to propose that plan: every kind among its steps.
 PAYABLES_SCOPES = ["invoice_adjustment", "supplier_email"]
 
@@ -109,26 +122,59 @@ def seed_demo_bills(*, accounting: str, owner: Any) -> str:
         if entry is PLAN_BILL:
             _propose_plan(agent, bill, entry)
             continue
-        _, _, currency, _, _, _, adjustment, reason = entry
-        request, _ = AdjustmentRequest.objects.get_or_create(
-            bill=bill,
-            number=1,
-            defaults={"external_reference": f"MATCH-{bill.number}", "note": bill.po_mismatch["summary"]},
-        )
-        action_propose_invoice_adjustment(
-            bill_number=bill.number,
-            adjustment_number=request.number,
-            amount=adjustment,
-            currency=currency,
-            reason_code=reason,
-            evidence=f"Purchase-order match failed: {bill.po_mismatch['summary']}",
-            proposer=Actor.for_agent(agent),
-        )
+        _propose_adjustment(agent, bill, entry)
     if not reachable:
         return f"The accounting sandbox at {accounting} is not reachable: bills were not registered there."
     return (
         f"{len(DEMO_BILLS) + 1} supplier bills with purchase-order mismatches, registered at {accounting}; "
         f"bill {PLAN_BILL[0]} has a plan waiting for a manager."
+    )
+
+
+def _propose_adjustment(agent: Agent, bill: Bill, entry: tuple[Any, ...]) -> Action:
+    """The payables agent proposes the adjustment ``entry`` names on ``bill``; proposing it
+    again returns the existing action."""
+    _, _, currency, _, _, _, adjustment, reason = entry
+    request, _ = AdjustmentRequest.objects.get_or_create(
+        bill=bill,
+        number=1,
+        defaults={"external_reference": f"MATCH-{bill.number}", "note": bill.po_mismatch["summary"]},
+    )
+    return action_propose_invoice_adjustment(
+        bill_number=bill.number,
+        adjustment_number=request.number,
+        amount=adjustment,
+        currency=currency,
+        reason_code=reason,
+        evidence=f"Purchase-order match failed: {bill.po_mismatch['summary']}",
+        proposer=Actor.for_agent(agent),
+    ).action
+
+
+def seed_review_adjustment(*, accounting: str) -> Action | None:
+    """Register ``REVIEW_BILL`` and have the payables agent (``seed_demo_bills`` made it)
+    propose its adjustment. Returns the action, or None when the accounting sandbox cannot be
+    reached (the adjustment could then never be looked up)."""
+    bill, reachable = _bill(accounting, REVIEW_BILL, reachable=True)
+    if not reachable:
+        return None
+    return _propose_adjustment(Agent.objects.get(name="payables-bot"), bill, REVIEW_BILL)
+
+
+def plant_credit_note(*, accounting: str, action: Action) -> None:
+    """The credit note the accounting system saved for ``action`` although its answer was lost:
+    what accounts payable's lookup finds. Raises OSError when the sandbox cannot be reached."""
+    bill = action.bill
+    assert bill is not None
+    _control_post(
+        accounting,
+        "credit_notes",
+        {
+            "Reference": action.action_id,
+            "Contact": bill.supplier_name,
+            "CurrencyCode": action.currency,
+            "Total": str(action.amount),
+        },
     )
 
 
@@ -190,16 +236,23 @@ def _register(accounting: str, bill: Bill) -> bool:
         "Total": str(bill.amount),
         "AmountDue": str(bill.amount_due),
     }
-    request = urllib.request.Request(  # noqa: S310 - the sandbox's own http address, from settings
-        f"{accounting.rstrip('/')}/_sandbox/invoices",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
     try:
-        with urllib.request.urlopen(request, timeout=5):  # noqa: S310 - as above
-            return True
+        _control_post(accounting, "invoices", body)
     except urllib.error.HTTPError as error:
         return error.code == 400  # the bill is registered already
     except OSError:
         return False
+    return True
+
+
+def _control_post(accounting: str, name: str, body: dict[str, Any]) -> None:
+    """POST to one of the accounting sandbox's control endpoints (/_sandbox/<name>). Raises
+    HTTPError when it refuses, OSError when it cannot be reached."""
+    request = urllib.request.Request(  # noqa: S310 - the sandbox's own http address, from settings
+        f"{accounting.rstrip('/')}/_sandbox/{name}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5):  # noqa: S310 - as above
+        pass

@@ -1,4 +1,4 @@
-"""The admin site for corrections (issue 6 item 4; docs/architecture.md section 1: "Admins: the Django admin
+"""The admin site for corrections (docs/architecture.md section 1: "Admins: the Django admin
 site for corrections ... Corrections go through the same services as everything else").
 
 Everything here goes through the admin's pages as a browser would: change lists, change forms,

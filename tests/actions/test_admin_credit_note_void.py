@@ -1,4 +1,4 @@
-"""The admin's correction for an invoice adjustment the accounting system holds twice (issue 12):
+"""The admin's correction for an invoice adjustment the accounting system holds twice:
 from a SUCCEEDED adjustment's page, propose voiding the duplicate credit note the ledger audit
 found. The void is a new action, PROPOSED for a manager (four eyes), never the credit note the
 console recorded, and the discrepancy list's "compensate" does the same for an adjustment (never

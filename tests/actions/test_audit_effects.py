@@ -1,4 +1,4 @@
-"""The audit's entry point (``actions.engine.invariants.audit_effects``), in memory (issue 20).
+"""The audit's entry point (``actions.engine.invariants.audit_effects``), in memory.
 
 ``manage.py audit_effects`` and the chaos runs call it with the receivers' real ledgers; in the
 mutation subset nothing reached it, nor the wording of a stuck action's age, nor the report as

@@ -1,4 +1,4 @@
-"""Batched claims (``actions.engine.claim.submission_begin_batch``, issue 18).
+"""Batched claims (``actions.engine.claim.submission_begin_batch``).
 
 Several AUTHORIZED actions are claimed in ONE transaction, and each is still claimed exactly as a
 single claim would claim it: its binding checked, its target reserved, its own lease, event and

@@ -1,4 +1,4 @@
-"""The chaos run's configuration and report, without running it (issue 12): the mix of kinds,
+"""The chaos run's configuration and report, without running it: the mix of kinds,
 the PostgreSQL cluster the restart acts on, per-kind counts and the accounting ledger's audit.
 The run itself is tests/chaos (CI) and ``manage.py chaos_run``."""
 
@@ -137,7 +137,7 @@ def own_redis(tmp_path: Path) -> Iterator[str]:
 def test_the_redis_restart_drops_every_queued_message_and_comes_back(
     own_redis: str, settings: Any, tmp_path: Path
 ) -> None:
-    """Issue 17 asks for a Redis restart, not only a flush: the server stops without saving
+    """A Redis restart, not only a flush: the server stops without saving
     (connections drop, queued messages are gone) and answers again."""
     import redis
 

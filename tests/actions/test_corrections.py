@@ -1,4 +1,4 @@
-"""Corrections by admins (issue 6 item 4; docs/architecture.md section 1: "corrections go through the same
+"""Corrections by admins (docs/architecture.md section 1: "corrections go through the same
 services as everything else").
 
 A duplicate effect is found the way it would be: a refund the worker recorded, then the ledger

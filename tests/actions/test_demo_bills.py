@@ -29,12 +29,17 @@ def test_the_seed_registers_bills_with_the_accounting_sandbox_and_proposes_adjus
     call_command("seed_demo", "--sandbox", live_sandbox.url, stdout=_Sink(), stderr=_Sink())
 
     bills = list(Bill.objects.order_by("number"))
-    assert len(bills) == 6 and all(bill.po_mismatch.get("summary") for bill in bills)
+    assert len(bills) == 7 and all(bill.po_mismatch.get("summary") for bill in bills)
     registered = {invoice["InvoiceID"] for invoice in live_accounting.invoices()}
     assert {bill.accounting_reference for bill in bills} <= registered
     adjustments = Action.objects.filter(kind="invoice-adjustment")
     statuses = set(adjustments.values_list("status", flat=True))
-    assert adjustments.count() == 5 and {"AUTHORIZED", "PROPOSED"} <= statuses
+    assert adjustments.count() == 6 and {"AUTHORIZED", "PROPOSED", "NEEDS_REVIEW"} <= statuses
+    # Accounts payable has one of its own to resolve: escalated to alex, its credit note saved
+    # at the accounting system for his lookup to find.
+    review = adjustments.get(status="NEEDS_REVIEW")
+    assert review.owner is not None and review.owner.username == "alex"
+    assert len(live_accounting.credit_notes_for(review.action_id)) == 1
     # A plan waits for a manager: payables-bot proposed it with the scopes the seed gave it, and
     # its email greets the supplier named on the bill.
     plan = Workflow.objects.get(template="po_mismatch_resolution")

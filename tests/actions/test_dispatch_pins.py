@@ -85,7 +85,7 @@ def test_without_a_receiver_the_actions_own_kind_sends_it(
 def test_the_lease_holders_record_reads_nothing_back_when_it_has_its_claims_copy(
     agent_actor: Actor, dispatched: list[int], lookup: bool, timed_out: bool, status: str
 ) -> None:
-    """Issue 18: the record's UPDATE is fenced on the status and the lease token, so the action it
+    """The record's UPDATE is fenced on the status and the lease token, so the action it
     was claimed with is enough; reading the row again under a lock would cost one more statement
     and one more lock per action. Only an answer a person must see reads the row first (below,
     and tests/actions/test_dispatcher_fence.py): not a success, even from a receiver that cannot

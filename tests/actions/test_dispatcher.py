@@ -1,4 +1,4 @@
-"""The dispatcher process's loop (``actions.engine.dispatcher``, issue 18), in this process.
+"""The dispatcher process's loop (``actions.engine.dispatcher``), in this process.
 
 Many calls in flight from one process: each call still under its own committed lease, recorded
 through the same service. The receiver here is an in-memory provider that can hold its answers

@@ -1,4 +1,4 @@
-"""The dispatcher process's claim loop, piece by piece (``actions.engine.dispatcher``, issue 20).
+"""The dispatcher process's claim loop, piece by piece (``actions.engine.dispatcher``).
 
 tests/actions/test_dispatcher.py proves the loop end to end (calls in flight, the batch ahead of
 the threads, a failed claim). These pin the parts its survivors showed unprotected: how much the

@@ -1,5 +1,5 @@
 """Finance's services: owners, live lookups, the three resolutions of NEEDS_REVIEW, taking an
-UNKNOWN action over, and the follow-up workflow (docs/architecture.md sections 4 and 7, issue 6).
+UNKNOWN action over, and the follow-up workflow (docs/architecture.md sections 4 and 7).
 
 The resolutions run against the live sandbox provider, where a test plants what "really
 happened" (a succeeded refund, a pending one, or nothing), and the service must agree with the
@@ -645,7 +645,7 @@ def test_taking_over_an_unknown_action_escalates_it_to_me_now(agent_actor: Actor
 def test_with_review_owners_only_finance_cannot_act_on_a_colleagues_action(
     agent_actor: Actor, finance: Any, felix: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Invariant 10 (and issue 6's REVIEW_OWNERS_ONLY): another owner's item is refused, nothing written."""
+    """Invariant 10 (and REVIEW_OWNERS_ONLY): another owner's item is refused, nothing written."""
     settings.REVIEW_OWNERS_ONLY = True
     monkeypatch.setattr("actions.kinds.refund.contract.provider_from_settings", _provider_must_not_be_called)
     theirs = escalated(agent_actor, owner=felix)

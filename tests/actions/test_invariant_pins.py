@@ -1,4 +1,4 @@
-"""The invariant checker's verdicts pinned (``actions.engine.invariants``, issue 20).
+"""The invariant checker's verdicts pinned (``actions.engine.invariants``).
 
 ``check_effects`` is what ``manage.py audit_effects``, the chaos runs and the crash matrices
 trust to say "0 duplicates, 0 lost". Its tests elsewhere assert that a violation is found; the

@@ -1,4 +1,4 @@
-"""Words for clerks (issue 16): every provider error and internal term shown to a clerk has a
+"""Words for clerks: every provider error and internal term shown to a clerk has a
 sentence, the raw detail stays behind "Technical details", no status codes, money with currency."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What an auto-approved proposal reads (issue 18): each agent's webhook and each currency's caps
+"""What an auto-approved proposal reads: each agent's webhook and each currency's caps
 once per proposal, not once per event or per scope. The outbox row and the caps still apply: an
 agent with a webhook gets a delivery for each state change, and an admin's cap row still wins."""
 

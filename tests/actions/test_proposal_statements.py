@@ -1,4 +1,4 @@
-"""What one auto-approved refund proposal sends to the database (issue 18, P-a).
+"""What one auto-approved refund proposal sends to the database (P-a).
 
 The auto-approval policy decides before the INSERT, so the action is inserted AUTHORIZED; its
 two events are inserted together (``actions.foundation.trail.Writes``). Its transaction is the proposal

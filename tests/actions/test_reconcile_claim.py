@@ -1,4 +1,4 @@
-"""The reconciler's claim (``actions.engine.reconcile.reconcile_claim``), pinned (issue 20).
+"""The reconciler's claim (``actions.engine.reconcile.reconcile_claim``), pinned.
 
 The reconciler takes a lease on one due UNKNOWN or SETTLING action before it asks the receiver
 (invariant 3: only the holder of the current token records). Mutation testing showed that

@@ -1,5 +1,5 @@
-"""The group commit of records, pinned edge by edge (issue 20's mutation testing of the code
-issue 18 added): a group of one, a lease taken over under the same status, an answer that hands
+"""The group commit of records, pinned edge by edge (the survivors of its mutation testing):
+a group of one, a lease taken over under the same status, an answer that hands
 its action to a person inside a group, the lock order of the targets, the attempt rows, the log
 line of a lost lease, and the meeting point's answer when a recorder returns too few results.
 

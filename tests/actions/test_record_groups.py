@@ -1,4 +1,4 @@
-"""The dispatcher's group commit of records (issue 18): answers that come back together are
+"""The dispatcher's group commit of records: answers that come back together are
 recorded in one transaction, each still under its own lease fence (invariant 3), and one bad
 record holds up only itself.
 
@@ -215,7 +215,7 @@ def test_a_recorder_that_raises_hands_the_error_to_every_answer_of_its_group() -
     assert records._recording is False, "the next answer would wait for ever"
 
 
-# --- handing an answer over to the recorder at work (issue 18, P-d) -------------------------------
+# --- handing an answer over to the recorder at work (P-d) -------------------------------
 
 
 def name_of(sent: Any) -> str:
@@ -394,7 +394,7 @@ def test_an_answer_handed_over_as_the_recorder_leaves_is_recorded_not_stranded()
     assert records._waiting == [] and records._recording is False
 
 
-# --- a recorder thread of its own (issue 18, P-d) -------------------------------------------------
+# --- a recorder thread of its own (P-d) -------------------------------------------------
 
 
 class NamedRecorder(HeldRecorder):

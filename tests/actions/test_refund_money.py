@@ -1,4 +1,4 @@
-"""The refund kind's money, checked at the kind itself (``actions.kinds.refund``, issues 20 and 5).
+"""The refund kind's money, checked at the kind itself (``actions.kinds.refund``).
 
 Invariant 5: per order, refunded = the sum of its SUCCEEDED refunds, reserved = the sum over its
 live ones, outside refunded = the sum of its booked outside refunds, and the three within what

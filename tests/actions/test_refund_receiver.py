@@ -1,4 +1,4 @@
-"""The refund kind's receiver and its words (``actions.kinds.refund``, issue 20).
+"""The refund kind's receiver and its words (``actions.kinds.refund``).
 
 The payment provider behind the engine's vocabulary: what a refund request carries, how each
 answer and each lookup is read, the ledger, the contract the engine decides from, and what the

@@ -44,7 +44,50 @@ def people(db: Any) -> dict[str, Any]:
 def reassign_options(page: str) -> set[str]:
     select = re.search(r'<select name="owner"[^>]*>(.*?)</select>', page, flags=re.DOTALL)
     assert select is not None, "the queue row offers no Reassign list"
-    return set(re.findall(r"<option [^>]*>([^<]+)</option>", select.group(1)))
+    # The people offered: every option but the blank "Choose a person…" that comes first.
+    return set(re.findall(r'<option value="\d+"[^>]*>([^<]+)</option>', select.group(1)))
+
+
+def test_the_reassign_list_starts_with_a_blank_choice_that_cannot_be_sent(
+    client: Client, finance: Any, people: dict[str, Any], agent_actor: Actor
+) -> None:
+    escalated(agent_actor, owner=finance)
+    client.force_login(finance)
+
+    page = client.get("/review/").content.decode()
+
+    first = re.search(r'<select name="owner" required>\s*(<option[^>]*>[^<]*</option>)', page)
+    assert first is not None
+    assert first.group(1) == '<option value="" disabled selected>Choose a person…</option>'
+
+
+@pytest.mark.parametrize("origin", ["queue", "detail"])
+def test_a_reassignment_with_nobody_chosen_is_refused_with_a_reason(
+    client: Client, finance: Any, people: dict[str, Any], agent_actor: Actor, origin: str
+) -> None:
+    review = escalated(agent_actor, owner=people["felix"])
+    client.force_login(finance)
+
+    response = client.post(
+        reverse("review-action-assign", args=[review.pk]), {"origin": origin, "owner": ""}, headers=HTMX
+    )
+
+    assert response.status_code == 400
+    assert "choose whom to reassign it to, a member of finance." in response.content.decode()
+    # A blank choice is not "Assign to me": the item stays where it was.
+    assert Action.objects.get(pk=review.pk).owner == people["felix"]
+
+
+def test_assign_to_me_sends_no_owner_and_takes_the_item(
+    client: Client, finance: Any, people: dict[str, Any], agent_actor: Actor
+) -> None:
+    review = escalated(agent_actor, owner=people["felix"])
+    client.force_login(finance)
+
+    response = client.post(reverse("review-action-assign", args=[review.pk]), {"origin": "queue"}, headers=HTMX)
+
+    assert response.status_code == 200
+    assert Action.objects.get(pk=review.pk).owner == finance
 
 
 def test_the_reassign_list_offers_only_active_members_of_finance(

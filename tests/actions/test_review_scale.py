@@ -46,7 +46,7 @@ def no_broker(dispatched: list[int]) -> list[int]:
 @pytest.fixture(autouse=True)
 def caps_out_of_the_way(settings: Any) -> None:
     """The builders auto-approve every refund for one agent: raise the per-agent cap on
-    autonomy (issue 15, tested in tests/security) so that scale, not the cap, is measured."""
+    autonomy (tested in tests/security) so that scale, not the cap, is measured."""
     settings.AUTO_APPROVAL_AGENT_DAILY_AMOUNTS = {"EUR": Decimal("1000000")}
 
 

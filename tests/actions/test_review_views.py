@@ -476,7 +476,7 @@ def test_the_detail_page_tells_the_whole_story_with_the_idempotency_key(
     timeline = page.split('id="timeline"')[1]
     # Proposal and validation, the auto-approval with its binding, the reservation, the
     # submission with its request and error, and the escalation, in order.
-    # Each step in words, with its code word behind "Technical details" (issue 16).
+    # Each step in words, with its code word behind "Technical details".
     order = [
         "<code>propose</code>",
         "<code>approve</code>",

@@ -66,7 +66,7 @@ EXPECTED: dict[str, tuple[frozenset[str], Target]] = {
     "resolve_succeeded": (frozenset({"NEEDS_REVIEW"}), "SUCCEEDED"),
     "resolve_failed": (frozenset({"NEEDS_REVIEW"}), "FAILED_FINAL"),
     "resolve_retry": (frozenset({"NEEDS_REVIEW"}), "SUBMITTING"),
-    # Issue 13: the receiver proved nothing was sent (back for another send under the same
+    # The receiver proved nothing was sent (back for another send under the same
     # approval), and a person's "send again" to a receiver with no keys and no lookup.
     "record_not_sent": (frozenset({"SUBMITTING"}), "AUTHORIZED"),
     "resolve_resend": (frozenset({"NEEDS_REVIEW"}), "SUBMITTING"),

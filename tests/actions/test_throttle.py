@@ -1,4 +1,4 @@
-"""Per-receiver rate limits (actions.engine.throttle) and Retry-After (issue 18): a burst never
+"""Per-receiver rate limits (actions.engine.throttle) and Retry-After: a burst never
 turns into a wave of 429s, each of which would become UNKNOWN and a reconciliation."""
 
 from __future__ import annotations

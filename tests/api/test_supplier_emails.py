@@ -1,4 +1,4 @@
-"""POST /api/v1/supplier-emails: a template and its parameters, never raw text (issue 13)."""
+"""POST /api/v1/supplier-emails: a template and its parameters, never raw text."""
 
 from __future__ import annotations
 

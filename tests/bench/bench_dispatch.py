@@ -278,7 +278,7 @@ def configure_django(args: argparse.Namespace, workdir: Path) -> None:
     os.environ["CONSOLE_DATA_DIR"] = str(workdir)
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     # The benchmark's one agent proposes every refund of the run; the agent's daily cap on
-    # auto-approved amounts (issue 15, EUR 250 by default) would leave all but the first 25 to a
+    # auto-approved amounts (EUR 250 by default) would leave all but the first 25 to a
     # manager. The cap is still checked on every proposal (its statements are counted), it is only
     # set out of reach.
     os.environ.setdefault("AUTO_APPROVAL_AGENT_DAILY_AMOUNTS", "EUR:1000000000")

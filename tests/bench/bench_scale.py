@@ -1,4 +1,4 @@
-"""The review queue and the search at 10,000 and at 1,000,000 actions, side by side (issue 18, P-e).
+"""The review queue and the search at 10,000 and at 1,000,000 actions, side by side (P-e).
 
     python -m tests.bench.bench_scale                      # 10k beside 1M, 7 timings each
     python -m tests.bench.bench_scale --large 200000       # a quicker look

@@ -1,4 +1,4 @@
-"""The scale benchmark (issue 18, P-e) still runs end to end, and counts the rows a page shows
+"""The scale benchmark (P-e) still runs end to end, and counts the rows a page shows
 the way its table says. Its numbers are not judged here (benchmarks are not timed tests): a run
 that cannot build, answer or print is."""
 

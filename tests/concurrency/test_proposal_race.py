@@ -164,7 +164,7 @@ def test_concurrent_identical_proposals_make_one_action(
 ) -> None:
     """Invariant 1 starts here: one business action is one row, whoever delivers it how often.
     Invariant 9: it has exactly one proposal event, and one approval event when auto-approved."""
-    # Every round auto-approves on the same order: raise the caps on autonomy (issue 15), which
+    # Every round auto-approves on the same order: raise the caps on autonomy, which
     # would otherwise rightly hold the third one for a manager. tests/security covers the caps.
     settings.AUTO_APPROVAL_TARGET_MAX_COUNT = ROUNDS
     settings.AUTO_APPROVAL_TARGET_MAX_AMOUNTS = {"EUR": Decimal("1000")}

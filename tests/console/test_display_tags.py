@@ -1,5 +1,5 @@
 """``{% money %}`` and ``{% age %}``: how every page shows an amount and a moment. They replaced two
-``{% include %}`` templates (issue 18, P-e) and must write what those wrote."""
+``{% include %}`` templates (P-e) and must write what those wrote."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ polls; a marker set on ``window`` before the clicks would be lost by any navigat
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -23,7 +24,9 @@ from actions.models import Action, ActionEvent, ActionStatus, Order
 from actions.providers.money import to_minor_units
 from actions.services import Actor
 from approvals.models import Approval
+from approvals.services import approval_decide
 from tests.approvals.test_views import propose
+from tests.e2e.test_manager_inbox import as_someone_else
 from tests.factories import PASSWORD, make_order
 from tests.providers.sandbox_client import SandboxClient
 
@@ -188,3 +191,46 @@ def test_when_the_cards_outcomes_are_final_the_orders_money_and_the_badge_follow
         thread.join(timeout=10)
     order.refresh_from_db()
     assert order.refunded_amount == Decimal("70.00")
+
+
+def _ledger(page: Page, label: str) -> Any:
+    """The order page's money for ``label`` ("Refunded", not "Refunded outside the console")."""
+    term = page.locator("dt", has_text=re.compile(f"^{label}$"))
+    return page.get_by_test_id("order-money").locator("div").filter(has=term).locator("dd")
+
+
+def test_the_order_pages_money_follows_a_refunds_outcome_without_a_reload(
+    live_server: Any,
+    chromium_page: Callable[[], AbstractContextManager[Page]],
+    live_sandbox: SandboxClient,
+    manager: Any,
+    agent_actor: Actor,
+    worker: list[threading.Thread],
+) -> None:
+    order = make_order(captured="100.00", customer_name="Ken Thompson")
+    action = propose(agent_actor, amount="45.00", order=order)
+    live_sandbox.seed_charge(order.charge_reference, 10000, "eur")
+
+    with chromium_page() as page:
+        log_in(page, live_server.url, manager)
+        page.goto(f"{live_server.url}/orders/{order.pk}")
+        page.evaluate("window.consoleTestMarker = 'no reload'")
+        expect(_ledger(page, "Refunded")).to_have_text("0.00 EUR")
+        expect(_ledger(page, "Refundable")).to_have_text("100.00 EUR")
+        expect(page.get_by_test_id("order-follows")).to_be_visible()
+
+        # Approved elsewhere (another tab, another manager's inbox); the worker sends it.
+        as_someone_else(lambda: approval_decide(action_pk=action.pk, user=manager, decision="approve"))
+
+        expect(_ledger(page, "Refunded")).to_have_text("45.00 EUR")
+        expect(_ledger(page, "Refundable")).to_have_text("55.00 EUR")
+        row = page.get_by_test_id("order-actions").locator(f"tr[data-action-id='{action.action_id}']")
+        expect(row).to_contain_text("Succeeded")
+        # Every action on the order is final: the page stops following it.
+        expect(page.get_by_test_id("order-follows")).to_have_count(0)
+        assert page.evaluate("window.consoleTestMarker") == "no reload"
+
+    for thread in worker:
+        thread.join(timeout=10)
+    order.refresh_from_db()
+    assert order.refunded_amount == Decimal("45.00")

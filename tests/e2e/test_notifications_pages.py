@@ -57,7 +57,7 @@ def test_the_bell_opens_the_list_and_an_item_and_the_mail_links_back(
         page.wait_for_url(f"{url}/notifications/")
         expect(page.get_by_test_id("notification")).to_have_count(3)
         page.screenshot(path=str(screenshot_dir / "notifications.png"))
-        item = page.get_by_test_id("notification").filter(has_text=first.action_id)
+        item = page.get_by_test_id("notification").filter(has_text="Refund · 24.00 EUR · Order")
         item.get_by_role("button", name="Open").click()
         page.wait_for_url(f"{url}/review/actions/{first.pk}/")
         expect(page.get_by_test_id("nav-bell")).to_contain_text("2")

@@ -3,10 +3,10 @@ watches it complete without reloading the page; the plan page reads on a phone t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from playwright.sync_api import Page, ViewportSize, expect
@@ -23,25 +23,46 @@ DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 DESKTOP: ViewportSize = {"width": 1366, "height": 900}
 
 
-def _plan(agent_actor: Any) -> Workflow:
-    return workflow_propose(
-        template="po_mismatch_resolution", parameters=po_parameters(), proposer=agent_actor
-    ).workflow
+class Visit(NamedTuple):
+    page: Page
+    workflow: Workflow
+    url: str  # the live server's
 
 
-def test_a_manager_with_only_a_plan_waiting_is_led_to_it_from_the_badge_and_the_plans_tab(
+Visitor = Callable[..., AbstractContextManager[Visit]]
+
+
+@pytest.fixture
+def manager_visits(
     live_server: Any,
     chromium_page: Callable[[], AbstractContextManager[Page]],
     world: World,  # noqa: F811
     manager: Any,
     agent_actor: Any,
-) -> None:
-    workflow = _plan(agent_actor)
+) -> Visitor:
+    """A plan waiting for a decision, and a browser logged in as a manager, on its page unless
+    ``start`` is "home", at the size of ``viewport``."""
+    workflow = workflow_propose(
+        template="po_mismatch_resolution", parameters=po_parameters(), proposer=agent_actor
+    ).workflow
     url = live_server.url
 
-    with chromium_page() as page:
-        page.set_viewport_size(DESKTOP)
-        log_in(page, url, manager)
+    @contextmanager
+    def visit(viewport: ViewportSize = DESKTOP, *, start: str = "plan") -> Iterator[Visit]:
+        with chromium_page() as page:
+            page.set_viewport_size(viewport)
+            log_in(page, url, manager)
+            if start == "plan":
+                page.goto(f"{url}/approvals/workflows/{workflow.pk}/")
+            yield Visit(page, workflow, url)
+
+    return visit
+
+
+def test_a_manager_with_only_a_plan_waiting_is_led_to_it_from_the_badge_and_the_plans_tab(
+    manager_visits: Visitor,
+) -> None:
+    with manager_visits(start="home") as (page, workflow, url):
         # The badge counts the plan and leads to it, not to an inbox with nothing in it.
         badge = page.get_by_test_id("nav-waiting")
         expect(badge).to_contain_text("1")
@@ -64,19 +85,10 @@ def test_a_manager_with_only_a_plan_waiting_is_led_to_it_from_the_badge_and_the_
 
 
 def test_the_plan_page_speaks_plainly_and_follows_its_workflow_to_the_end_without_a_reload(
-    live_server: Any,
-    chromium_page: Callable[[], AbstractContextManager[Page]],
+    manager_visits: Visitor,
     world: World,  # noqa: F811
-    manager: Any,
-    agent_actor: Any,
 ) -> None:
-    workflow = _plan(agent_actor)
-    url = live_server.url
-
-    with chromium_page() as page:
-        page.set_viewport_size(DESKTOP)
-        log_in(page, url, manager)
-        page.goto(f"{url}/approvals/workflows/{workflow.pk}/")
+    with manager_visits() as (page, workflow, _):
         read = page.get_by_test_id("plan-step-read_documents")
         # Numbered once, by the list; named in words.
         expect(read.locator("h3")).to_have_text("Read documents read")
@@ -108,19 +120,8 @@ def test_the_plan_page_speaks_plainly_and_follows_its_workflow_to_the_end_withou
     assert Workflow.objects.get(pk=workflow.pk).state == WorkflowState.COMPLETED
 
 
-def test_on_a_phone_the_plan_steps_labels_never_run_into_their_values(
-    live_server: Any,
-    chromium_page: Callable[[], AbstractContextManager[Page]],
-    world: World,  # noqa: F811
-    manager: Any,
-    agent_actor: Any,
-) -> None:
-    workflow = _plan(agent_actor)
-
-    with chromium_page() as page:
-        page.set_viewport_size({"width": 390, "height": 844})
-        log_in(page, live_server.url, manager)
-        page.goto(f"{live_server.url}/approvals/workflows/{workflow.pk}/")
+def test_on_a_phone_the_plan_steps_labels_never_run_into_their_values(manager_visits: Visitor) -> None:
+    with manager_visits({"width": 390, "height": 844}) as (page, _, _):
         pairs = page.locator(".plan-step .ledger > div")
         expect(pairs.first).to_be_visible()
         for index in range(pairs.count()):

@@ -18,12 +18,14 @@ import pytest
 from django.core import mail
 from django.core.management import call_command
 from django.db import connection
+from django.db.migrations.loader import MigrationLoader
 
 from actions import tasks
 from actions.evidence.checkpoints import checkpoint_log_read, checkpoint_make
 from actions.evidence.verify import trail_check
 from actions.foundation import sql
-from actions.foundation.chain import chain_link, content_hash, sha256_hex
+from actions.foundation.chain import EVENT_ROW_FIELDS, chain_link, content_hash, row_event_content, sha256_hex
+from actions.foundation.db_guards import backfill_trail_hashes
 from actions.foundation.trail import event_content_of
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent, Checkpoint
@@ -220,7 +222,15 @@ def test_a_break_is_told_to_finance_once(agent_actor: Actor, finance: Any, as_ow
     trail_check(key=key)
     assert len(mail.outbox) == 1
     assert mail.outbox[0].to == [finance.email]
-    assert f"edited: event {event.pk}" in mail.outbox[0].body
+    body = mail.outbox[0].body
+    # Named as finance knows the action, with where the administrator should look.
+    order = action.order
+    assert order is not None
+    assert (
+        f"The audit trail of Refund · 10.00 EUR · Order {order.number} · {order.customer_name}: one of its events "
+        f"was changed after it was written (event {event.pk}, sequence 1)."
+    ) in body
+    assert f"/review/actions/{action.pk}/" in body
 
 
 @pytest.mark.django_db(transaction=True)
@@ -286,3 +296,47 @@ def test_beat_makes_checkpoints_and_checks_the_trail_hourly(agent_actor: Actor, 
     assert tasks.trail_checkpoint() == 1
     assert tasks.trail_verify() == 0
     assert checkpoint_log_read()[0]["number"] == 1
+
+
+# The columns of an event that are not its content: its key, the hashes, and the transaction that
+# inserted it, which places it under a checkpoint (an edited txid moves the event out of the
+# checkpoint whose Merkle root covers it, and that root no longer verifies).
+OUTSIDE_THE_CONTENT = {"id", "content_hash", "chain_hash", "txid"}
+
+
+def test_every_column_of_an_event_is_hashed_or_is_the_chain_itself() -> None:
+    """A column the content hash left out could be edited by a database owner unseen."""
+    columns = {field.attname for field in ActionEvent._meta.concrete_fields}
+    hashed = {name.replace("action__action_id", "action_id") for name in EVENT_ROW_FIELDS}
+    assert columns - OUTSIDE_THE_CONTENT == hashed
+
+
+def test_the_verifier_reads_back_the_content_the_writer_hashed(agent_actor: Actor) -> None:
+    [action] = three_event_actions(agent_actor, count=1)
+    events = ActionEvent.objects.filter(action=action).select_related("action").order_by("sequence")
+    rows = ActionEvent.objects.filter(action=action).order_by("sequence").values(*EVENT_ROW_FIELDS)
+    assert len(events) == 3
+    for event, row in zip(events, rows, strict=True):
+        assert row_event_content(row) == event_content_of(event)
+        assert content_hash(row_event_content(row)) == event.content_hash
+
+
+def test_the_migration_chains_a_trail_written_before_the_chain_as_the_writer_would(
+    agent_actor: Actor, as_owner: Any
+) -> None:
+    actions = three_event_actions(agent_actor, count=2)
+    def chained() -> dict[int, tuple[int | None, str, str]]:
+        return {e.pk: (e.sequence, e.content_hash, e.chain_hash) for action in actions for e in events_of(action)}
+
+    written = chained()
+    # The trail as it stood before the chain: no hashes, and no sequence (the unique sequence per
+    # action, added after the migration's step, is kept apart with numbers past any real one).
+    as_owner("UPDATE actions_actionevent SET sequence = id + 1000000, content_hash = '', chain_hash = ''", [])
+
+    # The models as a migration sees them: plain managers, without the append-only queryset.
+    migration_apps = MigrationLoader(connection).project_state().apps
+    with connection.schema_editor(atomic=False) as editor:
+        backfill_trail_hashes(migration_apps, editor)
+
+    assert chained() == written
+    assert verify()[0] == 0

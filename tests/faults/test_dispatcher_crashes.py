@@ -1,4 +1,4 @@
-"""The crash-window matrix with batched claims and many calls in flight (issue 18).
+"""The crash-window matrix with batched claims and many calls in flight.
 
 A real dispatcher process (``manage.py dispatcher``) claims a batch of refunds in one transaction
 and sends them all at once; it is SIGKILLed in each window while the other calls of its batch

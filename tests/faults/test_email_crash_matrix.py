@@ -1,5 +1,5 @@
 """The crash matrix for supplier emails: a real worker SIGKILLed in each window, crossed with
-three SMTP outcomes, audited against the mail sandbox's own list of messages (issue 13).
+three SMTP outcomes, audited against the mail sandbox's own list of messages.
 
 Windows: before the relay call; after the relay answered, before recording; during
 reconciliation (the action is first left unrecorded, then the reconciler dies); after recording,

@@ -1,6 +1,6 @@
 """A real worker killed inside the invalidation: the fresh worker drives the action on.
 
-Issue 17, defect 1: a worker killed between STALE and the policy's new decision left a small
+A defect once found here: a worker killed between STALE and the policy's new decision left a small
 refund waiting for a manager for ever. The re-decision now shares the invalidation's
 transaction, so a kill at ``during_invalidation`` (after the STALE transition, before the
 re-decision, inside the transaction) rolls both back: the action is still AUTHORIZED, and the

@@ -148,7 +148,7 @@ def test_below_the_kinds_own_threshold_the_policy_approves_and_above_it_a_manage
 def test_the_per_bill_cap_stops_many_small_auto_approvals_adding_up(agent_actor: Actor, settings: Any) -> None:
     settings.INVOICE_ADJUSTMENT_AUTO_APPROVAL_THRESHOLDS = {"EUR": Decimal("50")}
     settings.INVOICE_ADJUSTMENT_AUTO_APPROVAL_PER_BILL_CAP = {"EUR": Decimal("100")}
-    # Issue 15's per-target cap applies to bills too (tests/security/test_bill_caps.py); opened
+    # The per-target cap on autonomy applies to bills too (tests/security/test_bill_caps.py); opened
     # wide here, so that this tests the kind's own per-bill cap alone.
     settings.AUTO_APPROVAL_TARGET_MAX_AMOUNTS = {"EUR": Decimal("100000")}
     settings.AUTO_APPROVAL_TARGET_MAX_COUNT = 100

@@ -1,5 +1,5 @@
 """The supplier-email kind against the mail sandbox: its answer table, proved by what the
-sandbox kept (issue 13).
+sandbox kept.
 
 | relay                                   | action                               |
 |-----------------------------------------|--------------------------------------|

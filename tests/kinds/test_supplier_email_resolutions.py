@@ -1,5 +1,5 @@
-"""Finance's resolutions for an ambiguous email, and the audit against the mail sandbox
-(issue 13): "confirm delivered" with evidence, "send again" as a recorded decision that marks
+"""Finance's resolutions for an ambiguous email, and the audit against the mail sandbox:
+"confirm delivered" with evidence, "send again" as a recorded decision that marks
 the repeat, "abandon"; two messages for one action are a discrepancy unless a person chose to
 send again."""
 

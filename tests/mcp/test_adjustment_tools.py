@@ -1,4 +1,4 @@
-"""The MCP tools for invoice adjustments (issue 12), through the SDK's own client against the
+"""The MCP tools for invoice adjustments, through the SDK's own client against the
 real ASGI app: open an adjustment request, propose the credit note, read what became of it."""
 
 from __future__ import annotations

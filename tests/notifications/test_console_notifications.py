@@ -53,7 +53,10 @@ def test_an_escalation_is_a_notification_in_the_console_and_an_email_with_absolu
     [note] = Notification.objects.filter(recipient=finance)
     assert note.kind == "escalated" and note.read_at is None
     assert note.link == f"/review/actions/{action.pk}/"
-    assert action.action_id in note.title
+    order = action.order
+    assert order is not None
+    assert note.title.startswith(f"Refund · 120.00 EUR · Order {order.number} · Ada Lovelace")
+    assert action.action_id not in note.title
 
     [message] = outbox
     link = f"https://console.example.test/review/actions/{action.pk}/"

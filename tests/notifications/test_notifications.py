@@ -40,6 +40,17 @@ def _age(action: Action, minutes: int) -> None:
     Action.objects.filter(pk=action.pk).update(created_at=timezone.now() - timedelta(minutes=minutes))
 
 
+def _words(action: Action) -> str:
+    """How the mail names an action: what a clerk knows it by."""
+    order = action.order
+    assert order is not None
+    return f"Refund · {action.amount} {action.currency} · Order {order.number} · {order.customer_name}"
+
+
+def _link(action: Action, where: str) -> str:
+    return f"/{where}/{action.pk}/"
+
+
 def _escalate(action: Action, owner: Any, *, due_in: timedelta) -> None:
     Action.objects.filter(pk=action.pk).update(status="NEEDS_REVIEW", owner=owner, due_at=timezone.now() + due_in)
 
@@ -56,7 +67,8 @@ def test_a_manager_is_told_once_of_proposals_waiting_beyond_their_limit(
     notifications_send_due()
     [message] = outbox
     assert message.to == [manager.email]
-    assert old.action_id in message.body and young.action_id not in message.body
+    assert _words(old) in message.body and _words(young) not in message.body
+    assert _link(old, "approvals") in message.body
 
     # A second beat (or one that runs twice) sends nothing more.
     notifications_send_due()
@@ -65,7 +77,7 @@ def test_a_manager_is_told_once_of_proposals_waiting_beyond_their_limit(
     # Later the younger one passes the limit too: a mail about it alone.
     notifications_send_due(now=timezone.now() + timedelta(minutes=40))
     assert len(outbox) == 2
-    assert young.action_id in outbox[1].body and old.action_id not in outbox[1].body
+    assert _words(young) in outbox[1].body and _words(old) not in outbox[1].body
     assert NotificationSent.objects.filter(user=second_manager).count() == 0
 
 
@@ -87,7 +99,9 @@ def test_an_owner_is_told_of_an_escalation_once_and_again_when_it_is_overdue(
     notifications_send_due()
     [escalated] = outbox
     assert escalated.to == [finance.email] and "escalated" in escalated.subject
-    assert action.action_id in escalated.body
+    assert _words(action) in escalated.body and _link(action, "review/actions") in escalated.body
+    # The action's id is a technical detail: its page says it, the mail does not lead with it.
+    assert action.action_id not in escalated.body
     notifications_send_due()
     assert len(outbox) == 1
 
@@ -104,7 +118,9 @@ def test_remedies_and_discrepancies_count_as_owned_items(finance: Any, agent_act
     found = Discrepancy.objects.create(kind=DiscrepancyKind.AMOUNT_MISMATCH, action=action, owner=finance)
     notifications_send_due()
     [message] = outbox
-    assert f"Remedy for {action.action_id}" in message.body and "Discrepancy" in message.body
+    assert f"Remedy of 10.00 EUR for: {_words(action)}" in message.body
+    assert f"Discrepancy: Amount or currency differs · {_words(action)}" in message.body
+    assert action.action_id not in message.body
     subjects = set(NotificationSent.objects.filter(user=finance).values_list("subject", flat=True))
     assert subjects == {f"remedy:{remedy.pk}", f"discrepancy:{found.pk}"}
     assert waiting_count_for(finance, {"finance"}) == 2

@@ -1,4 +1,4 @@
-"""Shared builders for the tests of issue 15's findings: each test replays an attack."""
+"""Shared builders for the tests of the security review's findings: each test replays an attack."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 with issue 15's caps: the per-target cap on auto-approval applies to a supplier bill
+"""The per-target cap on auto-approval applies to a supplier bill
 as it does to an order, so an agent cannot credit a bill away in small auto-approved pieces.
 
 The kind's own per-bill setting (INVOICE_ADJUSTMENT_AUTO_APPROVAL_PER_BILL_CAP) is set far

@@ -1,8 +1,7 @@
 """Finding 1: an agent emptied an order in small auto-approved pieces.
 
-``auto_approval_cap_refusal`` is tested directly. The end-to-end drain needs the auto-approval
-policy to call it; that policy is being moved for issue 11, so the drain test is marked until
-the hook lands (strict: it fails as soon as it passes, to have the marker removed).
+``auto_approval_cap_refusal`` is tested directly, and the end-to-end drain through the
+auto-approval policy that calls it.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from django.test import Client
 from actions.foundation.trail import Actor
 from actions.models import Workflow, WorkflowState
 from actions.workflows.services import workflow_propose
+from tests.approvals.test_views import propose
 from tests.factories import PASSWORD
 from tests.workflows.conftest import World, po_parameters
 
@@ -67,3 +69,35 @@ def test_the_proposers_owner_cannot_approve_and_others_cannot_see(
     assert login(agent_owner).get(f"/approvals/workflows/{workflow.pk}/").status_code == 403
     assert login(finance).post(f"/approvals/workflows/{workflow.pk}/decide", {"decision": "approve"}).status_code == 403
     assert Workflow.objects.get(pk=workflow.pk).state == WorkflowState.PROPOSED
+
+
+def _highlighted(page: str) -> list[str]:
+    """The main navigation's links marked as the current section."""
+    nav = re.search(r'<nav class="topnav"[^>]*>(.*?)</nav>', page, flags=re.DOTALL)
+    assert nav is not None
+    return re.findall(r'<a href="[^"]*" aria-current="page">([^<]+)</a>', nav.group(1))
+
+
+def test_every_approvals_page_highlights_approvals_in_the_navigation(
+    world: World, agent_actor: Actor, manager: Any, finance: Any
+) -> None:
+    workflow = workflow_propose(
+        template="po_mismatch_resolution", parameters=po_parameters(), proposer=agent_actor
+    ).workflow
+    proposal = propose(agent_actor)
+    client = login(manager)
+    for address in (
+        "/approvals/",
+        f"/approvals/{proposal.pk}/",
+        "/approvals/decided/",
+        "/approvals/workflows/",
+        f"/approvals/workflows/{workflow.pk}/",
+    ):
+        response = client.get(address)
+        assert response.status_code == 200, address
+        assert _highlighted(response.content.decode()) == ["Approvals"], address
+    assert _highlighted(client.get("/").content.decode()) == ["Home"]
+
+    finance_client = login(finance)
+    for address in ("/review/", f"/review/workflows/{workflow.pk}/"):
+        assert _highlighted(finance_client.get(address).content.decode()) == ["Review queue"], address

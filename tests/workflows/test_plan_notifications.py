@@ -37,4 +37,8 @@ def test_a_plan_waiting_for_a_decision_is_counted_and_told_once(
     notifications_send_due()
     notifications_send_due()
     [message] = mail.outbox
-    assert message.to == [manager.email] and workflow.workflow_id in message.body
+    assert message.to == [manager.email]
+    # Named by the bill it is about; its id is behind the link.
+    assert "Plan for Bill INV-42, waiting since" in message.body
+    assert f"/approvals/workflows/{workflow.pk}/" in message.body
+    assert workflow.workflow_id not in message.body

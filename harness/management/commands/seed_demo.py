@@ -21,6 +21,9 @@ recording of an answer, escalation, the ledger audit), so each page has somethin
   look it up and confirm it.
 - 4910: someone refunded part of the order by hand at the provider; the ledger audit finds an
   effect with no action (an open discrepancy).
+- Bill INV-2297 (with the accounting sandbox): an invoice adjustment whose credit note the
+  accounting system saved but whose answer was lost; escalated to alex (accounts payable), who
+  can look it up and record it as succeeded.
 
 The answers recorded for 4904-4909 are written by this command, not received (the evidence says
 so), except 4906's, which the sandbox really gave. There is no lasting AUTHORIZED action: a
@@ -74,7 +77,7 @@ from actions.services import Actor, action_cancel
 from approvals.models import ApprovalLimit
 from approvals.services import approval_decide
 from console.roles import ensure_roles
-from harness.demo.bills import seed_demo_bills
+from harness.demo.bills import plant_credit_note, seed_demo_bills, seed_review_adjustment
 
 DEMO_PASSWORD = "demo-password"  # noqa: S105 - printed in the README for the local demo only
 
@@ -353,6 +356,8 @@ class Scenario:
             step(orders[number])
         if not Discrepancy.objects.exists():
             self.discrepancy(orders["4910"])
+        if settings.ACCOUNTING_API_BASE:
+            self.payable_review()
 
     # --- building blocks ---------------------------------------------------------------------
 
@@ -493,22 +498,50 @@ class Scenario:
         self.plant(claim.action, status="succeeded")
         timeout = AmbiguousError("Read timed out after 10 s.", code="connection_error")
         action = self.record(claim, Answer(Outcome.UNKNOWN, error=timeout), at=self.ago(hours=6, minutes=59))
+        self.hand_to(
+            action,
+            self.users["fiona"],
+            at=self.ago(hours=5),
+            reason="The customer's bank asked about this refund, so it goes to a person at once (demo data).",
+            note="Taking it: the bank called me.",
+        )
+
+    def hand_to(self, action: Action, person: User, *, at: datetime, reason: str, note: str) -> None:
+        """Escalate ``action`` at once (no lookups first) and have ``person`` take it."""
         with transaction.atomic(durable=True):
             action = Action.objects.select_for_update().get(pk=action.pk)
             action_escalate(
-                action=action,
-                actor=Actor.system("reconciler"),
-                now=self.ago(hours=5),
-                reason="The customer's bank asked about this refund, so it goes to a person at once (demo data).",
-                evidence=DEMO_EVIDENCE,
+                action=action, actor=Actor.system("reconciler"), now=at, reason=reason, evidence=DEMO_EVIDENCE
             )
         action = Action.objects.get(pk=action.pk)
-        fiona = self.users["fiona"]
-        if action.status == ActionStatus.NEEDS_REVIEW and action.owner != fiona:
+        if action.status == ActionStatus.NEEDS_REVIEW and action.owner != person:
             try:
-                action_assign(action_pk=action.pk, user=fiona, note="Taking it: the bank called me.")
+                action_assign(action_pk=action.pk, user=person, note=note)
             except ReviewRefused as refused:
                 self.command.stderr.write(f"{action.action_id} stays with its owner: {refused}")
+
+    def payable_review(self) -> None:
+        """An invoice adjustment for accounts payable: the accounting system saved its credit
+        note, but the answer was lost; alex finds the note with a lookup and records it."""
+        action = seed_review_adjustment(accounting=settings.ACCOUNTING_API_BASE)
+        if action is None or action.status not in (ActionStatus.PROPOSED, ActionStatus.AUTHORIZED):
+            return  # the accounting sandbox is not reachable, or an earlier seed did this
+        if action.status == ActionStatus.PROPOSED:
+            self.approve(action, at=self.now)
+        claim = submission_begin(action_pk=action.pk, now=self.now)
+        if claim.outcome != ClaimOutcome.CLAIMED or claim.action is None:
+            self.command.stderr.write(f"{action.action_id}: a worker took it first; its state is its own.")
+            return
+        plant_credit_note(accounting=settings.ACCOUNTING_API_BASE, action=claim.action)
+        lost = AmbiguousError("Read timed out after 10 s.", code="connection_error")
+        action = self.record(claim, Answer(Outcome.UNKNOWN, error=lost), at=self.now)
+        self.hand_to(
+            action,
+            self.users["alex"],
+            at=self.now,
+            reason="The supplier asked whether the credit note was issued, so it goes to a person at once (demo data).",
+            note="Taking it: the supplier called me.",
+        )
 
     def discrepancy(self, order: Order) -> None:
         # A refund made by hand in the provider's dashboard names no action.
