@@ -17,15 +17,24 @@ from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.utils import timezone
 
+from actions import tasks
 from actions.engine.retention import archive_closed_actions, archive_prune
 from actions.evidence.bundle import evidence_bundle
 from actions.evidence.checkpoints import checkpoint_make
 from actions.foundation import sql
 from actions.foundation.security import security_event_record
 from actions.foundation.sql import trail_events
-from actions.foundation.tombstones import AUDIT_EVENTS
+from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
 from actions.kinds.refund.proposal import action_propose_refund
-from actions.models import Action, ActionEvent, ArchivedActionEvent, RetentionTombstone, SecurityEventKind
+from actions.models import (
+    Action,
+    ActionEvent,
+    ArchivedActionEvent,
+    Notification,
+    NotificationKind,
+    RetentionTombstone,
+    SecurityEventKind,
+)
 from actions.models.actions import TERMINAL_STATUSES
 from actions.review.services import action_owner_record
 from actions.services import Actor, action_cancel
@@ -251,3 +260,23 @@ def test_beat_runs_the_archive_monthly(settings: Any) -> None:
     entry = settings.CELERY_BEAT_SCHEDULE["retention-archive"]
     assert entry["task"] == "actions.tasks.retention_archive"
     assert entry["schedule"] == 30 * 24 * 3600.0
+
+
+def test_the_monthly_run_archives_and_prunes_old_notifications_under_a_tombstone(
+    agent_actor: Actor, finance: Any, settings: Any
+) -> None:
+    action = refund(agent_actor, cancel=True)
+    closed_long_ago(action)
+    now = timezone.now()
+    told = {"recipient": finance, "kind": NotificationKind.ESCALATED, "link": "/review/"}
+    old = Notification.objects.create(
+        **told, title="old", created_at=now - timedelta(days=settings.NOTIFICATION_RETENTION_DAYS + 1)
+    )
+    recent = Notification.objects.create(**told, title="new", created_at=now)
+
+    assert tasks.retention_archive() == 3  # the events archived
+    assert ArchivedActionEvent.objects.filter(action=action).count() == 3
+    assert list(Notification.objects.values_list("pk", flat=True)) == [recent.pk]
+    tombstone = RetentionTombstone.objects.get(record_type="notifications")
+    assert (tombstone.count, tombstone.first_id, tombstone.rule) == (1, old.pk, "NOTIFICATION_RETENTION_DAYS")
+    assert tombstone_valid(tombstone, key=KEY.encode())
