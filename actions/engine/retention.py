@@ -160,7 +160,16 @@ def archive_prune(*, now: datetime | None = None, max_batches: int = 100) -> Pru
         if not candidates:
             break
         with transaction.atomic():
-            locked = list(Action.objects.select_for_update().filter(pk__in=candidates).values_list("pk", flat=True))
+            # Locked, and checked again: an event written on one of them since it was read would
+            # continue the chain from the archive, which must then stay whole.
+            locked = list(
+                Action.objects.select_for_update()
+                .filter(pk__in=candidates)
+                .exclude(Exists(live))
+                .values_list("pk", flat=True)
+            )
+            if not locked:
+                break
             rows = list(
                 ArchivedActionEvent.objects.filter(action_id__in=locked)
                 .order_by("id")

@@ -196,9 +196,9 @@ def backfill_trail_hashes(apps: Any, schema_editor: Any) -> None:
 #
 # - a live event, while ``console.archiving`` is on, and only once its identical copy (same key,
 #   same hashes) is in the archive: the archive moves closed actions' events, it never drops one;
-# - an archived event, while ``console.pruning`` is on, and only when a tombstone of pruned audit
-#   events names its key: past the trail's retention an event may go, never without a signed
-#   statement of what went (actions.foundation.tombstones).
+# - an archived event, while ``console.pruning`` is on, and only when the range of keys of a
+#   tombstone of pruned audit events covers it: past the trail's retention an event may go,
+#   never without a signed statement of what went (actions.foundation.tombstones).
 #
 # Why a setting and not a second role or a disabled trigger: ``SET LOCAL`` ends with its
 # transaction, so a forgotten reset cannot leave the trail open; the switch is named in the one
