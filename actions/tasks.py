@@ -17,6 +17,7 @@ from actions.engine.dispatch import execution_dispatch
 from actions.engine.housekeeping import attempts_prune_bodies
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.reconcile import reconcile_action, reconcile_publish_due
+from actions.engine.retention import retention_run
 from actions.engine.sweeps import sweep_authorized as sweep_authorized_run
 from actions.engine.sweeps import sweep_expired_leases as sweep_expired_leases_run
 from actions.engine.throttle import dispatch_wait, reconcile_wait, republish_delay
@@ -101,6 +102,13 @@ def ledger_audit() -> int:
 @once_per_period("housekeeping-prune-attempt-bodies")
 def housekeeping_prune_attempt_bodies() -> int:
     return attempts_prune_bodies().pruned
+
+
+@shared_task(name="actions.tasks.retention_archive")
+@once_per_period("retention-archive")
+def retention_archive() -> int:
+    """The number of audit events archived (docs/operators/retention.md)."""
+    return retention_run().archived.events
 
 
 @shared_task(name="actions.tasks.rejection_commit")

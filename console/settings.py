@@ -395,6 +395,12 @@ LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 36
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.
 ATTEMPT_BODY_RETENTION_DAYS: int = env_int("ATTEMPT_BODY_RETENTION_DAYS", 90)
 HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 3600)
+# Retention and archive, run every RETENTION_INTERVAL_SECONDS: see docs/operators/retention.md
+# (closed actions' events are archived; the trail and notifications pruned past their days).
+ARCHIVE_AFTER_DAYS: int = env_int("ARCHIVE_AFTER_DAYS", 90)
+TRAIL_RETENTION_DAYS: int = env_int("TRAIL_RETENTION_DAYS", 2555)
+NOTIFICATION_RETENTION_DAYS: int = env_int("NOTIFICATION_RETENTION_DAYS", 365)
+RETENTION_INTERVAL_SECONDS: int = env_int("RETENTION_INTERVAL_SECONDS", 30 * 24 * 3600)
 # Webhooks for agents (actions/agents/webhooks.py). A failed delivery is retried after
 # BASE * 2**(n-1) seconds (capped at CAP) until WINDOW seconds after the event; beat sweeps
 # deliveries whose publish was lost every SWEEP_INTERVAL_SECONDS.
@@ -573,6 +579,8 @@ _PERIODIC_TASKS = {
     "trail-verify": TRAIL_INTERVAL_SECONDS,
     # Storage tidying, not durability (actions.engine.housekeeping).
     "housekeeping-prune-attempt-bodies": HOUSEKEEPING_INTERVAL_SECONDS,
+    # The archive of closed actions and the prunings past retention (actions.engine.retention).
+    "retention-archive": RETENTION_INTERVAL_SECONDS,
 }
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     name: {"task": "actions.tasks." + name.replace("-", "_"), "schedule": float(interval)}

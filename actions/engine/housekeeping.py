@@ -13,6 +13,8 @@ What is never touched, whatever its age:
 - audit events (``ActionEvent``), of any action: they are the append-only record, and a
   database trigger refuses any change to them anyway.
 
+Each batch leaves a signed tombstone of what it emptied (actions.foundation.tombstones).
+
 This is tidying, not correctness: a run that dies halfway leaves some attempts pruned and the
 rest for the next run.
 """
@@ -31,6 +33,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from actions.foundation.tombstones import Pruned, tombstone_write
 from actions.models import Action, Attempt, DiscrepancyStatus, FollowUpStatus
 from actions.models.actions import TERMINAL_STATUSES
 
@@ -60,7 +63,7 @@ def _stub(body: Any, now: datetime) -> dict[str, Any]:
     }
 
 
-def _prunable_actions(cutoff: datetime) -> Q:
+def actions_closed_before(cutoff: datetime) -> Q:
     """Final actions, final since before the cutoff, with nothing open that needs their evidence."""
     open_remedy = Q(remedies__status__in=[FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS])
     open_discrepancy = Q(discrepancies__status__in=[DiscrepancyStatus.OPEN, DiscrepancyStatus.IN_PROGRESS])
@@ -89,7 +92,7 @@ def attempts_prune_bodies(
     while batches < max_batches:
         candidates = list(
             Attempt.objects.filter(pk__gt=last_pk, started_at__lt=cutoff, finished_at__isnull=False)
-            .filter(action__in=Action.objects.filter(_prunable_actions(cutoff)))
+            .filter(action__in=Action.objects.filter(actions_closed_before(cutoff)))
             .exclude(request__has_key=PRUNED_MARKER)
             .order_by("pk")
             .values_list("pk", "action_id")[:BATCH_SIZE]
@@ -104,7 +107,7 @@ def attempts_prune_bodies(
             # check is what this function promises, so it is made where the write happens.
             still_final = set(
                 Action.objects.select_for_update()
-                .filter(_prunable_actions(cutoff), pk__in={action_pk for _, action_pk in candidates})
+                .filter(actions_closed_before(cutoff), pk__in={action_pk for _, action_pk in candidates})
                 .values_list("pk", flat=True)
             )
             attempts = list(
@@ -115,6 +118,22 @@ def attempts_prune_bodies(
                 if attempt.response is not None:
                     attempt.response = _stub(attempt.response, now)
             Attempt.objects.bulk_update(attempts, ["request", "response"])
+            if attempts:
+                tombstone_write(
+                    record_type="attempt bodies",
+                    rule="ATTEMPT_BODY_RETENTION_DAYS",
+                    retention_days=days,
+                    cutoff=cutoff,
+                    records=[
+                        Pruned(
+                            pk=attempt.pk,
+                            at=attempt.started_at,
+                            digest=f"{attempt.request['sha256']} {(attempt.response or {}).get('sha256', '')}",
+                        )
+                        for attempt in attempts
+                    ],
+                    now=now,
+                )
         pruned += len(attempts)
     if pruned:
         logger.info("housekeeping: pruned the bodies of %s attempts older than %s days", pruned, days)

@@ -15,7 +15,7 @@ Failed and canceled records are not effects: they count for none of the above.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -23,13 +23,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
 from django.utils import timezone
 
-from actions.foundation.trail import RESEND_TRANSITION
+from actions.foundation.trail import RESEND_TRANSITION, trail_events
 from actions.kinds import all_kinds
 from actions.kinds.base import Effect, EffectKind, LedgerUnavailable, Receiver
-from actions.models import Action, ActionEvent, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
+from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
 
 # Statuses in which the console holds that no effect happened, or not yet by our hand.
 NOT_SUCCEEDED_STATUSES = frozenset(
@@ -62,13 +61,10 @@ class LedgerComparison:
 def repeat_allowances(action_ids: Iterable[str]) -> dict[str, int]:
     """How many "send again" decisions a person recorded per action: each allows one more
     effect at a receiver that can neither deduplicate nor be asked (invariant 16)."""
-    rows = (
-        ActionEvent.objects.filter(transition=RESEND_TRANSITION, action__action_id__in=list(action_ids))
-        .values_list("action__action_id")
-        .annotate(count=Count("id"))
-        .order_by()
+    decisions = trail_events(
+        transition=RESEND_TRANSITION, action__action_id__in=list(action_ids), order=("id",), select_related=("action",)
     )
-    return dict(rows)
+    return dict(Counter(event.action.action_id for event in decisions))
 
 
 def ledger_compare(*, kind: EffectKind, effects: list[Effect], now: datetime, grace: timedelta) -> LedgerComparison:

@@ -20,8 +20,9 @@ from django.utils import timezone
 
 from actions.evidence.checkpoints import checkpoint_document, checkpoint_events, checkpoint_leaves, signing_key
 from actions.foundation.chain import ALGORITHM, canonical_json, key_id, merkle_proof, sign_bytes
-from actions.foundation.trail import event_content_of
-from actions.models import Action, ActionEvent, Attempt, AttemptKind, Checkpoint, Discrepancy, OrderEvent, Remedy
+from actions.foundation.trail import event_content_of, trail_events
+from actions.models import Action, Attempt, AttemptKind, Checkpoint, Discrepancy, OrderEvent, Remedy
+from actions.models.actions import AuditEvent
 from approvals.models import Approval
 
 FORMAT = "effect-console-evidence/1"
@@ -119,7 +120,7 @@ def _follow_ups(action: Action) -> dict[str, Any]:
     }
 
 
-def _covering(event: ActionEvent, checkpoints: list[Checkpoint]) -> Checkpoint | None:
+def _covering(event: AuditEvent, checkpoints: list[Checkpoint]) -> Checkpoint | None:
     for checkpoint in checkpoints:
         if checkpoint.txid_below is not None and event.txid is not None:
             if event.txid < checkpoint.txid_below:
@@ -133,7 +134,7 @@ def evidence_bundle(*, action_pk: int, now: datetime | None = None) -> dict[str,
     """The bundle of one action, as plain JSON values."""
     now = now or timezone.now()
     action = Action.objects.select_related("order", "proposed_by_agent", "proposed_by_user").get(pk=action_pk)
-    events = list(ActionEvent.objects.filter(action=action).order_by("sequence", "id"))
+    events = trail_events(action_id=action.pk, order=("sequence", "id"))
     checkpoints = list(Checkpoint.objects.order_by("number"))
     covering: dict[int, Checkpoint] = {}
     for event in events:

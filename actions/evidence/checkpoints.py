@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -39,36 +38,42 @@ from actions.foundation.chain import (
     sha256_hex,
     sign,
 )
-from actions.models import ActionEvent, Checkpoint
+from actions.foundation.signing import signing_key
+from actions.models import ActionEvent, ArchivedActionEvent, Checkpoint
+
+__all__ = ["signing_key"]  # read here by the checkpoints' callers
 
 log = logging.getLogger(__name__)
 
 
-def signing_key() -> bytes:
-    key = settings.TRAIL_SIGNING_KEY
-    if not key:
-        raise ImproperlyConfigured("TRAIL_SIGNING_KEY is not set: the audit trail's checkpoints cannot be signed")
-    return str(key).encode("utf-8")
+def checkpoint_events(checkpoint: Checkpoint, previous: Checkpoint | None) -> list[QuerySet[Any]]:
+    """The events ``checkpoint`` covers, live and archived: one query per table, each in key
+    order (an archived event keeps its key and txid, so it stays in its period)."""
+    found: list[QuerySet[Any]] = []
+    for model in (ActionEvent, ArchivedActionEvent):
+        events: QuerySet[Any] = model.objects.order_by("id")
+        if checkpoint.txid_below is not None:
+            if previous is not None and previous.txid_below is not None:
+                events = events.filter(txid__gte=previous.txid_below)
+            found.append(events.filter(txid__lt=checkpoint.txid_below))
+            continue
+        if previous is not None and previous.id_upto is not None:
+            events = events.filter(id__gt=previous.id_upto)
+        found.append(events.filter(id__lte=checkpoint.id_upto or 0))
+    return found
 
 
-def checkpoint_events(checkpoint: Checkpoint, previous: Checkpoint | None) -> QuerySet[ActionEvent]:
-    """The events ``checkpoint`` covers, in key order."""
-    events = ActionEvent.objects.order_by("id")
-    if checkpoint.txid_below is not None:
-        if previous is not None and previous.txid_below is not None:
-            events = events.filter(txid__gte=previous.txid_below)
-        return events.filter(txid__lt=checkpoint.txid_below)
-    if previous is not None and previous.id_upto is not None:
-        events = events.filter(id__gt=previous.id_upto)
-    return events.filter(id__lte=checkpoint.id_upto or 0)
-
-
-def checkpoint_leaves(events: QuerySet[ActionEvent]) -> list[tuple[int, str]]:
-    """(event key, Merkle leaf) for each event, in key order."""
-    rows = events.values_list("id", "action__action_id", "sequence", "chain_hash")
+def checkpoint_leaves(tables: list[QuerySet[Any]]) -> list[tuple[int, str]]:
+    """(event key, Merkle leaf) for each event of these queries, merged in key order."""
+    rows = [
+        row
+        for events in tables
+        for row in events.values_list("id", "action__action_id", "sequence", "chain_hash").iterator(chunk_size=5000)
+    ]
+    rows.sort(key=lambda row: row[0])
     return [
         (pk, merkle_leaf(event_id=pk, action=action, sequence=sequence or 0, chain_hash=chain))
-        for pk, action, sequence, chain in rows.iterator(chunk_size=5000)
+        for pk, action, sequence, chain in rows
     ]
 
 
@@ -130,7 +135,14 @@ def checkpoint_make(*, now: datetime | None = None) -> CheckpointRun:
                 key_id=key_id(key),
             )
             if txid_below is None:
-                last = ActionEvent.objects.order_by("-id").values_list("id", flat=True).first()
+                last = max(
+                    (
+                        found
+                        for model in (ActionEvent, ArchivedActionEvent)
+                        if (found := model.objects.order_by("-id").values_list("id", flat=True).first()) is not None
+                    ),
+                    default=None,
+                )
                 checkpoint.id_upto = last if last is not None else (previous.id_upto if previous else 0)
             leaves = checkpoint_leaves(checkpoint_events(checkpoint, previous))
             checkpoint.event_count = len(leaves)

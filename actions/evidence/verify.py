@@ -19,6 +19,7 @@ its link to the previous checkpoint, its signature and its line in the file are 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,11 +43,13 @@ from actions.foundation.chain import (
     row_event_content,
 )
 from actions.foundation.chain import signature_valid as hmac_valid
-from actions.models import Action, ActionEvent, Checkpoint
+from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
+from actions.models import Action, ActionEvent, ArchivedActionEvent, Checkpoint, RetentionTombstone
 from actions.notifications import trail_break_notify
 from actions.plain import action_words
 
 EDITED, REMOVED, INSERTED, REORDERED, CHECKPOINT = "edited", "removed", "inserted", "reordered", "checkpoint"
+TOMBSTONE = "tombstone"
 
 _FIELDS = ("id", "action_id", *EVENT_ROW_FIELDS, "content_hash", "chain_hash")
 
@@ -61,9 +64,12 @@ class Break:
     action: str | None = None
     sequence: int | None = None
     checkpoint: int | None = None
+    tombstone: int | None = None
 
     def line(self) -> str:
-        if self.checkpoint is not None:
+        if self.tombstone is not None:
+            where = f"retention tombstone {self.tombstone}"
+        elif self.checkpoint is not None:
             where = f"checkpoint {self.checkpoint}"
         else:
             where = f"event {self.event_id} (action {self.action}, sequence {self.sequence})"
@@ -76,6 +82,7 @@ class TrailReport:
     events: int = 0
     checkpoints: int = 0
     breaks: list[Break] = field(default_factory=list)
+    tombstones: int = 0  # retention tombstones checked
 
     @property
     def first(self) -> Break | None:
@@ -142,7 +149,15 @@ def chain_first_break(rows: list[dict[str, Any]]) -> Break | None:
 
 def _actions_events() -> Iterator[list[dict[str, Any]]]:
     """Each action's events, one action at a time, read in one pass in key order."""
-    rows = ActionEvent.objects.order_by("action_id", "id").values(*_FIELDS).iterator(chunk_size=5000)
+    # The live trail and its archive, each in (action, key) order, merged as they stream: an
+    # action's events may lie in both (one written after its archiving, on a late follow-up).
+    rows = heapq.merge(
+        *(
+            model.objects.order_by("action_id", "id").values(*_FIELDS).iterator(chunk_size=5000)
+            for model in (ActionEvent, ArchivedActionEvent)
+        ),
+        key=lambda row: (row["action_id"], row["id"]),
+    )
     group: list[dict[str, Any]] = []
     for row in rows:
         if group and group[0]["action_id"] != row["action_id"]:
@@ -153,9 +168,11 @@ def _actions_events() -> Iterator[list[dict[str, Any]]]:
         yield group
 
 
-def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
+def checkpoints_first_break(*, key: bytes, pruned: dict[str, int] | None = None) -> tuple[int, Break | None]:
     """Check every checkpoint in order: its link to the one before, its hash, its signature, its
-    root over the events of its period, and its line in the file. (count, first break)."""
+    root over the events of its period, and its line in the file. (count, first break).
+    ``pruned``: how many of each checkpoint's events valid tombstones account for, by number."""
+    pruned = pruned or {}
     previous: Checkpoint | None = None
     lines = {line.get("number"): line for line in checkpoint_log_read()}
     count = 0
@@ -175,8 +192,15 @@ def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
         if checkpoint.key_id != key_id(key) or not hmac_valid(key, checkpoint.checkpoint_hash, checkpoint.signature):
             return count, broken(f"its signature does not verify under the key {key_id(key)}")
         leaves = checkpoint_leaves(checkpoint_events(checkpoint, previous))
-        if len(leaves) != checkpoint.event_count or merkle_root([leaf for _, leaf in leaves]) != checkpoint.root:
-            return count, broken(_period_difference(checkpoint, [pk for pk, _ in leaves]))
+        found = [pk for pk, _ in leaves]
+        gone = pruned.get(str(checkpoint.number), 0)
+        if gone:
+            # Part of its period was pruned past retention, under signed tombstones: what is left
+            # must be exactly the rest. Its root can no longer be recomputed.
+            if len(found) + gone != checkpoint.event_count:
+                return count, broken(_period_difference(checkpoint, found, pruned=gone))
+        elif len(found) != checkpoint.event_count or merkle_root([leaf for _, leaf in leaves]) != checkpoint.root:
+            return count, broken(_period_difference(checkpoint, found))
         line = lines.pop(checkpoint.number, None)
         if line is not None and line != checkpoint_document(checkpoint):
             return count, broken("its line in the checkpoint file differs from its row")
@@ -187,7 +211,12 @@ def checkpoints_first_break(*, key: bytes) -> tuple[int, Break | None]:
     return count, None
 
 
-def _period_difference(checkpoint: Checkpoint, found: list[int]) -> str:
+def _period_difference(checkpoint: Checkpoint, found: list[int], *, pruned: int = 0) -> str:
+    if pruned:
+        return (
+            f"its period now holds {len(found)} events and tombstones account for {pruned} pruned,"
+            f" {checkpoint.event_count} when signed"
+        )
     if len(found) > checkpoint.event_count:
         low, high = checkpoint.first_event, checkpoint.last_event
         strays = [pk for pk in found if low is None or high is None or not low <= pk <= high]
@@ -210,10 +239,36 @@ def trail_verify(*, key: bytes) -> TrailReport:
         if found is not None:
             report.breaks.append(found)
     report.breaks.sort(key=lambda b: b.event_id or 0)
-    report.checkpoints, checkpoint_break = checkpoints_first_break(key=key)
+    report.tombstones, tombstone_breaks, pruned = tombstones_check(key=key)
+    report.checkpoints, checkpoint_break = checkpoints_first_break(key=key, pruned=pruned)
     if checkpoint_break is not None:
         report.breaks.append(checkpoint_break)
+    report.breaks.extend(tombstone_breaks)
     return report
+
+
+def tombstones_check(*, key: bytes) -> tuple[int, list[Break], dict[str, int]]:
+    """Check every retention tombstone's signature. (count, breaks, and how many pruned audit
+    events the valid ones account for in each checkpoint's period, by its number). A tombstone
+    that does not verify accounts for nothing, so its checkpoints then show the events missing."""
+    breaks: list[Break] = []
+    pruned: dict[str, int] = {}
+    count = 0
+    for tombstone in RetentionTombstone.objects.order_by("id"):
+        count += 1
+        if not tombstone_valid(tombstone, key=key):
+            breaks.append(
+                Break(
+                    TOMBSTONE,
+                    f"its fields no longer match its signature under the key {key_id(key)}",
+                    tombstone=tombstone.pk,
+                )
+            )
+            continue
+        if tombstone.record_type == AUDIT_EVENTS:
+            for number, events in tombstone.checkpoint_counts.items():
+                pruned[str(number)] = pruned.get(str(number), 0) + int(events)
+    return count, breaks, pruned
 
 
 # What each kind of break means, for the members of finance who are told of it.
@@ -228,6 +283,11 @@ _BREAK_WORDS = {
 def _told_line(found: Break, action: Action | None) -> str:
     """A break as finance is told of it: the action as a clerk knows it and what happened to
     its trail, then where (the event or checkpoint, for the administrator)."""
+    if found.tombstone is not None:
+        return (
+            f"A signed retention tombstone no longer matches what it says was pruned "
+            f"(tombstone {found.tombstone}: {found.detail})."
+        )
     if found.checkpoint is not None:
         return (
             f"A signed checkpoint of the audit trail no longer matches the events it covers "
@@ -249,7 +309,8 @@ def trail_check(*, key: bytes) -> TrailReport:
             action = actions.get(found.action) if found.action else None
             # The action's page; a checkpoint's break has no action, and finance starts at the queue.
             link = reverse("review-action", args=[action.pk]) if action is not None else reverse("review-queue")
-            subject = f"trail:{found.kind}:{found.checkpoint if found.checkpoint is not None else found.event_id}"
+            where = found.tombstone or (found.checkpoint if found.checkpoint is not None else found.event_id)
+            subject = f"trail:{found.kind}:{where}"
             breaks.append((subject, _told_line(found, action), link))
         trail_break_notify(breaks=breaks)
     return report

@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import Count
 
 from actions.foundation.chain import EVENT_ROW_FIELDS, GENESIS, chain_link, content_hash, row_event_content
+from actions.foundation.sql.trail_events import sqlite_refusal, sqlite_refusal_name
 
 # The audit trail is append-only, and an action's material fields never change after the
 # proposal. Python refuses both; on PostgreSQL these triggers refuse them for any client.
@@ -77,8 +78,7 @@ CREATE TRIGGER securityevent_append_only
 SQLITE_GUARDS = [
     """CREATE TRIGGER IF NOT EXISTS actionevent_no_update BEFORE UPDATE ON actions_actionevent
     BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: UPDATE refused'); END""",
-    """CREATE TRIGGER IF NOT EXISTS actionevent_no_delete BEFORE DELETE ON actions_actionevent
-    BEGIN SELECT RAISE(ABORT, 'actions_actionevent is append-only: DELETE refused'); END""",
+    sqlite_refusal("actions_actionevent", "DELETE"),
     """CREATE TRIGGER IF NOT EXISTS securityevent_no_update BEFORE UPDATE ON actions_securityevent
     BEGIN SELECT RAISE(ABORT, 'actions_securityevent is append-only: UPDATE refused'); END""",
     """CREATE TRIGGER IF NOT EXISTS securityevent_no_delete BEFORE DELETE ON actions_securityevent
@@ -100,13 +100,15 @@ SQLITE_GUARD_NAMES = [
 ]
 
 
-def install_security_guards(apps: Any, schema_editor: Any) -> None:
+def _guards_run(schema_editor: Any, *, postgresql: str, sqlite: list[str]) -> None:
+    """Run the guards' statements for the database the migration runs on."""
     vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(PG_SECURITY_GUARDS, params=None)
-    elif vendor == "sqlite":
-        for statement in SQLITE_GUARDS:
-            schema_editor.execute(statement, params=None)
+    for statement in [postgresql] if vendor == "postgresql" else sqlite if vendor == "sqlite" else []:
+        schema_editor.execute(statement, params=None)
+
+
+def install_security_guards(apps: Any, schema_editor: Any) -> None:
+    _guards_run(schema_editor, postgresql=PG_SECURITY_GUARDS, sqlite=SQLITE_GUARDS)
 
 
 def remove_security_guards(apps: Any, schema_editor: Any) -> None:
@@ -185,3 +187,75 @@ def backfill_trail_hashes(apps: Any, schema_editor: Any) -> None:
         event_model.objects.filter(pk=row["id"]).update(sequence=sequence, content_hash=digest, chain_hash=chained)
         heads[row["action_id"]] = (sequence, chained)
     schema_editor.execute(PG_EVENT_GUARD_ON if vendor == "postgresql" else SQLITE_GUARDS[0], params=None)
+
+
+# The archive and the retention of the audit trail (actions.engine.retention). The trigger
+# function above refuses every UPDATE and DELETE of an event; two deletes are let through, each
+# only on an explicit, transaction-local switch that only the archive's statements set
+# (actions.foundation.sql), and only with the evidence of the move in the same transaction:
+#
+# - a live event, while ``console.archiving`` is on, and only once its identical copy (same key,
+#   same hashes) is in the archive: the archive moves closed actions' events, it never drops one;
+# - an archived event, while ``console.pruning`` is on, and only when the range of keys of a
+#   tombstone of pruned audit events covers it: past the trail's retention an event may go,
+#   never without a signed statement of what went (actions.foundation.tombstones).
+#
+# Why a setting and not a second role or a disabled trigger: ``SET LOCAL`` ends with its
+# transaction, so a forgotten reset cannot leave the trail open; the switch is named in the one
+# function that moves rows, which a reader finds by grepping for it; and a stray DELETE (a
+# mistaken query, an ORM call, a psql session) still fails. It is not a barrier against the
+# database's owner, who can drop any trigger: the hash chain and the signed checkpoints catch that.
+PG_ARCHIVE_GUARDS = """
+CREATE OR REPLACE FUNCTION console_refuse_event_change() RETURNS trigger AS $$
+BEGIN
+    -- Nested, so that a row's columns are read only for the table that has them.
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_actionevent' THEN
+        IF current_setting('console.archiving', true) = 'on' AND EXISTS (
+            SELECT 1 FROM actions_archivedactionevent AS a
+            WHERE a.id = OLD.id AND a.chain_hash = OLD.chain_hash AND a.content_hash = OLD.content_hash
+        ) THEN
+            RETURN OLD;
+        END IF;
+    ELSIF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'actions_archivedactionevent' THEN
+        IF current_setting('console.pruning', true) = 'on' AND EXISTS (
+            SELECT 1 FROM actions_retentiontombstone AS t
+            WHERE t.record_type = 'audit events' AND OLD.id BETWEEN t.first_id AND t.last_id
+        ) THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    RAISE EXCEPTION '% is append-only: % refused', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'integrity_constraint_violation';
+END;
+$$ LANGUAGE plpgsql;
+
+"""
+# The archive is append-only as the trail is, and so are the tombstones (nothing ever lets one go).
+ARCHIVE_TABLES = ("actions_archivedactionevent", "actions_retentiontombstone")
+
+
+def _pg_append_only(table: str) -> str:
+    return (
+        f"DROP TRIGGER IF EXISTS {table}_append_only ON {table};"
+        f" CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}"
+        " FOR EACH ROW EXECUTE FUNCTION console_refuse_event_change();"
+    )
+
+
+# SQLite has no session settings a trigger could read (and a trigger may not read a temporary
+# table): there the archive's transaction drops the delete guard and creates it again before it
+# commits (SQLite's DDL is transactional, and one writer holds the database meanwhile).
+SQLITE_ARCHIVE_GUARDS = [sqlite_refusal(table, verb) for table in ARCHIVE_TABLES for verb in ("UPDATE", "DELETE")]
+
+
+def install_archive_guards(apps: Any, schema_editor: Any) -> None:
+    tables = "".join(map(_pg_append_only, ARCHIVE_TABLES))
+    _guards_run(schema_editor, postgresql=PG_ARCHIVE_GUARDS + tables, sqlite=SQLITE_ARCHIVE_GUARDS)
+
+
+def remove_archive_guards(apps: Any, schema_editor: Any) -> None:
+    drops = "".join(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table};" for table in ARCHIVE_TABLES)
+    # The trigger function as it was before the archive.
+    before = PG_GUARDS.split("DROP TRIGGER IF EXISTS actionevent_append_only")[0]
+    names = [sqlite_refusal_name(table, verb) for table in ARCHIVE_TABLES for verb in ("UPDATE", "DELETE")]
+    _guards_run(schema_editor, postgresql=drops + before, sqlite=[f"DROP TRIGGER IF EXISTS {name}" for name in names])

@@ -17,7 +17,9 @@ from django.utils import timezone
 from actions.foundation import sql
 from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
 from actions.foundation.outbox import webhook_outbox_write
-from actions.models import Action, ActionEvent, ActorKind, Agent, Attempt
+from actions.foundation.sql.trail_events import event_chain_heads
+from actions.models import Action, ActionEvent, ActorKind, Agent, ArchivedActionEvent, Attempt
+from actions.models.actions import AuditEvent
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -112,7 +114,7 @@ def events_chain(events: list[ActionEvent], *, new_actions: set[int] | frozenset
 
     ``new_actions``: actions the caller's transaction inserted, whose trails start here.
     """
-    heads = sql.event_chain_heads(action_pks=sorted({event.action_id for event in events} - new_actions))
+    heads = event_chain_heads(action_pks=sorted({event.action_id for event in events} - new_actions))
     for event in events:
         sequence, previous = heads.get(event.action_id, (0, GENESIS))
         event.sequence = sequence + 1
@@ -121,7 +123,7 @@ def events_chain(events: list[ActionEvent], *, new_actions: set[int] | frozenset
         heads[event.action_id] = (event.sequence, event.chain_hash)
 
 
-def event_content_of(event: ActionEvent, *, action_ref: str | None = None) -> dict[str, Any]:
+def event_content_of(event: AuditEvent, *, action_ref: str | None = None) -> dict[str, Any]:
     """The fields of ``event`` its content hash covers; ``action_ref``: its action's business id,
     when the caller read it without the action."""
     return event_content(
@@ -269,6 +271,28 @@ def state_change_listen(listener: StateChangeListener) -> StateChangeListener:
 # deduplicate nor be asked. Each such event allows one more effect at the receiver (the audits
 # count them) and tells the kind to mark the repeat in what it sends.
 RESEND_TRANSITION = "resolve_resend"
+
+
+# --- reading the trail, live and archived ---------------------------------------------------------
+
+
+def trail_events(
+    *, order: tuple[str, ...] = ("created_at", "id"), select_related: tuple[str, ...] = (), **filters: Any
+) -> list[AuditEvent]:
+    """The audit events that match ``filters`` (ORM lookups), from the live trail and from its
+    archive (the closed actions moved there after the hot window, actions.engine.retention),
+    merged in ``order``. Every reader of whole trails (an action's page, its evidence bundle,
+    the exports, the audits) reads through this, so that an archived action reads as before."""
+    found: list[AuditEvent] = []
+    for model in (ActionEvent, ArchivedActionEvent):
+        found.extend(model.objects.filter(**filters).select_related(*select_related).order_by(*order))
+    found.sort(key=lambda event: tuple(_ordered(getattr(event, name)) for name in order))
+    return found
+
+
+def _ordered(value: Any) -> Any:
+    # A sequence may be NULL on events older than the chain: those sort first, as the ORM does.
+    return (0, 0) if value is None else (1, value)
 
 
 def resend_decisions(action: Action) -> list[ActionEvent]:

@@ -6,7 +6,15 @@ Split by subject so that each file stays readable; everything is importable from
 
 from __future__ import annotations
 
-from actions.models.actions import Action, ActionEvent, ActionKind, ActionStatus, ActorKind, ReasonCode
+from actions.models.actions import (
+    Action,
+    ActionEvent,
+    ActionKind,
+    ActionStatus,
+    ActorKind,
+    ArchivedActionEvent,
+    ReasonCode,
+)
 from actions.models.agent_webhooks import (
     AgentWebhook,
     AgentWebhookAttempt,
@@ -18,7 +26,7 @@ from actions.models.agent_webhooks import (
 from actions.models.agents import Agent, AgentToken
 from actions.models.attempts import Attempt, AttemptKind
 from actions.models.bills import AdjustmentReason, AdjustmentRequest, Bill
-from actions.models.evidence import Checkpoint
+from actions.models.evidence import Checkpoint, RetentionTombstone
 from actions.models.followups import (
     Discrepancy,
     DiscrepancyKind,
@@ -57,6 +65,7 @@ __all__ = [
     "AgentWebhook",
     "AgentWebhookAttempt",
     "AgentWebhookDelivery",
+    "ArchivedActionEvent",
     "Attempt",
     "AttemptKind",
     "Bill",
@@ -81,6 +90,7 @@ __all__ = [
     "Remedy",
     "RemedyKind",
     "RequestSource",
+    "RetentionTombstone",
     "SchedulePeriod",
     "SecurityEvent",
     "SecurityEventKind",

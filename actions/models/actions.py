@@ -489,14 +489,10 @@ class TrailEvent(AppendOnly):
         ordering = ["created_at", "id"]
 
 
-class ActionEvent(TrailEvent):
-    """One line of the append-only audit trail (invariant 9).
+class ChainedActionEvent(TrailEvent):
+    """The columns of an action's audit event, shared by the live trail (ActionEvent) and its
+    archive (ArchivedActionEvent): an archived event is the same row, moved (actions.engine.retention)."""
 
-    Written by the service in the same transaction as the change it records. Python refuses
-    updates and deletes, and on PostgreSQL a trigger refuses them too.
-    """
-
-    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="events")
     actor_label = models.CharField(max_length=200, help_text="Who acted, as shown in the trail.")
     # The hash chain (actions.foundation.chain, docs/evidence.md): the event's place in its
     # action's trail (1, 2, ...), the SHA-256 of its canonical content, and the chain hash that
@@ -504,16 +500,34 @@ class ActionEvent(TrailEvent):
     sequence = models.PositiveIntegerField(null=True)
     content_hash = models.CharField(max_length=64, blank=True, default="")
     chain_hash = models.CharField(max_length=64, blank=True, default="")
+
+    trail_name = "audit events"
+    append_only_error = AuditTrailIsAppendOnly
+
+    class Meta(TrailEvent.Meta):
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"  # type: ignore[attr-defined]
+
+
+class ActionEvent(ChainedActionEvent):
+    """One line of the append-only audit trail (invariant 9).
+
+    Written by the service in the same transaction as the change it records. Python refuses
+    updates and deletes, and on PostgreSQL a trigger refuses them too; the one delete it lets
+    through is the archive's move of a closed action's events (actions.foundation.db_guards).
+    """
+
+    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="events")
     # The inserting transaction's id (PostgreSQL's pg_current_xact_id()): a checkpoint covers the
     # events of the transactions that had all ended when it was made (actions.evidence.checkpoints).
     # NULL on SQLite, whose single writer commits in key order.
     txid = models.BigIntegerField(null=True, blank=True, db_default=CurrentTransactionId())
 
     objects = AppendOnlyQuerySet["ActionEvent"].as_manager()
-    trail_name = "audit events"
-    append_only_error = AuditTrailIsAppendOnly
 
-    class Meta(TrailEvent.Meta):
+    class Meta(ChainedActionEvent.Meta):
         constraints = [
             # Two writers that each read the same previous event would fork the chain: the
             # second one's INSERT fails instead.
@@ -524,11 +538,35 @@ class ActionEvent(TrailEvent):
             models.Index(fields=["transition", "created_at"], name="event_transition_created_idx"),
         ]
 
-    def __str__(self) -> str:
-        return f"{self.action_id}: {self.from_state or '-'} -> {self.to_state} ({self.transition})"
-
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self._state.adding and not self.chain_hash:
             # Only the trail's writer (actions.foundation.trail) links an event into its chain.
             raise UnchainedEvent(f"{self.action_id}: an audit event is written through the trail, with its hashes")
         super().save(*args, **kwargs)
+
+
+_ARCHIVE_INDEXES = (("archivedevent_action_idx", ["action", "created_at"]), ("archivedevent_txid_idx", ["txid"]))
+
+
+class ArchivedActionEvent(ChainedActionEvent):
+    """An audit event of a closed action, moved out of the live trail after the hot window
+    (settings.ARCHIVE_AFTER_DAYS, actions.engine.retention): the same columns and the same key,
+    so its hashes and its checkpoint's Merkle leaf are unchanged. Only the archive's SQL writes
+    here (actions.foundation.sql); the trail's readers read both tables (``trail_events``)."""
+
+    id = models.BigIntegerField(primary_key=True)
+    action = models.ForeignKey(Action, on_delete=models.PROTECT, related_name="archived_events")
+    # Copied from the live row, never the archiving transaction's own.
+    txid = models.BigIntegerField(null=True, blank=True)
+
+    objects = AppendOnlyQuerySet["ArchivedActionEvent"].as_manager()
+
+    class Meta(ChainedActionEvent.Meta):
+        # As the live trail's: one event per place in a chain, and each action's events by time;
+        # and by txid, which a checkpoint's period is read by.
+        constraints = [models.UniqueConstraint(fields=["action", "sequence"], name="archivedevent_sequence_unique")]
+        indexes = [models.Index(fields=fields, name=name) for name, fields in _ARCHIVE_INDEXES]
+
+
+# An action's audit event as its readers see it, from the live trail or from its archive.
+AuditEvent = ActionEvent | ArchivedActionEvent

@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db import models
 
+from actions.models.append_only import AppendOnly, AppendOnlyQuerySet
+
 
 class Checkpoint(models.Model):
     """A signed statement: "these events, and nothing else, were in the trail's period".
@@ -41,3 +43,40 @@ class Checkpoint(models.Model):
         if not self._state.adding:
             raise ValueError("checkpoints are written once")
         super().save(*args, **kwargs)
+
+
+class RetentionTombstone(AppendOnly):
+    """A signed statement: "these records were deleted (or emptied) by this retention rule".
+
+    Written in the transaction that prunes, one per batch (actions.engine.retention). It names
+    what went (the record type, how many, their key and time ranges, a SHA-256 over their
+    hashes) and under which rule (the setting and its days, the cutoff), so that a gap in the
+    records is an explained gap; its signature (HMAC with the trail's signing key, as a
+    checkpoint's) shows that the console wrote it. ``checkpoint_counts`` says how many of the
+    pruned audit events each checkpoint had covered: the trail's check accounts for them.
+    """
+
+    record_type = models.CharField(max_length=64)
+    rule = models.CharField(max_length=64, help_text="The setting whose retention ran out.")
+    retention_days = models.PositiveIntegerField()
+    cutoff = models.DateTimeField()
+    count = models.PositiveIntegerField()
+    first_id = models.BigIntegerField(null=True, blank=True)
+    last_id = models.BigIntegerField(null=True, blank=True)
+    first_at = models.DateTimeField(null=True, blank=True)
+    last_at = models.DateTimeField(null=True, blank=True)
+    digest = models.CharField(max_length=64, help_text="SHA-256 over the pruned records' hashes, in key order.")
+    checkpoint_counts = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    algorithm = models.CharField(max_length=16, default="hmac-sha256")
+    key_id = models.CharField(max_length=32)
+    signature = models.CharField(max_length=128)
+
+    objects = AppendOnlyQuerySet["RetentionTombstone"].as_manager()
+    trail_name = "retention tombstones"
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.count} {self.record_type} pruned by {self.rule} at {self.created_at:%Y-%m-%d}"

@@ -8,6 +8,7 @@ free text (evidence, reasons, customer names) must not become one.
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from actions.models import Action, ActionEvent
+from actions.models import Action, ActionEvent, ArchivedActionEvent
+from actions.models.actions import AuditEvent
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 MAX_RANGE_DAYS = 366
@@ -124,12 +126,18 @@ TRAIL_COLUMNS = ["event", "at", "action_id", "transition", "from_status", "to_st
 def trail_export_rows(span: ExportRange) -> Iterator[list[str]]:
     start, end = span.bounds
     yield TRAIL_COLUMNS
-    found = (
-        ActionEvent.objects.filter(created_at__gte=start, created_at__lt=end)
-        .select_related("action")
-        .order_by("created_at", "pk")
+    # The live trail and its archive, each read in order and merged as they stream.
+    found: Iterator[AuditEvent] = heapq.merge(
+        *(
+            model.objects.filter(created_at__gte=start, created_at__lt=end)
+            .select_related("action")
+            .order_by("created_at", "pk")
+            .iterator(chunk_size=2000)
+            for model in (ActionEvent, ArchivedActionEvent)
+        ),
+        key=lambda event: (event.created_at, event.pk),
     )
-    for event in found.iterator(chunk_size=2000):
+    for event in found:
         yield [
             csv_safe(value)
             for value in (

@@ -13,6 +13,8 @@ import pytest
 from django.utils import timezone
 
 from actions.engine.housekeeping import PRUNED_MARKER, attempts_prune_bodies
+from actions.foundation.signing import signing_key
+from actions.foundation.tombstones import tombstone_valid
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import (
     Action,
@@ -24,6 +26,7 @@ from actions.models import (
     DiscrepancyKind,
     Remedy,
     RemedyKind,
+    RetentionTombstone,
 )
 from actions.review.selectors.common import attempt_summary
 from actions.services import Actor
@@ -37,6 +40,12 @@ NOT_FINAL = [S.PROPOSED, S.AUTHORIZED, S.STALE, S.SUBMITTING, S.UNKNOWN, S.SETTL
 FINAL = [S.SUCCEEDED, S.FAILED_FINAL, S.REJECTED, S.CANCELLED]
 REQUEST = {"charge": "ch_1", "amount": 4000, "metadata": {"action_id": "x"}}
 RESPONSE = {"id": "re_1", "status": "succeeded", "amount": 4000, "currency": "eur"}
+
+
+@pytest.fixture(autouse=True)
+def trail_key(settings: Any) -> None:
+    # Each pruning signs its tombstone with the trail's key.
+    settings.TRAIL_SIGNING_KEY = "a-test-key-of-enough-length-0123456789"
 
 
 def action_in(status: str, agent_actor: Actor, *, final_since: timedelta = LONG_AGO) -> Action:
@@ -100,6 +109,9 @@ def test_it_prunes_old_attempts_of_final_actions_and_keeps_every_audit_event(age
     report = attempts_prune_bodies(retention_days=90)
 
     assert report.pruned == len(FINAL)
+    tombstone = RetentionTombstone.objects.get()
+    assert (tombstone.record_type, tombstone.count, tombstone.retention_days) == ("attempt bodies", len(FINAL), 90)
+    assert tombstone_valid(tombstone, key=signing_key())
     for action in final:
         ((request, response),) = bodies(action)
         assert PRUNED_MARKER in request and PRUNED_MARKER in response

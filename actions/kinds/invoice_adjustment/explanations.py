@@ -6,19 +6,19 @@ A manager's decision made on an older page is refused with these sentences
 
 from __future__ import annotations
 
-from actions.models import ActionEvent, Bill
+from actions.foundation.trail import trail_events
+from actions.models import Bill
 
 
 def bill_changes_since(bill: Bill, version: int) -> list[str]:
     """What raised ``bill``'s version past ``version``, in a clerk's words: each adjustment
     reserved on it (its reservation's event records the version it found, and raised it by
     one), and whatever else changed the bill."""
-    reserved = list(
-        ActionEvent.objects.filter(
-            action__bill_id=bill.pk, transition="begin_submission", evidence__order_version__gte=version
-        )
-        .select_related("action")
-        .order_by("created_at", "pk")
+    reserved = trail_events(
+        action__bill_id=bill.pk,
+        transition="begin_submission",
+        evidence__order_version__gte=version,
+        select_related=("action",),
     )
     changes = [f"another adjustment of {event.action.amount} {event.action.currency} went ahead" for event in reserved]
     if bill.voided:

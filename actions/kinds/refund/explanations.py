@@ -6,19 +6,19 @@ refused with these sentences (``RefundKind.target_changed_words`` and ``RefundKi
 
 from __future__ import annotations
 
-from actions.models import ActionEvent, Order, OrderEvent, OrderEventKind
+from actions.foundation.trail import trail_events
+from actions.models import Order, OrderEvent, OrderEventKind
 
 
 def order_changes_since(order: Order, version: int) -> list[str]:
     """What raised ``order``'s version past ``version``, in a clerk's words: each refund reserved
     on it (its reservation's event records the version it found, and raised it by one), each
     refund made or reversed outside the console, and whatever else changed the order."""
-    reserved = list(
-        ActionEvent.objects.filter(
-            action__order_id=order.pk, transition="begin_submission", evidence__order_version__gte=version
-        )
-        .select_related("action")
-        .order_by("created_at", "pk")
+    reserved = trail_events(
+        action__order_id=order.pk,
+        transition="begin_submission",
+        evidence__order_version__gte=version,
+        select_related=("action",),
     )
     outside = list(OrderEvent.objects.filter(order=order, version_after__gt=version).order_by("created_at", "pk"))
     changes = [f"another refund of {event.action.amount} {event.action.currency} went ahead" for event in reserved]

@@ -27,7 +27,8 @@ class Command(BaseCommand):
         report = trail_check(key=key) if options["notify"] else trail_verify(key=key)
         elapsed = time.perf_counter() - started
         self.stdout.write(
-            f"{report.actions} actions, {report.events} events, {report.checkpoints} checkpoints checked "
+            f"{report.actions} actions, {report.events} events, {report.checkpoints} checkpoints, "
+            f"{report.tombstones} retention tombstones checked "
             f"in {elapsed:.2f} s"
         )
         if report.first is None:

@@ -10,11 +10,11 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from actions.foundation.trail import trail_events
 from actions.kinds import kind_for
 from actions.kinds.base import EffectKind
 from actions.models import (
     Action,
-    ActionEvent,
     ActionStatus,
     Attempt,
     AttemptKind,
@@ -205,9 +205,7 @@ def review_action_detail_get(*, action_pk: int, user: Any, now: datetime | None 
     action = Action.objects.select_related(
         "order", "refund_request", "bill", "adjustment_request", "owner", "proposed_by_agent", "proposed_by_user"
     ).get(pk=action_pk)
-    events = list(
-        ActionEvent.objects.filter(action_id=action.pk).select_related("actor_user").order_by("created_at", "id")
-    )
+    events = trail_events(action_id=action.pk, select_related=("actor_user",))
     approvals = list(Approval.objects.filter(action_id=action.pk).order_by("decided_at", "pk"))
     attempts = list(Attempt.objects.filter(action_id=action.pk).order_by("started_at", "pk"))
     remedies = list(Remedy.objects.filter(action_id=action.pk).select_related("owner").order_by("created_at", "pk"))

@@ -22,8 +22,14 @@ The statements, each run by the function of the same name in lower case:
   and only where the row is still SUBMITTING under the lease token its record holds: the lease
   fence, a compare-and-set. A stale token changes no row. ``ACTIONS_RECORD_ESCALATION`` is the
   same for a record that hands its action to a person: the owner and the due date too.
-- ``EVENT_CHAIN_HEADS``: the last event of each of N actions' trails (its sequence and chain
-  hash), which the next event's chain hash follows (actions.foundation.chain).
+- In ``trail_events``, beside this module: ``EVENT_CHAIN_HEADS``, the last event of each of N
+  actions' trails, live or archived (its sequence and chain hash), which the next event's chain
+  hash follows (actions.foundation.chain).
+- ``EVENTS_ARCHIVE_COPY`` and ``EVENTS_ARCHIVE_DELETE``: the archive's move of closed actions'
+  events, one INSERT ... SELECT and one DELETE in the caller's transaction, the delete let past
+  the append-only trigger by ``ARCHIVING_ON`` only; ``ARCHIVED_EVENTS_DELETE`` prunes archived
+  events past retention, let through by ``PRUNING_ON`` and their tombstone
+  (actions.foundation.db_guards says why).
 - ``EVENTS_INSERT`` and ``ATTEMPTS_INSERT``: N audit events, or N attempts, in one INSERT that
   returns their keys in the order given (as Django's ``bulk_create`` reads them).
 - ``ATTEMPT_ANSWERS``: what the receiver said, written on N attempts in one UPDATE.
@@ -134,7 +140,7 @@ def _dialect(connection: Any) -> _Dialect:
         ) from None
 
 
-def _connection(model: type[Model], *, write: bool = True) -> Any:
+def connection_for(model: type[Model], *, write: bool = True) -> Any:
     return connections[router.db_for_write(model) if write else router.db_for_read(model)]
 
 
@@ -152,7 +158,7 @@ def _prepared(connection: Any, model: type[Model], columns: Sequence[Column], ob
     )
 
 
-def _write(connection: Any, sql: str, params: Sequence[Any]) -> Any:
+def statement_write(connection: Any, sql: str, params: Sequence[Any]) -> Any:
     """Run one writing statement and return its cursor's rows (or an empty list) and row count.
 
     As ``QuerySet.update``: an error inside an atomic block marks it for rollback, even when the
@@ -166,7 +172,7 @@ def _write(connection: Any, sql: str, params: Sequence[Any]) -> Any:
 _KEYS = (Column("id", "bigint"),)
 
 
-def _key_rows(connection: Any, keys: Iterable[int]) -> tuple[str, list[Any]]:
+def key_rows(connection: Any, keys: Iterable[int]) -> tuple[str, list[Any]]:
     return _dialect(connection).rows(connection, _KEYS, [(key,) for key in keys])
 
 
@@ -183,9 +189,10 @@ _ACTIVE_WEBHOOK_OF_ACTION = (
 
 CLAIMABLE_ACTIONS = (
     'SELECT "actions_action".*, '  # noqa: S608 -- fixed text: the values are parameters
-    + _ACTIVE_WEBHOOK_OF_ACTION + ' AS "agent_webhook_pk"'
+    + _ACTIVE_WEBHOOK_OF_ACTION
+    + ' AS "agent_webhook_pk"'
     ' FROM "actions_action"'
-    " WHERE \"actions_action\".\"status\" = 'AUTHORIZED'{before}{among}"
+    ' WHERE "actions_action"."status" = \'AUTHORIZED\'{before}{among}'
     ' ORDER BY "actions_action"."status_changed_at", "actions_action"."id"'
     " LIMIT %s{lock}"
 )
@@ -199,7 +206,7 @@ def claimable_actions(
     loads it and with ``agent_webhook_pk``, its agent's active webhook's key or None.
 
     ``authorized_before``: only those authorized before then. ``action_pks``: only these."""
-    connection = _connection(Action)
+    connection = connection_for(Action)
     dialect = _dialect(connection)
     params: list[Any] = []
     before = among = ""
@@ -207,7 +214,7 @@ def claimable_actions(
         before = ' AND "actions_action"."status_changed_at" < %s'
         params.append(authorized_before)
     if action_pks is not None:
-        keys, key_params = _key_rows(connection, action_pks)
+        keys, key_params = key_rows(connection, action_pks)
         among = f' AND "actions_action"."id" IN (SELECT v."id" FROM {keys})'  # noqa: S608 -- placeholders only
         params += key_params
     params.append(limit)
@@ -225,8 +232,8 @@ def approve_rows(*, action_pks: Sequence[int]) -> list[Approval]:
     """The APPROVE rows of these actions, in the order they were inserted (by key)."""
     if not action_pks:
         return []
-    connection = _connection(Approval, write=False)
-    keys, params = _key_rows(connection, action_pks)
+    connection = connection_for(Approval, write=False)
+    keys, params = key_rows(connection, action_pks)
     return list(Approval.objects.raw(APPROVE_ROWS.format(keys=keys), (Decision.APPROVE.value, *params)))
 
 
@@ -250,8 +257,8 @@ class LockedForRecord:
 def actions_lock_for_record(*, action_pks: Sequence[int]) -> dict[int, LockedForRecord]:
     """Lock these actions (FOR UPDATE, in the order of their keys) and read each one's status,
     lease token, agent and its agent's active webhook."""
-    connection = _connection(Action)
-    keys, params = _key_rows(connection, action_pks)
+    connection = connection_for(Action)
+    keys, params = key_rows(connection, action_pks)
     token_field = Action._meta.get_field("lease_token")
     with connection.cursor() as cursor:
         cursor.execute(ACTIONS_LOCK_FOR_RECORD.format(keys=keys, lock=_dialect(connection).lock), params)
@@ -268,7 +275,7 @@ ACTIVE_WEBHOOK = 'SELECT "id" FROM "actions_agentwebhook" WHERE "agent_id" = %s 
 
 def active_webhook(*, agent_id: int) -> int | None:
     """The key of the agent's active webhook, or None."""
-    connection = _connection(AgentWebhook, write=False)
+    connection = connection_for(AgentWebhook, write=False)
     with connection.cursor() as cursor:
         cursor.execute(ACTIVE_WEBHOOK, [agent_id])
         row = cursor.fetchone()
@@ -300,7 +307,7 @@ ACTIONS_CLAIM = (
     ' "updated_at" = v."updated_at", "lease_token" = v."lease_token", "lease_expires_at" = v."lease_expires_at",'
     ' "attempt_count" = v."attempt_count", "first_attempt_at" = v."first_attempt_at",'
     ' "last_attempt_at" = v."last_attempt_at"'
-    " FROM {rows} WHERE a.\"id\" = v.\"id\" AND a.\"status\" = 'AUTHORIZED'"
+    ' FROM {rows} WHERE a."id" = v."id" AND a."status" = \'AUTHORIZED\''
 )
 
 
@@ -323,14 +330,14 @@ ACTIONS_RECORD = (
     'UPDATE "actions_action" AS a SET "status" = v."status", "status_changed_at" = v."status_changed_at",'
     ' "updated_at" = v."updated_at", "lease_token" = v."lease_token", "lease_expires_at" = v."lease_expires_at",'
     ' "provider_reference" = v."provider_reference", "next_reconcile_at" = v."next_reconcile_at"'
-    " FROM {rows} WHERE a.\"id\" = v.\"id\" AND a.\"status\" = 'SUBMITTING' AND a.\"lease_token\" = v.\"fence\""
+    ' FROM {rows} WHERE a."id" = v."id" AND a."status" = \'SUBMITTING\' AND a."lease_token" = v."fence"'
 )
 ACTIONS_RECORD_ESCALATION = (
     'UPDATE "actions_action" AS a SET "status" = v."status", "status_changed_at" = v."status_changed_at",'
     ' "updated_at" = v."updated_at", "lease_token" = v."lease_token", "lease_expires_at" = v."lease_expires_at",'
     ' "provider_reference" = v."provider_reference", "next_reconcile_at" = v."next_reconcile_at",'
     ' "owner_id" = v."owner_id", "due_at" = v."due_at"'
-    " FROM {rows} WHERE a.\"id\" = v.\"id\" AND a.\"status\" = 'SUBMITTING' AND a.\"lease_token\" = v.\"fence\""
+    ' FROM {rows} WHERE a."id" = v."id" AND a."status" = \'SUBMITTING\' AND a."lease_token" = v."fence"'
 )
 
 
@@ -376,7 +383,7 @@ def _transitions_write(
 ) -> int:
     if not actions:
         return 0
-    connection = _connection(Action)
+    connection = connection_for(Action)
     written = _names(columns)
     for action in actions:
         changed = set(_changed(action))
@@ -396,7 +403,7 @@ def _transitions_write(
             (*row, token_field.get_db_prep_save(fence, connection)) for row, fence in zip(rows, fences, strict=True)
         ]
     source, params = _dialect(connection).rows(connection, row_columns, rows)
-    _, count = _write(connection, statement.format(rows=source), params)
+    _, count = statement_write(connection, statement.format(rows=source), params)
     if count == len(actions):
         for action in actions:
             action.saved_elsewhere(written)
@@ -429,26 +436,6 @@ EVENTS_INSERT = (
     ' "sequence", "content_hash", "chain_hash")'
     ' SELECT * FROM {rows} RETURNING "id"'
 )
-
-EVENT_CHAIN_HEADS = (
-    'SELECT e."action_id", e."sequence", e."chain_hash" FROM "actions_actionevent" AS e'
-    ' WHERE e."action_id" IN (SELECT v."id" FROM {keys}) AND e."sequence" = ('
-    'SELECT MAX(m."sequence") FROM "actions_actionevent" AS m WHERE m."action_id" = e."action_id")'
-)
-
-
-def event_chain_heads(*, action_pks: Sequence[int]) -> dict[int, tuple[int, str]]:
-    """The last event of each of these actions' trails: its sequence and chain hash, by the
-    action's key (an action without events is missing). Each is one probe of the unique index
-    on (action, sequence). The caller holds the actions' row locks, so no other writer can add
-    an event meanwhile."""
-    if not action_pks:
-        return {}
-    connection = _connection(ActionEvent)
-    keys, params = _key_rows(connection, action_pks)
-    with connection.cursor() as cursor:
-        cursor.execute(EVENT_CHAIN_HEADS.format(keys=keys), params)
-        return {int(pk): (int(sequence), str(chain)) for pk, sequence, chain in cursor.fetchall()}
 
 _ATTEMPT_COLUMNS = (
     Column("action_id", "bigint"),
@@ -484,13 +471,13 @@ def attempts_insert(attempts: Sequence[Attempt]) -> None:
 def _insert(model: type[Model], objects: Sequence[Model], columns: Sequence[Column], statement: str) -> None:
     if not objects:
         return
-    connection = _connection(model)
+    connection = connection_for(model)
     for obj in objects:
         if type(obj) is not model or obj.pk is not None or not obj._state.adding:
             raise ValueError(f"{model.__name__}: only new rows without a key are inserted here")
     rows = [_prepared(connection, model, columns, obj) for obj in objects]
     source, params = _dialect(connection).rows(connection, columns, rows)
-    keys, _ = _write(connection, statement.format(rows=source), params)
+    keys, _ = statement_write(connection, statement.format(rows=source), params)
     # In the order of the rows given, as bulk_create reads them on both databases.
     for obj, (key,) in zip(objects, keys, strict=True):
         obj.pk = key
@@ -521,10 +508,10 @@ def attempt_answers(answers: Sequence[Attempt]) -> int:
     ATTEMPT_ANSWER_FIELDS) in one statement. Returns the number of attempts written."""
     if not answers:
         return 0
-    connection = _connection(Attempt)
+    connection = connection_for(Attempt)
     rows = [_prepared(connection, Attempt, _ANSWER_COLUMNS, answer) for answer in answers]
     source, params = _dialect(connection).rows(connection, _ANSWER_COLUMNS, rows)
-    _, count = _write(connection, ATTEMPT_ANSWERS.format(rows=source), params)
+    _, count = statement_write(connection, ATTEMPT_ANSWERS.format(rows=source), params)
     return int(count)
 
 
@@ -551,25 +538,25 @@ def order_reserve(*, order_pk: int, version: int, amount: Decimal) -> bool:
     """Reserve ``amount`` on the order and move it one version on, only if it is still at
     ``version`` and its refundable balance covers the amount. Whether it did."""
     money = _money(amount)
-    _, count = _write(_connection(Order), ORDER_RESERVE, [money, order_pk, version, money])
+    _, count = statement_write(connection_for(Order), ORDER_RESERVE, [money, order_pk, version, money])
     return bool(count)
 
 
 def order_book(*, order_pk: int, amount: Decimal) -> int:
     """The reserved ``amount`` becomes refunded money."""
     money = _money(amount)
-    _, count = _write(_connection(Order), ORDER_BOOK, [money, money, order_pk])
+    _, count = statement_write(connection_for(Order), ORDER_BOOK, [money, money, order_pk])
     return int(count)
 
 
 def order_release(*, order_pk: int, amount: Decimal) -> int:
     """The reserved ``amount`` is released."""
-    _, count = _write(_connection(Order), ORDER_RELEASE, [_money(amount), order_pk])
+    _, count = statement_write(connection_for(Order), ORDER_RELEASE, [_money(amount), order_pk])
     return int(count)
 
 
 def _money(amount: Decimal) -> Any:
-    return Order._meta.get_field("reserved_amount").get_db_prep_save(amount, _connection(Order))
+    return Order._meta.get_field("reserved_amount").get_db_prep_save(amount, connection_for(Order))
 
 
 # --- the server's clock, and the audit trail's checkpoints ---------------------------------------
@@ -577,7 +564,7 @@ def _money(amount: Decimal) -> Any:
 
 def database_now() -> datetime:
     """The database server's clock, as an aware datetime in UTC (SQLite's is a naive text)."""
-    connection = _connection(Action, write=False)
+    connection = connection_for(Action, write=False)
     with connection.cursor() as cursor:
         cursor.execute(_dialect(connection).now)
         (value,) = cursor.fetchone()
@@ -591,7 +578,7 @@ TRANSACTIONS_ENDED_BELOW = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text
 def transactions_ended_below() -> int | None:
     """The lowest transaction id still running on PostgreSQL: every lower one has ended, so the
     events it wrote are final (actions.evidence.checkpoints covers those). None on SQLite."""
-    connection = _connection(ActionEvent, write=False)
+    connection = connection_for(ActionEvent, write=False)
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:

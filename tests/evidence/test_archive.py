@@ -1,0 +1,282 @@
+"""Retention and archive: closed actions' events move to the archive and the trail still
+verifies, pages and bundles still show them, the append-only guard still refuses any other
+delete, and pruning past retention leaves a signed tombstone (docs/operators/retention.md)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import IntegrityError, connection, transaction
+from django.test import Client
+from django.utils import timezone
+
+from actions import tasks
+from actions.engine.retention import archive_closed_actions, archive_prune
+from actions.evidence.bundle import evidence_bundle
+from actions.evidence.checkpoints import checkpoint_make
+from actions.foundation import sql
+from actions.foundation.security import security_event_record
+from actions.foundation.sql import trail_events
+from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
+from actions.kinds.refund.proposal import action_propose_refund
+from actions.models import (
+    Action,
+    ActionEvent,
+    ArchivedActionEvent,
+    Notification,
+    NotificationKind,
+    RetentionTombstone,
+    SecurityEventKind,
+)
+from actions.models.actions import TERMINAL_STATUSES
+from actions.review.services import action_owner_record
+from actions.services import Actor, action_cancel
+from tests.factories import PASSWORD, make_order, make_request
+from tools import verify_evidence
+
+pytestmark = pytest.mark.postgres
+KEY = "a-test-key-of-enough-length-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def trail_settings(settings: Any, tmp_path: Path) -> None:
+    settings.TRAIL_SIGNING_KEY = KEY
+    settings.TRAIL_CHECKPOINT_LOG = tmp_path / "checkpoints.jsonl"
+    settings.NOTIFICATION_EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+
+
+def refund(proposer: Actor, *, cancel: bool) -> Action:
+    order = make_order(captured="100.00")
+    request = make_request(order)
+    action = action_propose_refund(
+        order_number=order.number,
+        request_number=request.number,
+        amount="10.00",
+        currency="EUR",
+        reason_code="damaged",
+        proposer=proposer,
+    ).action
+    if cancel:
+        action = action_cancel(action_pk=action.pk, actor=Actor.system("test"), reason="not needed")
+    return action
+
+
+def closed_long_ago(*actions: Action, days: int = 100) -> None:
+    """As if they had closed ``days`` ago (the status time is not a material field)."""
+    Action.objects.filter(pk__in=[a.pk for a in actions]).update(
+        status_changed_at=timezone.now() - timedelta(days=days)
+    )
+
+
+def checkpoint_after_commits() -> None:
+    """A checkpoint over every event so far, once every transaction that wrote one has ended
+    (the cluster is shared: another session's open transaction holds the cut back)."""
+    newest = ActionEvent.objects.order_by("-txid").values_list("txid", flat=True).first() or 0
+    deadline = time.monotonic() + 60
+    while (sql.transactions_ended_below() or 0) <= newest:
+        assert time.monotonic() < deadline, "a transaction of another session stayed open for a minute"
+        time.sleep(0.2)
+    assert checkpoint_make().checkpoint is not None
+
+
+def verify() -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("verify_trail", stdout=out, stderr=err)
+    except SystemExit as exit_:
+        return int(exit_.code or 0), out.getvalue(), err.getvalue()
+    return 0, out.getvalue(), err.getvalue()
+
+
+def archive(*args: str) -> str:
+    out = io.StringIO()
+    call_command("archive_closed_actions", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_archiving_a_month_of_closed_actions_keeps_the_trail_verified(agent_actor: Actor, finance: Any) -> None:
+    closed = [refund(agent_actor, cancel=True) for _ in range(3)]
+    still_open = refund(agent_actor, cancel=False)
+    assert still_open.status not in TERMINAL_STATUSES
+    closed_long_ago(*closed, still_open)
+    checkpoint_after_commits()
+
+    assert "would move 9 events of 3 actions" in archive("--dry-run")
+    assert ArchivedActionEvent.objects.count() == 0
+    assert "moved 9 events of 3 actions" in archive()
+
+    assert ArchivedActionEvent.objects.filter(action__in=closed).count() == 9
+    assert not ActionEvent.objects.filter(action__in=closed).exists()
+    # The open action is never archived, however old its last change.
+    assert ActionEvent.objects.filter(action=still_open).count() == 2
+    assert not ArchivedActionEvent.objects.filter(action=still_open).exists()
+    code, out, err = verify()
+    assert (code, err) == (0, ""), err
+    assert "4 actions, 11 events, 1 checkpoints" in out
+
+    # A later event on an archived action (finance takes it) continues its chain from the archive.
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=closed[0].pk)
+        action_owner_record(action=locked, owner=finance, user=finance, reason="audit query", now=timezone.now())
+    assert ActionEvent.objects.get(action=closed[0]).sequence == 4
+    checkpoint_after_commits()
+    assert "moved 1 events of 1 actions" in archive()
+    code, out, err = verify()
+    assert (code, err) == (0, ""), err
+    assert "4 actions, 12 events, 2 checkpoints" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_archived_actions_page_and_bundle_still_show_its_events(
+    agent_actor: Actor, finance: Any, tmp_path: Path
+) -> None:
+    action = refund(agent_actor, cancel=True)
+    closed_long_ago(action)
+    checkpoint_after_commits()
+    assert archive_closed_actions().events == 3
+    assert not ActionEvent.objects.filter(action=action).exists()
+
+    client = Client()
+    client.login(username=finance.get_username(), password=PASSWORD)
+    page = client.get(f"/review/actions/{action.pk}/")
+    assert page.status_code == 200
+    assert page.content.decode().count("not needed") >= 1  # the cancel event's reason
+
+    bundle = evidence_bundle(action_pk=action.pk)
+    assert [event["content"]["sequence"] for event in bundle["events"]] == [1, 2, 3]
+    assert all(event["merkle"] and event["merkle"]["checkpoint"] == 1 for event in bundle["events"])
+    out = tmp_path / "out"
+    call_command("export_evidence", "--action", action.action_id, "--out", str(out), stdout=io.StringIO())
+    path = out / (action.action_id.replace(":", "_") + ".json")
+    assert len(json.loads(path.read_bytes())["events"]) == 3
+    assert verify_evidence.main([str(path), "--key", KEY, "--require-checkpoint"]) == 0
+
+
+def test_a_delete_of_an_event_outside_the_archive_path_is_refused(agent_actor: Actor) -> None:
+    action = refund(agent_actor, cancel=True)
+    event = ActionEvent.objects.filter(action=action).first()
+    assert event is not None
+    for switch in ("SELECT 1", trail_events.ARCHIVING_ON, trail_events.PRUNING_ON):
+        # Even with the archive's switch on, a live event with no copy in the archive stays.
+        with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(switch)
+            cursor.execute("DELETE FROM actions_actionevent WHERE id = %s", [event.pk])
+    assert ActionEvent.objects.filter(pk=event.pk).exists()
+
+
+def test_the_other_trails_still_refuse_a_delete_with_the_archives_switches_on(db: Any) -> None:
+    """The trigger function is shared by every append-only trail: its archive and pruning paths
+    read columns only the audit trail's tables have, and must not stand in another's way."""
+    row = security_event_record(kind=SecurityEventKind.TOKEN_ISSUED, user=None, subject="agent a")
+    for switch in (trail_events.ARCHIVING_ON, trail_events.PRUNING_ON):
+        with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(switch)
+            cursor.execute("DELETE FROM actions_securityevent WHERE id = %s", [row.pk])
+
+
+def test_an_archived_event_is_pruned_only_under_its_tombstone(agent_actor: Actor) -> None:
+    action = refund(agent_actor, cancel=True)
+    closed_long_ago(action)
+    archive_closed_actions()
+    archived = ArchivedActionEvent.objects.filter(action=action).first()
+    assert archived is not None
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(trail_events.PRUNING_ON)
+        cursor.execute("DELETE FROM actions_archivedactionevent WHERE id = %s", [archived.pk])
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE actions_archivedactionevent SET reason = 'edited' WHERE id = %s", [archived.pk])
+    assert ArchivedActionEvent.objects.filter(action=action).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pruning_past_retention_leaves_a_signed_tombstone_and_a_tampered_one_is_caught(
+    agent_actor: Actor, settings: Any
+) -> None:
+    old, kept = refund(agent_actor, cancel=True), refund(agent_actor, cancel=True)
+    closed_long_ago(old, kept)
+    checkpoint_after_commits()
+    archive_closed_actions()
+    # Only the first action's trail is past retention.
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE actions_archivedactionevent DISABLE TRIGGER USER")
+        cursor.execute(
+            "UPDATE actions_archivedactionevent SET created_at = created_at - interval '3000 days'"
+            " WHERE action_id = %s",
+            [old.pk],
+        )
+        cursor.execute("ALTER TABLE actions_archivedactionevent ENABLE TRIGGER USER")
+    # The events' times are hashed: re-chain nothing, but the check would name the edit. So the
+    # check runs on what retention leaves, which no longer holds the edited rows.
+    run = archive_prune()
+    assert (run.pruned, run.tombstones) == (3, 1)
+    assert not ArchivedActionEvent.objects.filter(action=old).exists()
+    assert ArchivedActionEvent.objects.filter(action=kept).count() == 3
+
+    tombstone = RetentionTombstone.objects.get()
+    assert tombstone.record_type == AUDIT_EVENTS and tombstone.rule == "TRAIL_RETENTION_DAYS"
+    assert tombstone.count == 3 and tombstone.retention_days == settings.TRAIL_RETENTION_DAYS
+    assert tombstone.checkpoint_counts == {"1": 3}
+    code, out, err = verify()
+    assert (code, err) == (0, ""), err
+    assert "2 actions" not in out and "1 actions, 3 events, 1 checkpoints" in out
+
+    # One digit of its count changed: the signature no longer covers it, and the checkpoint's
+    # missing events are no longer accounted for.
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE actions_retentiontombstone SET count = 2 WHERE id = %s", [tombstone.pk])
+    # The database's owner lifts the guard and edits it.
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE actions_retentiontombstone DISABLE TRIGGER USER")
+        cursor.execute("UPDATE actions_retentiontombstone SET count = 2 WHERE id = %s", [tombstone.pk])
+        cursor.execute("ALTER TABLE actions_retentiontombstone ENABLE TRIGGER USER")
+    code, _, err = verify()
+    assert code == 1
+    assert f"tombstone: retention tombstone {tombstone.pk}: its fields no longer match its signature" in err
+    assert "checkpoint 1: its period now holds 3 events" in err
+
+
+def test_archive_refuses_a_bad_or_future_date_by_name(db: Any) -> None:
+    with pytest.raises(CommandError, match="YYYY-MM-DD"):
+        archive("--before", "last month")
+    with pytest.raises(CommandError, match="future"):
+        archive("--before", (timezone.now() + timedelta(days=2)).date().isoformat())
+
+
+def test_the_archive_has_the_live_trails_columns() -> None:
+    live = [str(field.column) for field in ActionEvent._meta.concrete_fields]
+    archived = [str(field.column) for field in ArchivedActionEvent._meta.concrete_fields]
+    assert sorted(live) == sorted(archived) == sorted(trail_events.TRAIL_EVENT_COLUMNS)
+
+
+def test_beat_runs_the_archive_monthly(settings: Any) -> None:
+    entry = settings.CELERY_BEAT_SCHEDULE["retention-archive"]
+    assert entry["task"] == "actions.tasks.retention_archive"
+    assert entry["schedule"] == 30 * 24 * 3600.0
+
+
+def test_the_monthly_run_archives_and_prunes_old_notifications_under_a_tombstone(
+    agent_actor: Actor, finance: Any, settings: Any
+) -> None:
+    action = refund(agent_actor, cancel=True)
+    closed_long_ago(action)
+    now = timezone.now()
+    told = {"recipient": finance, "kind": NotificationKind.ESCALATED, "link": "/review/"}
+    old = Notification.objects.create(
+        **told, title="old", created_at=now - timedelta(days=settings.NOTIFICATION_RETENTION_DAYS + 1)
+    )
+    recent = Notification.objects.create(**told, title="new", created_at=now)
+
+    assert tasks.retention_archive() == 3  # the events archived
+    assert ArchivedActionEvent.objects.filter(action=action).count() == 3
+    assert list(Notification.objects.values_list("pk", flat=True)) == [recent.pk]
+    tombstone = RetentionTombstone.objects.get(record_type="notifications")
+    assert (tombstone.count, tombstone.first_id, tombstone.rule) == (1, old.pk, "NOTIFICATION_RETENTION_DAYS")
+    assert tombstone_valid(tombstone, key=KEY.encode())
