@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 
 from actions.foundation import sql
+from actions.foundation.clock import database_clock_now
 from actions.foundation.publish import dispatch_enqueue_on_commit
 from actions.foundation.trail import Actor, Writes, action_transition, event_record
 from actions.kinds import kind_for
@@ -42,6 +43,18 @@ class NowVersion:
 
 
 NOW_VERSION = NowVersion()
+
+
+def approval_expires_at() -> datetime:
+    """When an approval recorded now expires: APPROVAL_TTL_SECONDS from now on the database's
+    clock, as a lease's expiry is.
+
+    The claim compares the expiry with the database's clock (actions.foundation.clock). Stamped
+    on the deciding web process's own clock, an approval given on a host whose clock runs two
+    minutes behind would lose two minutes of its life, and one given on a host whose clock runs
+    ahead would gain them. The decision's own time (``decided_at``) stays the caller's.
+    """
+    return database_clock_now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
 
 
 def approval_record(
@@ -77,7 +90,7 @@ def approval_record(
         raise ValueError("only the event of a transition already written goes with the proposal's rows")
     if transitioned and action.status != S.AUTHORIZED:
         raise ValueError(f"{action.action_id} is {action.status}, not inserted AUTHORIZED")
-    expires_at = expires_at or now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
+    expires_at = expires_at or approval_expires_at()
     binding = approval_binding(action)
     if not isinstance(bound_version, NowVersion):
         binding["order_version"] = bound_version

@@ -14,7 +14,7 @@ auto-approval caps, the policy approves the plan in the proposal's transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -37,6 +37,7 @@ from actions.workflows.templates import READ, all_templates, plan_actions, plan_
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import ApprovalLimit, ApprovalPolicy, Decision, WorkflowApproval
+from approvals.policy import approval_expires_at
 
 W = WorkflowState
 
@@ -197,7 +198,7 @@ def _record_approval(
         plan_hash=workflow.plan_hash,
         bindings=plan_bindings(workflow),
         totals=plan_totals(workflow.plan),
-        expires_at=now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
+        expires_at=approval_expires_at(),
     )
     workflow_transition(
         workflow=workflow,
