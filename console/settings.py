@@ -586,6 +586,10 @@ for _entry in CELERY_BEAT_SCHEDULE.values():
     # Every host runs beat; the task claims its period first and runs once per period, on one
     # host only (actions.foundation.schedule).
     _entry.setdefault("kwargs", {"scheduled": True})
+# The periodic tasks wait in a queue of their own, with a worker of its own, not behind the
+# dispatch backlog they exist to clear (there they went stale under load, or expired unrun).
+PERIODIC_QUEUE = "periodic"
+CELERY_TASK_ROUTES = {entry["task"]: {"queue": PERIODIC_QUEUE} for entry in CELERY_BEAT_SCHEDULE.values()}
 # A periodic task that has not finished for this many of its own intervals is stale: /readyz
 # says so and the metrics' console_schedule_stale is 1 (alert on it; console/deploy).
 SCHEDULE_STALE_PERIODS: int = env_int("SCHEDULE_STALE_PERIODS", 3)
