@@ -164,6 +164,9 @@ class ChaosConfig:
     # Celery dispatch (DISPATCH_PUBLISH=0). 0 dispatches through Celery tasks only.
     dispatchers: int = 0
     dispatcher_concurrency: int = 8
+    # Each host's worker for the periodic tasks' queue: its prefork children. One, as in
+    # production: the sweeps run one after another, never behind a dispatch.
+    periodic_concurrency: int = 1
     kill_every_seconds: float = 5.0
     create_fault_probability: float = 0.04  # per mode, on refund creation
     lookup_fault_probability: float = 0.03  # per mode, on lookups
@@ -816,7 +819,7 @@ class ChaosRun:
         """A host's worker for the periodic tasks' queue (settings.PERIODIC_QUEUE), as production
         runs one beside beat, so that the sweeps never wait behind the dispatches queued for the
         run's workers. No fault points and none of the run's random kills: it goes down with its
-        host. Prefork with one child, as in production (Celery's time limits apply)."""
+        host. Prefork (Celery's time limits apply), with ``periodic_concurrency`` children."""
         host = host or self.hosts[0]
         name = f"periodic{self._suffix(host)}"
         host.periodic = Process(
@@ -833,7 +836,7 @@ class ChaosRun:
                 "--pool",
                 "prefork",
                 "--concurrency",
-                "1",
+                str(self.config.periodic_concurrency),
                 "--loglevel",
                 "INFO",
                 "--hostname",
