@@ -16,7 +16,6 @@ from typing import Any
 from django.conf import settings
 
 from actions.foundation import sql
-from actions.foundation.clock import database_clock_now
 from actions.foundation.publish import dispatch_enqueue_on_commit
 from actions.foundation.trail import Actor, Writes, action_transition, event_record
 from actions.kinds import kind_for
@@ -43,18 +42,6 @@ class NowVersion:
 
 
 NOW_VERSION = NowVersion()
-
-
-def approval_expires_at() -> datetime:
-    """When an approval recorded now expires: APPROVAL_TTL_SECONDS from now on the database's
-    clock, as a lease's expiry is.
-
-    The claim compares the expiry with the database's clock (actions.foundation.clock). Stamped
-    on the deciding web process's own clock, an approval given on a host whose clock runs two
-    minutes behind would lose two minutes of its life, and one given on a host whose clock runs
-    ahead would gain them. The decision's own time (``decided_at``) stays the caller's.
-    """
-    return database_clock_now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
 
 
 def approval_record(
@@ -84,13 +71,13 @@ def approval_record(
     inserts that event with its own (only with ``transitioned``: the action's row is written).
     ``bound_version`` and ``expires_at``: a step of a workflow's plan is approved under the
     plan's approval, so it binds the target's version and the expiry that approval bound, not
-    the ones of the moment the coordinator creates it.
+    the ones of the moment the coordinator creates it. ``now``: the database's clock, as a lease's.
     """
     if writes is not None and not transitioned:
         raise ValueError("only the event of a transition already written goes with the proposal's rows")
     if transitioned and action.status != S.AUTHORIZED:
         raise ValueError(f"{action.action_id} is {action.status}, not inserted AUTHORIZED")
-    expires_at = expires_at or approval_expires_at()
+    expires_at = expires_at or now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
     binding = approval_binding(action)
     if not isinstance(bound_version, NowVersion):
         binding["order_version"] = bound_version

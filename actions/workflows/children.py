@@ -4,9 +4,10 @@ failing the workflow with a named owner."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from actions.engine.faults import fault_point
@@ -23,7 +24,7 @@ from actions.models import (
 from actions.workflows.events import COORDINATOR, FAULT_AFTER_NEXT_STEP, W, coordinator_event, coordinator_transition
 from actions.workflows.templates import READ, child_action, compensation_key, step_key
 from approvals.models import Decision, WorkflowApproval
-from approvals.policy import approval_expires_at, approval_record
+from approvals.policy import approval_record
 
 S = ActionStatus
 
@@ -214,7 +215,7 @@ def compensation_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dic
         action=action,
         plan_approval=plan_approval,
         order_version=kind_for(action.kind).target_version(action),
-        expires_at=approval_expires_at(),
+        expires_at=now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
         reason=f"Compensation of step {step.name} of workflow {workflow.workflow_id}.",
         now=now,
     )

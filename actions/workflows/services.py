@@ -14,15 +14,15 @@ auto-approval caps, the policy approves the plan in the proposal's transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from actions import permissions as perms
+from actions.foundation.clock import database_clock_now
 from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor
@@ -37,7 +37,6 @@ from actions.workflows.templates import READ, all_templates, plan_actions, plan_
 from approvals.caps import auto_approval_cap_lock, auto_approval_cap_refusal
 from approvals.four_eyes import four_eyes_refusal
 from approvals.models import ApprovalLimit, ApprovalPolicy, Decision, WorkflowApproval
-from approvals.policy import approval_expires_at
 
 W = WorkflowState
 
@@ -73,7 +72,7 @@ class WorkflowProposalResult:
 def workflow_propose(
     *, template: object, parameters: object, proposer: Actor, now: datetime | None = None
 ) -> WorkflowProposalResult:
-    now = now or timezone.now()
+    now = now or database_clock_now()
     name = str(template or "")
     found = template_for(name)
     if found is None:
@@ -198,7 +197,7 @@ def _record_approval(
         plan_hash=workflow.plan_hash,
         bindings=plan_bindings(workflow),
         totals=plan_totals(workflow.plan),
-        expires_at=approval_expires_at(),
+        expires_at=now + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
     )
     workflow_transition(
         workflow=workflow,
@@ -321,7 +320,7 @@ def plan_decide(
     ``plan_hash``: the hash of the plan the manager's page showed. A page always sends it, so
     an empty one is refused (400), and one that differs from the plan's is refused (409). None:
     the caller shows no page (the harness, a test that decides directly)."""
-    now = now or timezone.now()
+    now = now or database_clock_now()
     if decision not in Decision.values:
         raise PlanDecisionRefused(f"Unknown decision {decision!r}.", code="invalid_decision", status=400)
     if plan_hash is not None and not plan_hash.strip():

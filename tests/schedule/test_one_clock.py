@@ -126,3 +126,20 @@ def test_a_managers_approval_expires_on_the_databases_clock_whatever_the_web_hos
     # web host's, which would be two minutes off.
     assert before + timedelta(seconds=3600) - timedelta(seconds=1) <= approval.expires_at
     assert approval.expires_at <= after + timedelta(seconds=3600) + timedelta(seconds=1)
+
+
+@pytest.mark.parametrize("skew", [-SKEW, SKEW])
+def test_an_approval_by_policy_at_the_proposal_expires_on_the_databases_clock(
+    skewed_host: Any, agent_actor: Actor, settings: Any, skew: int
+) -> None:
+    settings.APPROVAL_TTL_SECONDS = 3600
+    skewed_host(skew)  # the web process that records the proposal has its clock two minutes off
+
+    before = database_now()
+    action = authorized_refund(agent_actor)
+    after = database_now()
+
+    approval = Approval.objects.get(action=action)
+    assert approval.expires_at is not None
+    hour = timedelta(seconds=3600)
+    assert before + hour - timedelta(seconds=1) <= approval.expires_at <= after + hour + timedelta(seconds=1)

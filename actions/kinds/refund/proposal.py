@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor
 from actions.kinds.fields import ProposalInvalid
 from actions.kinds.refund.checks import (
@@ -58,7 +58,7 @@ def action_propose_refund(
       REJECTED with its reasons.
     - An auto-approvable proposal is authorized in the same transaction (one commit).
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     fields = refund_fields_check(
         order_number=order_number,
         request_number=request_number,
