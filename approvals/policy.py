@@ -71,7 +71,7 @@ def approval_record(
     inserts that event with its own (only with ``transitioned``: the action's row is written).
     ``bound_version`` and ``expires_at``: a step of a workflow's plan is approved under the
     plan's approval, so it binds the target's version and the expiry that approval bound, not
-    the ones of the moment the coordinator creates it.
+    the ones of the moment the coordinator creates it. ``now``: the database's clock, as a lease's.
     """
     if writes is not None and not transitioned:
         raise ValueError("only the event of a transition already written goes with the proposal's rows")

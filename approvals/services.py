@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_fsm import has_transition_perm
 
 from actions.foundation import publish
+from actions.foundation.clock import database_clock_now
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor, action_transition
 from actions.kinds import kind_for
@@ -145,7 +146,7 @@ def approval_decide(
 
     ``shown``: what the manager's page showed; a decision on a page older than the proposal or
     its target is refused (409) with what changed."""
-    now = now or timezone.now()
+    now = now or database_clock_now()
     if decision not in Decision.values:
         raise DecisionRefused(f"Unknown decision {decision!r}.", code="invalid_decision", status=400)
     with transaction.atomic(durable=True):
@@ -248,7 +249,7 @@ def approval_decide_group(
     lets each member reserve after its siblings without going stale. All or nothing: one
     refusal refuses the whole decision and writes nothing.
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     pks = sorted(set(action_pks))
     if len(pks) < 2:
         raise DecisionRefused("Choose at least two proposals to approve together.", code="group_too_small", status=400)

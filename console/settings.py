@@ -1,9 +1,9 @@
 """Settings for the effect console.
 
 Everything that differs between a laptop, CI and production is read from the environment
-through the small typed helpers below. With no environment at all the console runs on the
-embedded default: SQLite in ``data/`` and a filesystem Celery broker, so one command starts
-everything on a fresh machine.
+through the small typed helpers of ``console.environment``. With no environment at all the
+console runs on the embedded default: SQLite in ``data/`` and a filesystem Celery broker, so
+one command starts everything on a fresh machine.
 """
 
 from __future__ import annotations
@@ -16,37 +16,9 @@ from typing import Any
 
 import dj_database_url
 
+from console.environment import env_bool, env_decimal_map, env_int, env_list, env_str
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    return int(raw) if raw not in (None, "") else default
-
-
-def env_decimal_map(name: str, default: str) -> dict[str, Decimal]:
-    """Parse ``"EUR:50,USD:50"`` into ``{"EUR": Decimal("50"), ...}``."""
-    raw = os.environ.get(name, default)
-    result: dict[str, Decimal] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        currency, _, amount = item.partition(":")
-        result[currency.strip().upper()] = Decimal(amount.strip())
-    return result
-
-
-def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
 def create_private_file(path: Path) -> None:
@@ -594,6 +566,10 @@ for _entry in CELERY_BEAT_SCHEDULE.values():
     # Every host runs beat; the task claims its period first and runs once per period, on one
     # host only (actions.foundation.schedule).
     _entry.setdefault("kwargs", {"scheduled": True})
+# The periodic tasks wait in a queue of their own, with a worker of its own, not behind the
+# dispatch backlog they exist to clear (there they went stale under load, or expired unrun).
+PERIODIC_QUEUE = "periodic"
+CELERY_TASK_ROUTES = {entry["task"]: {"queue": PERIODIC_QUEUE} for entry in CELERY_BEAT_SCHEDULE.values()}
 # A periodic task that has not finished for this many of its own intervals is stale: /readyz
 # says so and the metrics' console_schedule_stale is 1 (alert on it; console/deploy).
 SCHEDULE_STALE_PERIODS: int = env_int("SCHEDULE_STALE_PERIODS", 3)

@@ -40,6 +40,7 @@ import math
 import random
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
@@ -207,6 +208,49 @@ def reconcile_wait(*, action_pk: int, now: datetime, published_mark: datetime | 
     return throttle_wait(kind_for(kind).contract().receiver)
 
 
+@dataclass(frozen=True)
+class ThrottleState:
+    """One limited receiver's bucket as the store has it now (for /metrics)."""
+
+    receiver: str
+    limit: int  # calls per window
+    window_seconds: int
+    remaining: int  # calls left in the current window
+    paused_seconds: float  # left of a Retry-After pause (0: none)
+
+
+def throttle_states() -> list[ThrottleState]:
+    """Every limited receiver's bucket, read without taking a token. A receiver whose limit
+    cannot be read, or whose store does not answer, is left out (the store is then left alone
+    for a while, as a dispatch would)."""
+    states: list[ThrottleState] = []
+    if not throttling_enabled() or not _store_available():
+        return states
+    for receiver, text in sorted(settings.RECEIVER_RATE_LIMITS.items()):
+        try:
+            item = _rate(text)
+        except ValueError:
+            continue
+        try:
+            storage = _storage(settings.RECEIVER_RATE_LIMIT_STORAGE)
+            pause_key = _pause_key(receiver)
+            paused = max(storage.get_expiry(pause_key) - time.time(), 0.0) if storage.get(pause_key) > 0 else 0.0
+            stats = _limiter().get_window_stats(item, NAMESPACE, receiver)
+        except Exception:  # the store is down: say nothing rather than fail the scrape
+            _store_failed(receiver)
+            return []
+        states.append(
+            ThrottleState(
+                receiver=receiver,
+                limit=item.amount,
+                window_seconds=item.get_expiry(),
+                remaining=stats.remaining,
+                paused_seconds=paused,
+            )
+        )
+    return states
+
+
 def republish_delay(wait: float) -> float:
     """When to publish a throttled dispatch again: after its wait, spread over one more wait so
     that the actions waiting for one bucket do not all wake at the same instant, and never later
@@ -232,12 +276,14 @@ def rate_limit_problems() -> list[str]:
 
 
 __all__ = [
+    "ThrottleState",
     "dispatch_wait",
     "rate_limit_problems",
     "rate_limit_store_is_shared",
     "reconcile_wait",
     "republish_delay",
     "throttle_pause",
+    "throttle_states",
     "throttle_wait",
     "throttling_enabled",
 ]

@@ -10,6 +10,11 @@ round trip is taken as the moment the server read its clock, so the error is at 
 round trip), and applied only past ``OFFSET_TOLERANCE``. The dispatch path pays no statement
 for it.
 
+The services that record decisions (proposals approved by policy, a manager's or a plan's
+approval, the coordinator's steps) take their default "now" from here too: an approval's expiry
+is counted from the decision's time, and a web host whose clock runs two minutes behind would
+otherwise give every approval it records two minutes less life (one ahead, two minutes more).
+
 A host whose clock is stepped (an NTP correction, a VM resumed) is wrong by the step for at most
 ``OFFSET_TTL_SECONDS``; the lease fence and the idempotency keys still stand behind that.
 """

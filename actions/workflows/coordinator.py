@@ -33,6 +33,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.engine.faults import fault_point
+from actions.foundation.clock import database_clock_now
 from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.models import (
     ActionStatus,
@@ -90,7 +91,7 @@ def _advance_locked(*, workflow_id: str, now: datetime | None) -> _Next:
         workflow = Workflow.objects.select_for_update().filter(workflow_id=workflow_id).first()
         # The time is read once the lock is held: a coordinator that waited for another one
         # must not stamp its events earlier than the changes it waited for.
-        now = now or timezone.now()
+        now = now or database_clock_now()
         if workflow is None:
             return _Next(state="missing")
         if workflow.state == W.AUTHORIZED:

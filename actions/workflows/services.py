@@ -20,9 +20,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from actions import permissions as perms
+from actions.foundation.clock import database_clock_now
 from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.foundation.refusals import Refused
 from actions.foundation.trail import Actor
@@ -72,7 +72,7 @@ class WorkflowProposalResult:
 def workflow_propose(
     *, template: object, parameters: object, proposer: Actor, now: datetime | None = None
 ) -> WorkflowProposalResult:
-    now = now or timezone.now()
+    now = now or database_clock_now()
     name = str(template or "")
     found = template_for(name)
     if found is None:
@@ -346,7 +346,7 @@ def plan_decide(
     ``plan_hash``: the hash of the plan the manager's page showed. A page always sends it, so
     an empty one is refused (400), and one that differs from the plan's is refused (409). None:
     the caller shows no page (the harness, a test that decides directly)."""
-    now = now or timezone.now()
+    now = now or database_clock_now()
     if decision not in Decision.values:
         raise PlanDecisionRefused(f"Unknown decision {decision!r}.", code="invalid_decision", status=400)
     if plan_hash is not None and not plan_hash.strip():

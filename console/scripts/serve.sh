@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The production profile, locally: gunicorn (console/gunicorn_conf.py), a Celery worker (prefork)
-# and Celery beat, on PostgreSQL and Redis (started here if they are down, as test.sh does).
+# The production profile, locally: gunicorn (console/gunicorn_conf.py), a Celery worker (prefork),
+# the periodic tasks' worker and Celery beat, on PostgreSQL and Redis (started here if they are down, as test.sh does).
 # DEBUG is off. Without PROVIDER_API_BASE the sandbox provider is started as the payment
 # provider. Ctrl-C stops everything this script started.
 #
@@ -67,9 +67,14 @@ echo "==> database migrations"
 "$PY" manage.py migrate --noinput >/dev/null
 "$PY" manage.py createcachetable
 
-echo "==> worker and beat (logs in $CONSOLE_DATA_DIR/logs/)"
+echo "==> workers and beat (logs in $CONSOLE_DATA_DIR/logs/)"
 "$PY" -m celery -A console worker --concurrency "${WORKER_CONCURRENCY:-2}" --loglevel INFO \
     --hostname "worker@%h" >"$CONSOLE_DATA_DIR/logs/worker.log" 2>&1 &
+pids+=($!)
+# The periodic tasks' own worker (settings.PERIODIC_QUEUE), one process: the sweeps never wait
+# behind the dispatch backlog, and a sweep at a time is all the schedule asks for.
+"$PY" -m celery -A console worker --queues periodic --concurrency 1 --loglevel INFO \
+    --hostname "periodic@%h" >"$CONSOLE_DATA_DIR/logs/periodic-worker.log" 2>&1 &
 pids+=($!)
 "$PY" -m celery -A console beat --loglevel INFO --schedule "$CONSOLE_DATA_DIR/celerybeat-schedule" \
     >"$CONSOLE_DATA_DIR/logs/beat.log" 2>&1 &

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start the whole console on the embedded default: SQLite and a filesystem broker in data/,
-# the sandbox payment provider, the mail sandbox, a Celery worker and beat, and the web server.
+# the sandbox payment provider, the mail sandbox, a Celery worker, the periodic tasks' worker and
+# beat, and the web server.
 # Seeds demo data.
 # Ctrl-C stops everything.
 set -euo pipefail
@@ -57,9 +58,14 @@ echo "==> database"
 "$PY" manage.py createcachetable
 "$PY" manage.py seed_demo
 
-echo "==> worker and beat (logs in $CONSOLE_DATA_DIR/logs/)"
-"$PY" -m celery -A console worker --pool solo --loglevel INFO \
+echo "==> workers and beat (logs in $CONSOLE_DATA_DIR/logs/)"
+"$PY" -m celery -A console worker --pool solo --loglevel INFO --hostname "worker@%h" \
     >"$CONSOLE_DATA_DIR/logs/worker.log" 2>&1 &
+pids+=($!)
+# The periodic tasks' own worker (settings.PERIODIC_QUEUE): the sweeps never wait behind the
+# dispatches queued for the worker above.
+"$PY" -m celery -A console worker --pool solo --queues periodic --loglevel INFO --hostname "periodic@%h" \
+    >"$CONSOLE_DATA_DIR/logs/periodic-worker.log" 2>&1 &
 pids+=($!)
 "$PY" -m celery -A console beat --loglevel INFO --schedule "$CONSOLE_DATA_DIR/celerybeat-schedule" \
     >"$CONSOLE_DATA_DIR/logs/beat.log" 2>&1 &

@@ -1,10 +1,11 @@
 """The chaos run's hosts mode: two (or more) simulated hosts on one PostgreSQL and one Redis.
 
-Each host is its own set of processes: a web process, Celery workers, optional dispatchers and a
-``celery beat`` of its own (every host runs beat: actions.foundation.schedule). Midway through
-the run one whole host is SIGKILLed, every process of it in the same instant, beat included, and
-it comes back later with every process restarted. One host's clock is skewed for all its
-processes with Debian's libfaketime, so that anything a host decides from its own clock shows.
+Each host is its own set of processes: a web process, Celery workers, optional dispatchers, the
+periodic tasks' worker and a ``celery beat`` of its own (every host runs beat:
+actions.foundation.schedule). Midway through the run one whole host is SIGKILLed, every process
+of it in the same instant, beat included, and it comes back later with every process restarted.
+One host's clock is skewed for all its processes with Debian's libfaketime, so that anything a
+host decides from its own clock shows.
 
 While the run goes, a sampler reads the schedule's liveness (actions.foundation.schedule's
 ``liveness``) every second, and which host's process claimed each periodic task's latest
@@ -116,6 +117,7 @@ class Host:
     web_port: int = 0
     web: Process | None = None
     beat: Process | None = None
+    periodic: Process | None = None  # the worker that consumes the periodic tasks' queue
     up: bool = True
     killed_at: float | None = None  # seconds since the run began
     back_at: float | None = None
@@ -125,6 +127,10 @@ class Host:
     @property
     def web_url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
+
+    def own_processes(self) -> list[Process]:
+        """The processes a host runs once, beside its workers and dispatchers."""
+        return [process for process in (self.web, self.beat, self.periodic) if process is not None]
 
 
 @dataclass

@@ -164,6 +164,9 @@ class ChaosConfig:
     # Celery dispatch (DISPATCH_PUBLISH=0). 0 dispatches through Celery tasks only.
     dispatchers: int = 0
     dispatcher_concurrency: int = 8
+    # Each host's worker for the periodic tasks' queue: its prefork children. One, as in
+    # production: the sweeps run one after another, never behind a dispatch.
+    periodic_concurrency: int = 1
     kill_every_seconds: float = 5.0
     create_fault_probability: float = 0.04  # per mode, on refund creation
     lookup_fault_probability: float = 0.03  # per mode, on lookups
@@ -812,6 +815,41 @@ class ChaosRun:
     def _host(self, name: str) -> Host:
         return next((host for host in self.hosts if host.name == name), self.hosts[0])
 
+    def start_periodic_worker(self, host: Host | None = None) -> None:
+        """A host's worker for the periodic tasks' queue (settings.PERIODIC_QUEUE), as production
+        runs one beside beat, so that the sweeps never wait behind the dispatches queued for the
+        run's workers. No fault points and none of the run's random kills: it goes down with its
+        host. Prefork (Celery's time limits apply), with ``periodic_concurrency`` children."""
+        host = host or self.hosts[0]
+        name = f"periodic{self._suffix(host)}"
+        host.periodic = Process(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "--queues",
+                settings.PERIODIC_QUEUE,
+                "--pool",
+                "prefork",
+                "--concurrency",
+                str(self.config.periodic_concurrency),
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            self.environment(host=host),
+            self.workdir / f"{name}.log",
+            host=host.name,
+        )
+
     def start_beat(self, host: Host | None = None) -> None:
         """A host's ``celery beat``: every host runs one, and each periodic task claims its period
         in the database (actions.foundation.schedule)."""
@@ -1262,7 +1300,7 @@ class ChaosRun:
             if self.sampler is not None:
                 self.sampler.stop()
             schedule.__exit__()
-            hosts = [process for host in self.hosts for process in (host.web, host.beat) if process is not None]
+            hosts = [process for host in self.hosts for process in host.own_processes()]
             for process in [*self.workers, *self.dispatchers, *hosts, *self.others]:
                 process.stop()
 
@@ -1295,17 +1333,20 @@ class ChaosRun:
         return time.monotonic() - self.started
 
     def start_host_processes(self, host: Host, *, with_faults: bool) -> None:
-        """A host's workers, dispatchers and beat (its web process is started on its own)."""
+        """A host's workers, dispatchers, periodic worker and beat (its web process is started on
+        its own)."""
         for _ in range(self.config.workers):
             self.start_worker(with_faults=with_faults, host=host)
         for _ in range(self.config.dispatchers):
             self.start_dispatcher(with_faults=with_faults, host=host)
+        self.start_periodic_worker(host)
         self.start_beat(host)
 
     def lose_host(self, host: Host) -> None:
-        """SIGKILL every process of the host in the same instant: web, workers, dispatchers, beat."""
+        """SIGKILL every process of the host in the same instant: web, workers, dispatchers, the
+        periodic worker, beat."""
         mine = [process for process in [*self.workers, *self.dispatchers] if process.host == host.name]
-        processes = [*mine, *(process for process in (host.web, host.beat) if process is not None)]
+        processes = [*mine, *host.own_processes()]
         host.processes_killed = kill_host(processes)
         host.killed_at = self._elapsed()
         host.up = False

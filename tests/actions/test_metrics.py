@@ -6,6 +6,7 @@ submission begun in the past and swept to UNKNOWN when its lease expired, as the
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,9 +15,11 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from actions.engine import throttle
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.sweeps import sweep_expired_leases
-from actions.models import Action, ActionStatus
+from actions.engine.throttle import throttle_pause, throttle_wait
+from actions.models import Action, ActionStatus, LedgerAuditRun
 from actions.services import Actor
 from tests.actions.test_reconciliation import authorized_refund
 
@@ -92,3 +95,87 @@ def test_with_a_metrics_token_a_scraper_must_send_it(client: Client, agent_actor
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer not-the-token"}).status_code == 401
     assert scrape(client, Authorization=f"Bearer {TOKEN}")[("console_actions", "UNKNOWN")] == 1
+
+
+def samples(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an open scrape, by name and all its labels."""
+    response = client.get("/metrics")
+    assert response.status_code == 200, response.content
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
+
+
+@pytest.fixture
+def open_metrics(settings: Any) -> None:
+    settings.METRICS_TOKEN = ""
+    settings.PRODUCTION_MODE = False
+
+
+def test_metrics_count_the_approved_actions_waiting_to_be_sent_and_the_final_ones(
+    client: Client, agent_actor: Actor, settings: Any, open_metrics: None
+) -> None:
+    authorized_refund(agent_actor)
+    authorized_refund(agent_actor)
+    done = authorized_refund(agent_actor)
+    Action.objects.filter(pk=done.pk).update(status=S.SUCCEEDED)
+
+    metrics = scrape(client)
+
+    assert metrics[("console_actions", "AUTHORIZED")] == 2
+    assert metrics[("console_actions_oldest_age_seconds", "AUTHORIZED")] < 60
+    assert metrics[("console_actions_finished_total", "SUCCEEDED")] == 1
+    assert metrics[("console_actions_finished_total", "FAILED_FINAL")] == 0
+
+
+def test_metrics_give_each_periodic_tasks_stale_threshold(client: Client, settings: Any, open_metrics: None) -> None:
+    settings.SCHEDULE_STALE_PERIODS = 3
+    metrics = samples(client)
+
+    for entry, beat in settings.CELERY_BEAT_SCHEDULE.items():
+        threshold = metrics[("console_schedule_stale_threshold_seconds", (("task", entry),))]
+        assert threshold == 3 * float(beat["schedule"]), entry
+
+
+def test_metrics_report_the_latest_ledger_audit(client: Client, open_metrics: None) -> None:
+    assert samples(client)[("console_ledger_audit_last_run_age_seconds", ())] == -1
+    now = timezone.now()
+    LedgerAuditRun.objects.create(
+        started_at=now - timedelta(hours=2), finished_at=now - timedelta(hours=2), discrepancies_found=9
+    )
+    LedgerAuditRun.objects.create(
+        started_at=now - timedelta(minutes=11),
+        finished_at=now - timedelta(minutes=10),
+        discrepancies_found=3,
+        discrepancies_new=1,
+        error="Could not read the receiver's ledger: timeout",
+    )
+
+    metrics = samples(client)
+
+    assert 600 <= metrics[("console_ledger_audit_last_run_age_seconds", ())] < 660
+    assert metrics[("console_ledger_audit_discrepancies", (("which", "found"),))] == 3
+    assert metrics[("console_ledger_audit_discrepancies", (("which", "new"),))] == 1
+    assert metrics[("console_ledger_audit_failed", ())] == 1
+
+
+def test_metrics_show_each_limited_receivers_bucket(
+    client: Client, settings: Any, open_metrics: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    receiver = f"receiver-{uuid.uuid4().hex[:8]}"  # the in-memory buckets outlive a test
+    settings.RECEIVER_RATE_LIMIT_STORAGE = "memory://"
+    settings.RECEIVER_RATE_LIMITS = {receiver: "5/minute"}
+    monkeypatch.setattr(throttle, "_store_down_until", 0.0)
+    labels = (("receiver", receiver),)
+    assert samples(client)[("console_receiver_rate_remaining", labels)] == 5
+
+    throttle_wait(receiver)
+    throttle_wait(receiver)
+    throttle_pause(receiver, 30)  # outside a transaction: at once
+
+    metrics = samples(client)
+    assert metrics[("console_receiver_rate_limit", labels)] == 5
+    assert metrics[("console_receiver_rate_remaining", labels)] == 3
+    assert 25 <= metrics[("console_receiver_paused_seconds", labels)] <= 30

@@ -40,6 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CAPTURED = 100_00
 FINAL_OR_PERSON = ("SUCCEEDED", "FAILED_FINAL", "NEEDS_REVIEW")
@@ -79,13 +81,16 @@ def configure_django(args: argparse.Namespace, workdir: Path) -> None:
 
 
 def start_worker(
-    args: argparse.Namespace, workdir: Path, env: dict[str, str], *, beat: bool, queue: str = "console"
+    args: argparse.Namespace, workdir: Path, env: dict[str, str], *, beat: bool, queue: str = ""
 ) -> subprocess.Popen[bytes]:
+    """A worker on ``queue``, or by default on the workers' queue and the periodic tasks' queue
+    (the survivor runs the sweeps)."""
     name = f"rec-{uuid.uuid4().hex[:6]}"
+    every_queue = f"{settings.CELERY_TASK_DEFAULT_QUEUE},{settings.PERIODIC_QUEUE}"
     command = [
         sys.executable, "-m", "celery", "-A", "console", "worker",
-        "--pool", "threads", "--concurrency", str(max(args.concurrency, args.actions if queue != "console" else 0)),
-        "--loglevel", "WARNING", "--hostname", f"{name}@%h", "-Q", queue,
+        "--pool", "threads", "--concurrency", str(max(args.concurrency, args.actions if queue else 0)),
+        "--loglevel", "WARNING", "--hostname", f"{name}@%h", "-Q", queue or every_queue,
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip
     if beat:

@@ -123,6 +123,7 @@ def test_the_schedule_s_pid_is_told_apart_by_its_host(tmp_path: Any) -> None:
         (["--skew-seconds", "90"], "need --hosts 2"),
         (["--lose-host-at", "0.4"], "need --hosts 2"),
         (["--hosts", "0"], "at least 1"),
+        (["--periodic-concurrency", "0"], "the sweeps need a process"),
         (["--hosts", "2", "--lose-host-at", "1.5"], "below 1"),
         (["--hosts", "2", "--host-back-after", "0"], "above 0"),
     ],

@@ -14,6 +14,12 @@ from django.db import connection
 
 from harness.chaos.run import ChaosConfig, ChaosRun
 
+# Whether the run fails when a sweep went past its stale threshold (SCHEDULE_STALE_PERIODS
+# intervals, 3 s) while the survivor ran alone. Off until a run on the CI machine shows the
+# periodic tasks' own queue and worker (settings.PERIODIC_QUEUE, one per host) keep them under
+# it: the ages are printed either way.
+SWEEPS_MUST_STAY_FRESH_WHILE_ALONE = False
+
 pytestmark = [
     pytest.mark.postgres,
     pytest.mark.processes,
@@ -100,9 +106,13 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     assert lost["back_at"] - lost["killed_at"] >= config.host_back_after_seconds
     assert skewed["measured_skew"] is not None and abs(skewed["measured_skew"] - config.skew_seconds) < 5
     # The sweeps ran on the survivor while a was down: b claimed periods of the periodic tasks.
-    # How stale each got meanwhile is printed, not asserted: on this 2-core machine a sweep that
-    # waits behind a burst of reconciliations on the survivor's one worker for longer than its
-    # 1 s interval expires unrun, so the ages pass the 3 s threshold (docs/proving.md, hosts mode).
+    # Before the periodic tasks had a queue of their own, a sweep waited behind the burst of
+    # reconciliations on the survivor's one worker for longer than its 1 s interval and expired
+    # unrun, so the ages passed the 3 s threshold (docs/proving.md, hosts mode).
     assert hosts["alone_samples"] >= config.host_back_after_seconds // 2, hosts
     assert hosts["periods"]["a down"].get("b", 0) > 0, hosts["periods"]
     sys.stdout.write(f"largest sweep ages while b ran alone: {hosts['alone']}\n")
+    sys.stdout.write(f"over the threshold {hosts['thresholds']}: {hosts['alone_over_threshold']}\n")
+    if SWEEPS_MUST_STAY_FRESH_WHILE_ALONE:
+        assert hosts["sweeps_kept_running"], (hosts["alone"], hosts["thresholds"])
+        assert report.hosts_ok, hosts

@@ -43,7 +43,7 @@ import pytest
 import redis
 import requests
 
-from tests.processes import REPO_ROOT, SandboxProcess, wait_until
+from tests.processes import REPO_ROOT, SandboxProcess, every_queue, wait_until
 
 RUNNABLE = {"bash", "sh", "console", "python"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+)(?P<info>[^`]*)$")
@@ -241,8 +241,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
         processes.append(
             _spawn(
-                [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo", "--beat",
-                 "--schedule", str(data / "celerybeat-schedule"), "--loglevel", "INFO",
+                [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo",
+                 "--queues", every_queue(), "--beat", "--schedule", str(data / "celerybeat-schedule"),
+                 "--loglevel", "INFO",
                  "--without-gossip", "--without-mingle", "--without-heartbeat"],
                 env, _log(logs, "worker"),
             )

@@ -1,6 +1,7 @@
 """Leases and approval expiry are decided on the database's clock, not a worker's own
 (actions.foundation.clock): a worker whose clock is skewed by two minutes neither sends under an
-expired approval nor takes over a lease that still holds."""
+expired approval nor takes over a lease that still holds, and a web process whose clock is
+skewed stamps an approval's expiry on the database's clock all the same."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from actions.engine.sweeps import sweep_expired_leases
 from actions.foundation.clock import clock_offset_forget, database_clock_now
 from actions.foundation.sql import database_now
 from actions.foundation.trail import Actor
+from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionStatus, Attempt
-from approvals.models import Approval
+from approvals.models import Approval, Decision
+from approvals.services import approval_decide
 from tests.actions.test_reconciliation import authorized_refund
+from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,3 +90,56 @@ def test_a_sweeper_whose_clock_runs_ahead_does_not_take_over_a_lease_that_still_
     assert sweep_expired_leases() == 1
     action.refresh_from_db()
     assert action.status == ActionStatus.UNKNOWN
+
+
+def proposed_refund(proposer: Actor) -> Action:
+    """A refund waiting for a manager's decision."""
+    order = make_order(captured="100.00")
+    action = action_propose_refund(
+        order_number=order.number,
+        request_number=make_request(order).number,
+        amount="40.00",
+        currency="EUR",
+        reason_code="damaged",
+        proposer=proposer,
+    ).action
+    assert action.status == ActionStatus.PROPOSED, action.rejection_reasons
+    return action
+
+
+@pytest.mark.parametrize("skew", [-SKEW, SKEW])
+def test_a_managers_approval_expires_on_the_databases_clock_whatever_the_web_hosts_clock(
+    skewed_host: Any, agent_actor: Actor, manager: Any, settings: Any, skew: int
+) -> None:
+    settings.AUTO_APPROVAL_ENABLED = False
+    settings.APPROVAL_TTL_SECONDS = 3600
+    action = proposed_refund(agent_actor)
+    skewed_host(skew)  # the web process that records the decision has its clock two minutes off
+
+    before = database_now()
+    approval = approval_decide(action_pk=action.pk, user=manager, decision=Decision.APPROVE)
+    after = database_now()
+
+    approval.refresh_from_db()
+    assert approval.expires_at is not None
+    # An hour on the database's clock, the clock the claim compares it with: not an hour on the
+    # web host's, which would be two minutes off.
+    assert before + timedelta(seconds=3600) - timedelta(seconds=1) <= approval.expires_at
+    assert approval.expires_at <= after + timedelta(seconds=3600) + timedelta(seconds=1)
+
+
+@pytest.mark.parametrize("skew", [-SKEW, SKEW])
+def test_an_approval_by_policy_at_the_proposal_expires_on_the_databases_clock(
+    skewed_host: Any, agent_actor: Actor, settings: Any, skew: int
+) -> None:
+    settings.APPROVAL_TTL_SECONDS = 3600
+    skewed_host(skew)  # the web process that records the proposal has its clock two minutes off
+
+    before = database_now()
+    action = authorized_refund(agent_actor)
+    after = database_now()
+
+    approval = Approval.objects.get(action=action)
+    assert approval.expires_at is not None
+    hour = timedelta(seconds=3600)
+    assert before + hour - timedelta(seconds=1) <= approval.expires_at <= after + hour + timedelta(seconds=1)

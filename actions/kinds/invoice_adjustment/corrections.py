@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor
 from actions.kinds import DuplicateCorrection, kind_for
 from actions.kinds.fields import REFERENCE_PATTERN, FieldProblem, ProposalInvalid, parse_amount
@@ -46,7 +46,7 @@ def action_propose_credit_note_void(
     sends it like any other action. ``amount`` is the duplicate's total, as the ledger audit
     or the reconciliation found it.
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     problems: list[FieldProblem] = []
     money = parse_amount(amount, adjustment.currency, problems)
     if not credit_note_id or not REFERENCE_PATTERN.match(credit_note_id[:32]) or len(credit_note_id) > 64:

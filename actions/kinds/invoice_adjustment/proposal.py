@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor
 from actions.kinds.fields import request_fields_check
 from actions.kinds.invoice_adjustment.checks import (
@@ -47,7 +47,7 @@ def action_propose_invoice_adjustment(
     - Below the kind's auto-approval threshold (and the per-bill cap) the policy approves it in
       the same transaction.
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     fields = request_fields_check(
         ADJUSTMENT_REQUEST_FIELDS,
         target_number=bill_number,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor
 from actions.kinds.fields import ProposalInvalid, request_fields_check
 from actions.kinds.refund.checks import (
@@ -47,7 +47,7 @@ def action_propose_refund(
       REJECTED with its reasons.
     - An auto-approvable proposal is authorized in the same transaction (one commit).
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     fields = request_fields_check(
         REFUND_REQUEST_FIELDS,
         target_number=order_number,

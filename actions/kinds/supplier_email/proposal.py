@@ -12,8 +12,8 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
-from django.utils import timezone
 
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import Actor
 from actions.kinds.supplier_email.checks import email_fields_check, email_payload, supplier_contact_resolve
 from actions.kinds.supplier_email.contract import supplier_email_action_id
@@ -38,7 +38,7 @@ def supplier_email_propose(
     different one (other parameters, another template version, another address) it is a
     conflict. A manager always decides: an email moves no money, and no policy reads it.
     """
-    now = now or timezone.now()
+    now = now or database_clock_now()
     fields = email_fields_check(
         supplier=supplier, reference=reference, template=template, parameters=parameters, to=to, evidence=evidence
     )

@@ -51,6 +51,12 @@ class Command(BaseCommand):
             default=defaults.dispatcher_concurrency,
             help="calls in flight per dispatcher process (also its batch size)",
         )
+        parser.add_argument(
+            "--periodic-concurrency",
+            type=int,
+            default=defaults.periodic_concurrency,
+            help="processes of each host's worker for the periodic tasks' queue",
+        )
         parser.add_argument("--kill-every", type=float, default=defaults.kill_every_seconds, help="seconds")
         parser.add_argument(
             "--create-faults",
@@ -139,6 +145,8 @@ class Command(BaseCommand):
             raise CommandError("--workflow-share must be at least 0 and below 1.")
         if options["hosts"] < 1:
             raise CommandError("--hosts must be at least 1.")
+        if options["periodic_concurrency"] < 1:
+            raise CommandError("--periodic-concurrency must be at least 1: the sweeps need a process.")
         if not 0 <= options["lose_host_at"] < 1:
             raise CommandError("--lose-host-at must be at least 0 and below 1.")
         if options["hosts"] == 1 and (options["lose_host_at"] or options["skew_seconds"]):
@@ -151,6 +159,7 @@ class Command(BaseCommand):
             workers=options["workers"],
             dispatchers=options["dispatchers"],
             dispatcher_concurrency=options["dispatcher_concurrency"],
+            periodic_concurrency=options["periodic_concurrency"],
             kill_every_seconds=options["kill_every"],
             create_fault_probability=options["create_faults"],
             lookup_fault_probability=options["lookup_faults"],
