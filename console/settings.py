@@ -372,7 +372,10 @@ HOUSEKEEPING_INTERVAL_SECONDS: int = env_int("HOUSEKEEPING_INTERVAL_SECONDS", 36
 ARCHIVE_AFTER_DAYS: int = env_int("ARCHIVE_AFTER_DAYS", 90)
 TRAIL_RETENTION_DAYS: int = env_int("TRAIL_RETENTION_DAYS", 2555)
 NOTIFICATION_RETENTION_DAYS: int = env_int("NOTIFICATION_RETENTION_DAYS", 365)
-RETENTION_INTERVAL_SECONDS: int = env_int("RETENTION_INTERVAL_SECONDS", 30 * 24 * 3600)
+# Daily, though the windows are months and years: each run moves only what left the window since
+# the last one, and a daily period stays short of a deploy's restart of beat, which starts its
+# intervals over.
+RETENTION_INTERVAL_SECONDS: int = env_int("RETENTION_INTERVAL_SECONDS", 24 * 3600)
 # Webhooks for agents (actions/agents/webhooks.py). A failed delivery is retried after
 # BASE * 2**(n-1) seconds (capped at CAP) until WINDOW seconds after the event; beat sweeps
 # deliveries whose publish was lost every SWEEP_INTERVAL_SECONDS.

@@ -256,13 +256,13 @@ def test_the_archive_has_the_live_trails_columns() -> None:
     assert sorted(live) == sorted(archived) == sorted(trail_events.TRAIL_EVENT_COLUMNS)
 
 
-def test_beat_runs_the_archive_monthly(settings: Any) -> None:
+def test_beat_runs_the_archive_daily(settings: Any) -> None:
     entry = settings.CELERY_BEAT_SCHEDULE["retention-archive"]
     assert entry["task"] == "actions.tasks.retention_archive"
-    assert entry["schedule"] == 30 * 24 * 3600.0
+    assert entry["schedule"] == 24 * 3600.0
 
 
-def test_the_monthly_run_archives_and_prunes_old_notifications_under_a_tombstone(
+def test_the_periodic_run_archives_and_prunes_old_notifications_under_a_tombstone(
     agent_actor: Actor, finance: Any, settings: Any
 ) -> None:
     action = refund(agent_actor, cancel=True)
