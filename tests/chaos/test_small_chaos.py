@@ -14,11 +14,12 @@ from django.db import connection
 
 from harness.chaos.run import ChaosConfig, ChaosRun
 
-# Whether the run fails when a sweep went past its stale threshold (SCHEDULE_STALE_PERIODS
-# intervals, 3 s) while the survivor ran alone. Off until a run on the CI machine shows the
-# periodic tasks' own queue and worker (settings.PERIODIC_QUEUE, one per host) keep them under
-# it: the ages are printed either way.
-SWEEPS_MUST_STAY_FRESH_WHILE_ALONE = False
+# How far past its stale threshold (SCHEDULE_STALE_PERIODS intervals: 3 s here) a sweep may age
+# while the survivor runs alone, in this run. The report's own verdict holds the threshold itself
+# and is printed; the bound here has slack for the sampler's 1 s steps and for the whole suite's
+# load on a 2-core machine: the periodic tasks on their own queue and worker measured 1.4 to
+# 3.1 s in a run outside the suite, where they had aged 8 to 26 s behind the dispatch backlog.
+SWEEP_AGE_BOUND_IN_THRESHOLDS = 2
 
 pytestmark = [
     pytest.mark.postgres,
@@ -37,7 +38,7 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     (beat included) and back 20 s later, the other's clock 90 s ahead, the sweeps kept running."""
     settings.CELERY_BROKER_URL = broker_url
     # 300 actions as before the adjustments joined: 180 refunds and 120 adjustments.
-    # Two hosts, each with a web process, a Celery worker, a dispatcher process (issue 18's
+    # Two hosts, each with a web process, a Celery worker, a dispatcher process (the
     # concurrent profile: batched claims, four calls in flight) and beat; workers and dispatchers
     # killed at random and at their fault points. Host a is lost whole once 40% of the actions
     # exist and comes back 20 s later; host b's clock runs 90 s ahead (libfaketime).
@@ -55,7 +56,7 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
         host_back_after_seconds=20,
         skew_seconds=90,
     )
-    assert config.adjustments * 3 >= config.actions, "issue 12: at least a third of the actions are adjustments"
+    assert config.adjustments * 3 >= config.actions, "at least a third of the actions are adjustments"
 
     report = ChaosRun(config, workdir=tmp_path).run()
     connection.close()  # the restart left this process's connection broken; the flush needs a new one
@@ -65,7 +66,7 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     assert report.drained, "some actions were neither final nor with a person when the deadline passed"
     assert report.audit.duplicates == 0
     assert report.audit.lost == 0
-    # Per kind, so that one kind's clean record cannot hide another's (issue 12).
+    # Per kind, so that one kind's clean record cannot hide another's.
     for label, _kind, duplicates, lost in report.per_kind():
         assert (duplicates, lost) == (0, 0), f"{label}: {duplicates} duplicate(s), {lost} lost"
     assert report.proposed == config.refunds
@@ -86,12 +87,12 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     assert report.kills > 0 and report.postgres_restarts == 1 and report.redis_flushes == 1
     assert report.dispatcher_claims > 0, "the dispatcher process claimed nothing"
     assert sum(report.faults_fired.values()) > 0, "the provider injected no fault"
-    # Supplier emails (issue 13): every one proposed, none sent twice without a person's decision
+    # Supplier emails: every one proposed, none sent twice without a person's decision
     # (audit.ok above), and every ambiguous send held for a named person.
     assert report.emails_proposed == config.emails
     assert report.ambiguous_unowned == 0
     assert sum(report.mail_faults_fired.values()) > 0, "the mail sandbox injected no fault"
-    # Workflows (issue 14): at least a tenth of the run's work, and none of them run twice, lost,
+    # Workflows: at least a tenth of the run's work, and none of them run twice, lost,
     # compensated twice or compensated while one of its steps' outcomes was unknown.
     workflows = report.workflows
     assert workflows["proposed"] * 10 >= config.refunds + config.adjustments + config.emails
@@ -113,6 +114,9 @@ def test_a_small_chaos_run_ends_with_no_duplicate_and_nothing_lost(
     assert hosts["periods"]["a down"].get("b", 0) > 0, hosts["periods"]
     sys.stdout.write(f"largest sweep ages while b ran alone: {hosts['alone']}\n")
     sys.stdout.write(f"over the threshold {hosts['thresholds']}: {hosts['alone_over_threshold']}\n")
-    if SWEEPS_MUST_STAY_FRESH_WHILE_ALONE:
-        assert hosts["sweeps_kept_running"], (hosts["alone"], hosts["thresholds"])
-        assert report.hosts_ok, hosts
+    too_old = {
+        entry: age
+        for entry, age in hosts["alone"].items()
+        if age is None or age > SWEEP_AGE_BOUND_IN_THRESHOLDS * hosts["thresholds"][entry]
+    }
+    assert not too_old, (too_old, hosts["thresholds"])
