@@ -1,4 +1,4 @@
-"""Reassigning in the review queue (issue 12 item 5): the "Reassign to" list offers only active
+"""Reassigning in the review queue: the "Reassign to" list offers only active
 members of finance, and the server accepts only those people, whatever a forged form names.
 
 A superuser holds every permission and accounts payable holds the permission to resolve; neither

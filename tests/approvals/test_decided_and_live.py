@@ -1,5 +1,5 @@
 """The manager's "Decided" tab, the live card and outcome endpoints, the grouped approval's form,
-the dashboard's tile, and each person's time zone (issue 16, part A)."""
+the dashboard's tile, and each person's time zone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The manager sees the message exactly as it will be sent, escaped (issue 13)."""
+"""The manager sees the message exactly as it will be sent, escaped."""
 
 from __future__ import annotations
 

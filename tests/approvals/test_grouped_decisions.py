@@ -1,4 +1,4 @@
-"""Several proposals on one order approved as ONE decision (issue 16, part A).
+"""Several proposals on one order approved as ONE decision.
 
 The members are bound to the order's version as the manager saw it, and their sum is checked
 against the order's refundable balance and the manager's limit. Each member's reservation

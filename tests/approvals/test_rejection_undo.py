@@ -1,5 +1,5 @@
 """A rejection takes a reason from the picker and an optional note, and commits only after an
-undo window (issue 16, part A).
+undo window.
 
 Design: the rejection is a durable row (PendingRejection) written at the click; the action stays
 PROPOSED and nobody may approve it meanwhile. The commit (a task published for the end of the

@@ -251,7 +251,7 @@ def test_the_approve_button_is_greyed_out_with_the_reason_when_the_manager_may_n
         assert "disabled" not in button(row, "reject")
         assert f'data-code="{code}">You can\'t approve this one: {reason}</p>' in row
     # Who may not approve under four eyes may not reject either: no reason shown beside an
-    # enabled Reject (issue 16).
+    # enabled Reject.
     row = row_html(response, own)
     code, reason = expectations[own.pk]
     assert "disabled" in button(row, "approve")

@@ -1,4 +1,4 @@
-"""A manager approves in a real browser and sees the outcome arrive without reloading (issue 16).
+"""A manager approves in a real browser and sees the outcome arrive without reloading.
 
 The worker is played by a thread started when the approval commits (the publish hook), which runs
 the engine's dispatch against the live sandbox provider, as a Celery worker would. The page only

@@ -1,4 +1,4 @@
-"""A supplier email in a real browser (issue 13): the manager reads the message exactly as it
+"""A supplier email in a real browser: the manager reads the message exactly as it
 will be sent and approves it; the relay stores it and drops the connection; finance confirms
 the delivery with the supplier's reply as evidence."""
 

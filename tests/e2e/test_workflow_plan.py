@@ -1,4 +1,4 @@
-"""A workflow in a real browser (issue 14): a manager reads a po_mismatch_resolution plan step by
+"""A workflow in a real browser: a manager reads a po_mismatch_resolution plan step by
 step (kind, receiver, step class, compensation, the email, the money), approves it on one page,
 and watches the workflow complete on its timeline."""
 
