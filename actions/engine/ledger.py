@@ -1,7 +1,8 @@
 """The ledger audit: the answer to "has it already happened twice?".
 
-For every kind whose receiver can list its effects, it reads them all and compares them with the
-console's actions, storing a Discrepancy for each of these (docs/architecture.md section 7):
+For every kind whose receiver can list its effects, it reads them one window of creation times
+at a time, from where the last run stopped, and compares them with the console's actions,
+storing a Discrepancy for each of these (docs/architecture.md section 7):
 
 - an effect with no action (one whose metadata names no action we know);
 - two effects for one action;
