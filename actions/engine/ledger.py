@@ -17,7 +17,7 @@ Failed and canceled records are not effects: they count for none of the above.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -68,16 +68,37 @@ class LedgerComparison:
     findings: list[Finding] = field(default_factory=list)
 
 
+# Action ids per IN (...) list: PostgreSQL takes at most 65,535 parameters in one statement, and
+# a busy window (or a window as long as the history) names more actions than that.
+ACTION_IDS_PER_QUERY = 5000
+
+
+def in_chunks(action_ids: Iterable[str]) -> Iterator[list[str]]:
+    ids = list(action_ids)
+    for start in range(0, len(ids), ACTION_IDS_PER_QUERY):
+        yield ids[start : start + ACTION_IDS_PER_QUERY]
+
+
+def actions_named(action_ids: Iterable[str], *fields: str) -> Iterator[Action]:
+    """The console's actions with these ids (those it has), a chunk of ids per query."""
+    for chunk in in_chunks(action_ids):
+        actions = Action.objects.filter(action_id__in=chunk)
+        yield from actions.only(*fields) if fields else actions
+
+
 def repeat_allowances(action_ids: Iterable[str]) -> dict[str, int]:
     """How many "send again" decisions a person recorded per action: each allows one more
     effect at a receiver that can neither deduplicate nor be asked (invariant 16)."""
-    rows = (
-        ActionEvent.objects.filter(transition=RESEND_TRANSITION, action__action_id__in=list(action_ids))
-        .values_list("action__action_id")
-        .annotate(count=Count("id"))
-        .order_by()
-    )
-    return dict(rows)
+    allowances: dict[str, int] = {}
+    for chunk in in_chunks(action_ids):
+        rows = (
+            ActionEvent.objects.filter(transition=RESEND_TRANSITION, action__action_id__in=chunk)
+            .values_list("action__action_id")
+            .annotate(count=Count("id"))
+            .order_by()
+        )
+        allowances.update(rows)
+    return allowances
 
 
 def ledger_compare(
@@ -107,8 +128,9 @@ def ledger_compare(
             effects_by_action[effect.action_id or ""].append(effect)
     known = {
         action.action_id: action
-        for action in Action.objects.filter(action_id__in=[k for k in effects_by_action if k]).only(
-            "action_id", "kind", "amount", "currency", "status", "provider_reference", "payload"
+        for action in actions_named(
+            [k for k in effects_by_action if k],
+            "action_id", "kind", "amount", "currency", "status", "provider_reference", "payload",
         )
     }
     succeeded = _succeeded_in_window(kind=kind, window=window, judged_before=judged_before)
@@ -166,7 +188,7 @@ def _ask_about_partial_stories(
         and action.provider_reference
         and action.provider_reference not in {e.reference for e in effects_by_action[action_id]}
     ]
-    partial += Action.objects.filter(action_id__in=unmatched)
+    partial += actions_named(unmatched)
     return {action.action_id: (action, ask(action)) for action in partial}
 
 
@@ -335,7 +357,7 @@ def ledger_window_store(
 ) -> None:
     """Store one window's findings, count them on the run and move the kind's cursor, together."""
     findings = comparison.findings
-    actions = {a.action_id: a for a in Action.objects.filter(action_id__in={f.action_id for f in findings})}
+    actions = {a.action_id: a for a in actions_named({f.action_id for f in findings if f.action_id})}
     new = 0
     for finding in findings:
         # The unique constraint makes this safe against a second audit storing the same finding

@@ -245,8 +245,10 @@ def test_two_audits_at_once_store_each_finding_once(first_day: datetime) -> None
 
 
 def test_an_effect_across_a_window_edge_from_its_action_is_no_finding(
-    first_day: datetime, agent_actor: Actor, manager: Any
+    first_day: datetime, agent_actor: Actor, manager: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # One action id per query, as if each window named more actions than a statement can take.
+    monkeypatch.setattr("actions.engine.ledger.ACTION_IDS_PER_QUERY", 1)
     edge = first_day + DAY
     # Recorded a second before the edge; the receiver's clock, a little ahead, stamped it after.
     skewed = succeeded_at(agent_actor, manager, edge - timedelta(seconds=1), "re_skewed")
