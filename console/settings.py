@@ -362,6 +362,12 @@ REVIEW_OWNERS_ONLY: bool = env_bool("REVIEW_OWNERS_ONLY", False)
 REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS: int = env_int("REVIEW_RETRY_LOOKUP_MAX_AGE_SECONDS", 300)
 # How often the ledger audit compares the receiver's ledger with the console's records.
 LEDGER_AUDIT_INTERVAL_SECONDS: int = env_int("LEDGER_AUDIT_INTERVAL_SECONDS", 3600)
+# The audit reads each receiver one window of creation times at a time, so its memory is one
+# window's effects, not the receiver's whole history.
+LEDGER_AUDIT_WINDOW_SECONDS: int = env_int("LEDGER_AUDIT_WINDOW_SECONDS", 86400)
+# Where a kind's first audit starts (ISO 8601, e.g. 2026-01-01T00:00:00+00:00); empty: at the
+# kind's earliest action. The first window also takes everything older, so nothing is skipped.
+LEDGER_AUDIT_START: str = env_str("LEDGER_AUDIT_START", "")
 # Housekeeping: attempts of actions final for this many days lose their request and response
 # bodies (a stub with size and SHA-256 stays); 0 keeps them for ever. Never touches an action
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.

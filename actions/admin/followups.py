@@ -21,6 +21,7 @@ from actions.models import (
     ActionKind,
     Discrepancy,
     DiscrepancyKind,
+    LedgerAuditCursor,
     LedgerAuditRun,
     OwnerGroup,
     Remedy,
@@ -198,6 +199,13 @@ class LedgerAuditRunAdmin(ReadOnlyAdmin):
     @admin.display(boolean=True, description="clean")
     def ok(self, obj: LedgerAuditRun) -> bool:
         return obj.ok
+
+
+@admin.register(LedgerAuditCursor)
+class LedgerAuditCursorAdmin(ReadOnlyAdmin):
+    """How far the audit has read each kind's receiver: the next run starts there."""
+
+    list_display = ("kind", "audited_until", "updated_at")
 
 
 class OwnerGroupForm(forms.ModelForm):

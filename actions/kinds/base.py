@@ -10,9 +10,10 @@ that differs between a refund, an invoice adjustment and an email lives in the k
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -102,6 +103,8 @@ class Effect:
     currency: str
     action_id: str | None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    # When the receiver created it, by the receiver's clock; None where the receiver does not say.
+    created: datetime | None = field(default=None, compare=False)
 
     @property
     def is_effect(self) -> bool:
@@ -200,6 +203,24 @@ def lookup_from_effects(effects: list[Effect]) -> Lookup:
     return Lookup(LookupVerdict.FOUND, effects)
 
 
+@dataclass(frozen=True)
+class LedgerWindow:
+    """A span of the receiver's ledger by creation time: from ``start`` (None: from its first
+    record) up to, not including, ``end``. The audit reads one window at a time."""
+
+    start: datetime | None
+    end: datetime
+
+    def holds(self, created: datetime) -> bool:
+        return (self.start is None or self.start <= created) and created < self.end
+
+    def epoch_seconds(self) -> tuple[int | None, int]:
+        """The bounds in whole seconds since the epoch, as Stripe's ``created`` filter takes them.
+        The audit cuts its windows on whole seconds, so nothing is lost in the rounding."""
+        start = None if self.start is None else math.floor(self.start.timestamp())
+        return start, math.ceil(self.end.timestamp())
+
+
 class LedgerUnavailable(Exception):
     """The receiver's ledger could not be read (network, 5xx): the audit records the error."""
 
@@ -217,8 +238,9 @@ class Receiver(Protocol):
         """Ask the receiver what it has for the action. Only called when the contract allows it."""
         ...
 
-    def ledger(self) -> Iterator[Effect]:
-        """Every effect the receiver has, for audits. Raises LedgerUnavailable."""
+    def ledger(self, window: LedgerWindow | None = None) -> Iterator[Effect]:
+        """The effects the receiver created in ``window`` (None: every effect), for audits,
+        read page by page. Raises LedgerUnavailable."""
         ...
 
 

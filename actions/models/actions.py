@@ -192,6 +192,8 @@ class Action(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["status", "created_at"], name="action_status_created_idx"),
             # The admin's kind filter and its search by the provider's reference.
             models.Index(fields=["kind", "created_at"], name="action_kind_created_idx"),
+            # The ledger audit reads one window of a kind's successes at a time.
+            models.Index(fields=["kind", "status", "status_changed_at"], name="action_kind_status_changed_idx"),
             models.Index(fields=["provider_reference"], name="action_provider_ref_idx"),
             # The review queue and the dispatcher only look at a handful of live statuses:
             # a partial index keeps those scans small however many resolved actions pile up.

@@ -87,6 +87,22 @@ class Discrepancy(models.Model):
         ordering = ["-detected_at"]
         verbose_name_plural = "discrepancies"
         indexes = [models.Index(fields=["status", "detected_at"], name="discrepancy_status_idx")]
+        # One row per finding: what was found, about which action, at which effect. Two audits
+        # (concurrent, or one resumed after a crash) that find the same thing store it once. A
+        # finding with no action is keyed by the effect alone: a NULL is never equal to a NULL
+        # in a plain unique constraint, so it gets a partial one of its own.
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "action", "provider_reference"],
+                condition=models.Q(action__isnull=False),
+                name="discrepancy_one_per_finding",
+            ),
+            models.UniqueConstraint(
+                fields=["kind", "provider_reference"],
+                condition=models.Q(action__isnull=True),
+                name="discrepancy_one_per_orphan_finding",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()}: {self.provider_reference or self.action_id}"
@@ -122,3 +138,15 @@ class LedgerAuditRun(models.Model):
     @property
     def ok(self) -> bool:
         return self.finished_at is not None and not self.error and self.discrepancies_found == 0
+
+
+class LedgerAuditCursor(models.Model):
+    """How far the ledger audit has read a kind's receiver: every effect created before
+    ``audited_until`` has been compared, and its findings stored in the same transaction."""
+
+    kind = models.CharField(max_length=32, unique=True)
+    audited_until = models.DateTimeField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} audited until {self.audited_until:%Y-%m-%d %H:%M:%S}"

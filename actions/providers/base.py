@@ -272,8 +272,12 @@ class Provider(Protocol):
         """
         ...
 
-    def iter_ledger(self) -> Iterator[ProviderRefund]:
-        """Every refund the receiver has (for audits), newest first. Raises LookupFailed."""
+    def iter_ledger(
+        self, *, created_from: int | None = None, created_before: int | None = None
+    ) -> Iterator[ProviderRefund]:
+        """The refunds the receiver created from ``created_from`` up to, not including,
+        ``created_before`` (seconds since the epoch; None: no bound), newest first, for audits.
+        Raises LookupFailed."""
         ...
 
 

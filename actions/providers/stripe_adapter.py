@@ -294,10 +294,19 @@ class StripeProvider:
                 found.append(refund)
         return found
 
-    def iter_ledger(self) -> Iterator[ProviderRefund]:
-        return self._list_refunds({})
+    def iter_ledger(
+        self, *, created_from: int | None = None, created_before: int | None = None
+    ) -> Iterator[ProviderRefund]:
+        # Stripe's list filter on the creation time: the audit reads one window at a time, and
+        # pages inside it with starting_after like any other list.
+        created: dict[str, int] = {}
+        if created_from is not None:
+            created["gte"] = created_from
+        if created_before is not None:
+            created["lt"] = created_before
+        return self._list_refunds({"created": created} if created else {})
 
-    def _list_refunds(self, filters: Mapping[str, str]) -> Iterator[ProviderRefund]:
+    def _list_refunds(self, filters: Mapping[str, Any]) -> Iterator[ProviderRefund]:
         # Manual pagination with starting_after, so each page's error goes through the same
         # mapping and the generator never skips a page silently.
         starting_after: str | None = None

@@ -61,7 +61,7 @@ class FakeAccountingLedger:
         self.effects = effects
         self.contract = adjustment_contract()
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: object = None) -> Iterator[Effect]:
         return iter(self.effects)
 
 

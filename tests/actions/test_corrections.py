@@ -124,7 +124,7 @@ class FakeLedger:
         )
     )
 
-    def iter_ledger(self) -> Any:
+    def iter_ledger(self, *, created_from: int | None = None, created_before: int | None = None) -> Any:
         return iter(self.refunds)
 
 

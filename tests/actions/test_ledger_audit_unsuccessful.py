@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from actions.engine.ledger import ledger_compare
 from actions.kinds import kind_for
+from actions.kinds.base import LedgerWindow
 from actions.kinds.refund.contract import effect_from_refund
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, DiscrepancyKind
@@ -19,6 +20,9 @@ from actions.services import Actor, action_transition
 from tests.factories import make_order, make_request
 
 pytestmark = pytest.mark.django_db
+
+# One window over all time: these tests are about what is judged, not where windows fall.
+EVERY_EFFECT = LedgerWindow(start=None, end=timezone.now() + timedelta(days=3650))
 
 
 def refund_for(action: Action, *, reference: str, status: RefundStatus = RefundStatus.SUCCEEDED) -> ProviderRefund:
@@ -58,8 +62,8 @@ def test_a_refund_for_a_cancelled_action_is_a_discrepancy(agent_actor: Actor, se
     result = ledger_compare(
         kind=kind_for("refund"),
         effects=[effect_from_refund(refund_for(action, reference="re_stray"))],
-        now=timezone.now(),
-        grace=timedelta(0),
+        window=EVERY_EFFECT,
+        judged_before=timezone.now(),
     )
 
     assert [(f.kind, f.provider_reference) for f in result.findings] == [
@@ -74,7 +78,7 @@ def test_a_failed_refund_for_a_cancelled_action_is_not_an_effect(agent_actor: Ac
 
     failed = refund_for(action, reference="re_failed", status=RefundStatus.FAILED)
     result = ledger_compare(
-        kind=kind_for("refund"), effects=[effect_from_refund(failed)], now=timezone.now(), grace=timedelta(0)
+        kind=kind_for("refund"), effects=[effect_from_refund(failed)], window=EVERY_EFFECT, judged_before=timezone.now()
     )
 
     assert result.findings == []

@@ -43,7 +43,7 @@ class UnreachableLookups:
     def send(self, action: Action) -> Answer:
         raise AssertionError("nothing is sent while the outcome is unknown")
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: object = None) -> Iterator[Effect]:
         return iter(())
 
 

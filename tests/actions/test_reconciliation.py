@@ -241,7 +241,9 @@ class FakeReceiver:
         self.calls.append("find_refunds")
         return [r for r in self.refunds if r.charge == charge and action_id in (None, r.action_id)]
 
-    def iter_ledger(self) -> Iterator[ProviderRefund]:
+    def iter_ledger(
+        self, *, created_from: int | None = None, created_before: int | None = None
+    ) -> Iterator[ProviderRefund]:
         self.calls.append("iter_ledger")
         return iter(list(self.refunds))
 

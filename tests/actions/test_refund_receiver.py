@@ -101,7 +101,9 @@ class StubProvider:
             raise self.found
         return self.found
 
-    def iter_ledger(self) -> Iterator[ProviderRefund]:
+    def iter_ledger(
+        self, *, created_from: int | None = None, created_before: int | None = None
+    ) -> Iterator[ProviderRefund]:
         for entry in self.ledger:
             if isinstance(entry, ProviderError):
                 raise entry

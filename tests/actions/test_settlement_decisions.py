@@ -61,7 +61,7 @@ class SettlingReceiver:
     def send(self, action: Action) -> Answer:
         raise AssertionError("a settling refund is never sent again")
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: object = None) -> Iterator[Effect]:
         return iter(())
 
 

@@ -149,7 +149,7 @@ class FakeReceiver:
             raise LookupFailed("lookup down")
         return [r for r in self.refunds if r.charge == charge and (action_id is None or r.action_id == action_id)]
 
-    def iter_ledger(self) -> Any:
+    def iter_ledger(self, *, created_from: int | None = None, created_before: int | None = None) -> Any:
         return iter(list(self.refunds))
 
     def settle(self, index: int, succeeded: bool) -> None:

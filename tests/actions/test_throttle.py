@@ -221,7 +221,7 @@ class RateLimitedLookups:
     def send(self, action: Action) -> Answer:
         raise AssertionError("nothing is sent while the outcome is unknown")
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: object = None) -> Iterator[Effect]:
         return iter(())
 
 

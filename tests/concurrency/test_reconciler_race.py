@@ -112,8 +112,10 @@ class TakenOverMidLookup:
     def create_refund(self, req: CreateRefund) -> ProviderRefund:
         raise AssertionError("a reconciler that found the refund must not create one")
 
-    def iter_ledger(self) -> Iterator[ProviderRefund]:
-        return self.real.iter_ledger()
+    def iter_ledger(
+        self, *, created_from: int | None = None, created_before: int | None = None
+    ) -> Iterator[ProviderRefund]:
+        return self.real.iter_ledger(created_from=created_from, created_before=created_before)
 
 
 def test_a_reconciler_whose_lease_was_taken_over_records_nothing(sandbox: SandboxClient, agent_actor: Actor) -> None:

@@ -37,7 +37,7 @@ class NoRefunds:
 
     contract = kind_for("refund").contract()
 
-    def ledger(self) -> Iterator[Any]:
+    def ledger(self, window: Any = None) -> Iterator[Any]:
         return iter(())
 
 

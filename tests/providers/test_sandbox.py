@@ -266,7 +266,9 @@ def test_it_validates_list_parameters(sandbox: SandboxClient, charge: Any) -> No
     assert sandbox.get("/v1/refunds", limit=0).status_code == 400
     assert sandbox.get("/v1/refunds", starting_after="re_missing").status_code == 400
     assert sandbox.get("/v1/refunds", charge="ch_missing").status_code == 404
-    assert sandbox.get("/v1/refunds", created="1").status_code == 400
+    # created is Stripe's range filter (created[gte]=...): a value that is no whole number is refused.
+    assert sandbox.get("/v1/refunds", created="soon").status_code == 400
+    assert sandbox.get("/v1/refunds", **{"created[gte]": "-1"}).status_code == 400
 
 
 # -- pending refunds ---------------------------------------------------------------------------

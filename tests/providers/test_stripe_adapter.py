@@ -359,3 +359,32 @@ def test_a_resend_after_key_retention_creates_a_duplicate_which_the_ledger_shows
     second = provider.create_refund(_request())
     assert second.id != first.id
     assert [r.action_id for r in provider.iter_ledger()] == [ACTION, ACTION]
+
+
+def test_the_ledger_lists_one_span_of_creation_times_and_pages_inside_it(
+    sandbox: SandboxClient, charge: Any
+) -> None:
+    """The audit's windows: created[gte] and created[lt] bound the list, and starting_after
+    pages inside the bounds without leaving them."""
+    provider = StripeProvider(api_key=API_KEY, api_base=sandbox.url, timeout_seconds=2, page_size=2)
+    created_at: dict[str, int] = {}
+    for hour in range(3):
+        for _ in range(3):
+            refund = sandbox.plant_refund(charge="ch_1", amount=100, metadata={"action_id": f"refund:h{hour}"})
+            created_at[refund["id"]] = refund["created"]
+        sandbox.advance_clock(3600)
+    second_hour = sorted(created_at.values())[3]
+
+    window = list(provider.iter_ledger(created_from=second_hour, created_before=second_hour + 3600))
+
+    assert sorted(r.id for r in window) == sorted(i for i, at in created_at.items() if at == second_hour)
+    assert {r.metadata["action_id"] for r in window} == {"refund:h1"}
+    assert len(list(provider.iter_ledger(created_before=second_hour))) == 3
+    assert len(list(provider.iter_ledger(created_from=second_hour))) == 6
+    assert len(list(provider.iter_ledger())) == 9
+
+
+def test_the_sandbox_refuses_a_created_filter_it_does_not_know(sandbox: SandboxClient, charge: Any) -> None:
+    response = sandbox.get("/v1/refunds", **{"created[after]": "1"})
+    assert response.status_code == 400
+    assert "created[after]" in response.json()["error"]["message"]

@@ -119,7 +119,7 @@ class OnlyAFailedRecord:
     def send(self, action: Action) -> Answer:
         raise AssertionError(f"{action.action_id} was sent again")
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: object = None) -> Iterator[Effect]:
         return iter(())
 
 

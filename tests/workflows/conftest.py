@@ -60,7 +60,7 @@ class ScriptedReceiver:
         found = [self._effect(action, ref) for key, ref in self.effects if key == action.idempotency_key]
         return Lookup(LookupVerdict.FOUND, found) if found else Lookup(LookupVerdict.NOT_FOUND)
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: object = None) -> Iterator[Effect]:
         return iter(())
 
 

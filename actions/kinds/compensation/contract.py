@@ -17,6 +17,7 @@ from actions.kinds.base import (
     Effect,
     EffectKind,
     Explanations,
+    LedgerWindow,
     Lookup,
     LookupVerdict,
     Outcome,
@@ -59,7 +60,7 @@ class FinanceDesk:
     def lookup(self, action: Action) -> Lookup:
         return Lookup(LookupVerdict.INCONCLUSIVE, error=RecoveryIsManual())
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: LedgerWindow | None = None) -> Iterator[Effect]:
         return iter(())
 
 

@@ -31,6 +31,7 @@ from actions.kinds.base import (
     EffectKind,
     Explanations,
     LedgerUnavailable,
+    LedgerWindow,
     Lookup,
     LookupVerdict,
     Outcome,
@@ -96,6 +97,7 @@ def effect_from_credit_note(note: CreditNote) -> Effect:
         currency=note.currency,
         action_id=note.reference or None,
         raw=dict(note.raw),
+        created=note.created,
     )
 
 
@@ -180,9 +182,10 @@ class AdjustmentReceiver:
         live = [effect for effect in effects if effect.outcome != Outcome.FAILED_FINAL]
         return lookup_from_effects(live or effects[:1])
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: LedgerWindow | None = None) -> Iterator[Effect]:
+        created_from, created_before = (window.start, window.end) if window is not None else (None, None)
         try:
-            for note in self.client.iter_ledger():
+            for note in self.client.iter_ledger(created_from=created_from, created_before=created_before):
                 yield effect_from_credit_note(note)
         except ProviderError as error:
             raise LedgerUnavailable(str(error)) from error

@@ -17,6 +17,7 @@ from actions.kinds.base import (
     Effect,
     EffectKind,
     Explanations,
+    LedgerWindow,
     Lookup,
     LookupVerdict,
     Outcome,
@@ -89,7 +90,7 @@ class VoidReceiver:
             return Lookup(LookupVerdict.NOT_FOUND)
         return Lookup(LookupVerdict.FOUND, [self._effect(note, action)])
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: LedgerWindow | None = None) -> Iterator[Effect]:
         return iter(())
 
 

@@ -9,7 +9,7 @@ expects their money.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -27,6 +27,7 @@ from actions.kinds.base import (
     EffectKind,
     Explanations,
     LedgerUnavailable,
+    LedgerWindow,
     Lookup,
     LookupVerdict,
     Outcome,
@@ -95,6 +96,7 @@ def effect_from_refund(refund: ProviderRefund) -> Effect:
         currency=refund.currency.upper(),
         action_id=refund.action_id,
         raw=dict(refund.raw),
+        created=datetime.fromtimestamp(refund.created, tz=UTC),
     )
 
 
@@ -180,9 +182,10 @@ class RefundReceiver:
             return Lookup(LookupVerdict.INCONCLUSIVE, error=error)
         return lookup_from_effects([effect_from_refund(refund) for refund in refunds])
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: LedgerWindow | None = None) -> Iterator[Effect]:
+        created_from, created_before = window.epoch_seconds() if window is not None else (None, None)
         try:
-            for refund in self.provider.iter_ledger():
+            for refund in self.provider.iter_ledger(created_from=created_from, created_before=created_before):
                 yield effect_from_refund(refund)
         except ProviderError as error:
             raise LedgerUnavailable(str(error)) from error

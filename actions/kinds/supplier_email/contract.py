@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import requests
@@ -36,6 +36,7 @@ from actions.kinds.base import (
     EffectKind,
     Explanations,
     LedgerUnavailable,
+    LedgerWindow,
     Lookup,
     LookupVerdict,
     Outcome,
@@ -131,7 +132,15 @@ def effect_from_ledger_row(row: dict[str, Any]) -> Effect:
         currency="",
         action_id=str(row.get("action_id") or "") or None,
         raw={k: row.get(k) for k in ("id", "message_id", "action_id", "rcpt_to", "subject", "possible_repeat")},
+        created=received_at(row),
     )
+
+
+def received_at(row: dict[str, Any]) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(row["received_at"]))
+    except (KeyError, ValueError):
+        return None
 
 
 # --- what is sent -------------------------------------------------------------------------
@@ -182,8 +191,9 @@ class MailRelay:
     def lookup(self, action: Action) -> Lookup:
         return Lookup(LookupVerdict.INCONCLUSIVE, error=MailAmbiguous("A mailbox cannot be asked."))
 
-    def ledger(self) -> Iterator[Effect]:
-        """The mail sandbox's list of accepted messages. A real relay has none: then nothing."""
+    def ledger(self, window: LedgerWindow | None = None) -> Iterator[Effect]:
+        """The mail sandbox's list of accepted messages. A real relay has none: then nothing.
+        The list has no filter, so a window is cut here, from each message's receipt time."""
         if not self.ledger_url:
             return iter(())
         try:
@@ -195,7 +205,10 @@ class MailRelay:
         # In the demo the console's notifications to its own people go through the same sandbox
         # (actions/notifications.py); they are not supplier emails, and are not effects to audit.
         ours = settings.NOTIFICATION_EMAIL_FROM
-        return iter([effect_from_ledger_row(row) for row in rows if row.get("mail_from") != ours])
+        effects = (effect_from_ledger_row(row) for row in rows if row.get("mail_from") != ours)
+        return iter(
+            [e for e in effects if window is None or e.created is None or window.holds(e.created)]
+        )
 
 
 # --- the kind -----------------------------------------------------------------------------

@@ -16,8 +16,10 @@ connection, 5xx, 429, key in flight), IdempotencyMismatchError, NotFoundError.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -77,6 +79,12 @@ class CreateCreditNote:
         }
 
 
+def json_date(value: Any) -> datetime | None:
+    """A date in the accounting system's JSON form, ``/Date(1733421600000+0000)/``; None if absent."""
+    match = re.fullmatch(r"/Date\((-?\d+)([+-]\d{4})?\)/", str(value or ""))
+    return datetime.fromtimestamp(int(match.group(1)) / 1000, tz=UTC) if match else None
+
+
 @dataclass(frozen=True)
 class CreditNote:
     id: str
@@ -87,6 +95,7 @@ class CreditNote:
     currency: str
     invoice_id: str | None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    created: datetime | None = field(default=None, compare=False)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CreditNote:
@@ -103,6 +112,7 @@ class CreditNote:
             currency=str(data.get("CurrencyCode", "")).upper(),
             invoice_id=invoice_id,
             raw=data,
+            created=json_date(data.get("CreatedDateUTC")),
         )
 
 
@@ -253,11 +263,21 @@ class AccountingClient:
         )
         return self._one_credit_note(body)
 
-    def iter_ledger(self) -> Iterator[CreditNote]:
-        """Every credit note, page by page (GET /CreditNotes?page=N). Raises LookupFailed."""
+    def iter_ledger(
+        self, *, created_from: datetime | None = None, created_before: datetime | None = None
+    ) -> Iterator[CreditNote]:
+        """The credit notes created from ``created_from`` up to, not including, ``created_before``
+        (None: no bound), page by page (GET /CreditNotes?where=...&page=N). Raises LookupFailed."""
+        clauses = [
+            f"CreatedDateUTC{operator}DateTime({when.astimezone(UTC):%Y,%m,%d,%H,%M,%S})"
+            for operator, when in ((">=", created_from), ("<", created_before))
+            if when is not None
+        ]
+        where = {"where": "&&".join(clauses)} if clauses else {}
         page = 1
         while True:
-            notes = self._call("GET", "/CreditNotes", lookup=True, params={"page": page}).get("CreditNotes") or []
+            body = self._call("GET", "/CreditNotes", lookup=True, params={**where, "page": page})
+            notes = body.get("CreditNotes") or []
             for note in notes:
                 yield CreditNote.from_json(note)
             if len(notes) < PAGE_SIZE:

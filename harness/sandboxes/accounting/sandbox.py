@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import sqlite3
 import threading
@@ -30,6 +31,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import parse_qsl
@@ -44,6 +46,29 @@ IDEMPOTENCY_KEY_MAX_LENGTH = 255
 # Modes that mean nothing to an accounting system: credit notes do not settle later.
 UNSUPPORTED_MODES = frozenset({"pending", "created_with_status"})
 PAGE_SIZE = 100
+_CREATED_BOUND = re.compile(
+    r"^CreatedDateUTC(>=|<)DateTime\((\d{4}),(\d{1,2}),(\d{1,2}),(\d{1,2}),(\d{1,2}),(\d{1,2})\)$"
+)
+
+
+def _created_bounds(where: str) -> list[tuple[str, float]]:
+    """The creation-time bounds of a ``where`` clause, as (operator, seconds since the epoch)."""
+    if not where:
+        return []
+    bounds = []
+    for clause in where.replace(" ", "").split("&&"):
+        match = _CREATED_BOUND.match(clause)
+        if match is None:
+            raise validation_error(
+                "Only CreatedDateUTC>=DateTime(y,m,d,h,m,s)&&CreatedDateUTC<DateTime(...) is supported."
+            )
+        try:
+            year, month, day, hour, minute, second = (int(part) for part in match.groups()[1:])
+            when = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+        except ValueError:
+            raise validation_error(f"Not a date: {clause}") from None
+        bounds.append((match.group(1), when.timestamp()))
+    return bounds
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS invoices (
@@ -581,9 +606,13 @@ class AccountingSandbox:
         return response
 
     def list_credit_notes(self, query: str) -> Response:
-        """GET /CreditNotes?where=Reference=="..." (only what is visible yet), or ?page=N."""
+        """GET /CreditNotes?where=Reference=="..." (only what is visible yet), or ?page=N, optionally
+        within a span of creation times: ``where=CreatedDateUTC>=DateTime(2026,12,05,18,00,00)&&
+        CreatedDateUTC<DateTime(...)``, in the accounting system's where syntax."""
         params = dict(parse_qsl(query, keep_blank_values=True))
         where = params.get("where")
+        if where is not None and where.replace(" ", "").startswith("CreatedDateUTC"):
+            params["where_created"], where = where, None
         with self._tx() as db:
             now = self.now()
             if where is not None:
@@ -600,9 +629,14 @@ class AccountingSandbox:
                     page = max(int(params.get("page", "1")), 1)
                 except ValueError:
                     raise validation_error("page must be a whole number.") from None
+                conditions, args = ["visible_at <= ?"], [now]
+                for operator, seconds in _created_bounds(params.get("where_created", "")):
+                    conditions.append(f"created_at {operator} ?")
+                    args.append(seconds)
+                # Only fixed fragments are interpolated; every value is a bound parameter.
+                sql = f"SELECT * FROM credit_notes WHERE {' AND '.join(conditions)}"  # noqa: S608
                 rows = db.execute(
-                    "SELECT * FROM credit_notes WHERE visible_at <= ? ORDER BY seq LIMIT ? OFFSET ?",
-                    (now, PAGE_SIZE, (page - 1) * PAGE_SIZE),
+                    sql + " ORDER BY seq LIMIT ? OFFSET ?", (*args, PAGE_SIZE, (page - 1) * PAGE_SIZE)
                 ).fetchall()
             return Response(200, {"CreditNotes": [self._credit_json(db, row) for row in rows]})
 
@@ -640,6 +674,7 @@ class AccountingSandbox:
             "RemainingCredit": _money(Decimal(row["total"]) - Decimal(row["allocated"])),
             "Status": row["status"],
             "UpdatedDateUTC": f"/Date({int(row['updated_at'] * 1000)}+0000)/",
+            "CreatedDateUTC": f"/Date({int(row['created_at'] * 1000)}+0000)/",
             "Allocations": [],
         }
         if row["invoice_id"] and Decimal(row["allocated"]):

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Iterator
 from datetime import timedelta
 
-from actions.kinds.base import Answer, Effect, Lookup, LookupVerdict, Outcome, ReceiverContract, StepClass
+from actions.kinds.base import Answer, Effect, LedgerWindow, Lookup, LookupVerdict, Outcome, ReceiverContract, StepClass
 from actions.models import Action
 from actions.providers.money import to_minor_units
 
@@ -53,5 +53,6 @@ class Board:
             return Lookup(LookupVerdict.NOT_FOUND)
         return Lookup(LookupVerdict.FOUND if len(found) == 1 else LookupVerdict.DUPLICATE, found)
 
-    def ledger(self) -> Iterator[Effect]:
+    def ledger(self, window: LedgerWindow | None = None) -> Iterator[Effect]:
+        # A board keeps no times: every window lists every note.
         return iter(list(self.notes.values()))
