@@ -8,6 +8,7 @@ import pytest
 from actions import plain
 from actions.kinds.base import error_json
 from actions.providers.base import AmbiguousError, NotFoundError
+from actions.review.selectors.common import effect_fields
 
 TRANSITIONS_IN_THE_CODE = [
     "agent_owner_changed", "approve", "assign_owner", "begin_submission", "cancel", "escalate", "invalidate",
@@ -102,3 +103,17 @@ def test_discrepancy_evidence_is_rows_with_money_and_currency() -> None:
     assert rows["Action named by the provider's record"] == "none"
     assert rows["Amount"] == "12.50 EUR"
     assert "(minor units, currency not recorded)" in plain.minor_to_text(1250, "")
+
+
+@pytest.mark.parametrize(
+    ("record", "words"),
+    [
+        # The accounting system writes a credit note's total as a JSON number: 40.0.
+        ({"CreditNoteID": "cn-1", "Status": "AUTHORISED", "Total": 40.0, "CurrencyCode": "EUR"}, "(40.00 EUR)"),
+        ({"CreditNoteID": "cn-2", "Status": "AUTHORISED", "Total": 1200, "CurrencyCode": "JPY"}, "(1,200 JPY)"),
+        ({"id": "re_1", "status": "succeeded", "amount": 4050, "currency": "eur"}, "(40.50 EUR)"),
+    ],
+)
+def test_a_lookup_names_the_money_it_found_with_its_currencys_places(record: dict[str, object], words: str) -> None:
+    fields = effect_fields(record)
+    assert f"({fields['amount']})" == words

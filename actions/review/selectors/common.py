@@ -145,7 +145,7 @@ def effect_fields(record: dict[str, Any]) -> dict[str, str]:
             "noun": "credit note",
             "id": str(record.get("CreditNoteID", "?")),
             "status": str(record.get("Status", "?")),
-            "amount": f"{record.get('Total')} {record.get('CurrencyCode', '')}".strip(),
+            "amount": money_text(record.get("Total"), record.get("CurrencyCode")),
             "created": str(record.get("UpdatedDateUTC", "")),
         }
     return {
