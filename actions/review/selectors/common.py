@@ -141,19 +141,17 @@ def effect_fields(record: dict[str, Any]) -> dict[str, str]:
     """A receiver's record of an effect, as the pages name it: a Stripe-shaped refund, or a
     Xero-shaped credit note (an invoice adjustment's effect)."""
     if "CreditNoteID" in record:
-        return {
-            "noun": "credit note",
-            "id": str(record.get("CreditNoteID", "?")),
-            "status": str(record.get("Status", "?")),
-            "amount": money_text(record.get("Total"), record.get("CurrencyCode")),
-            "created": str(record.get("UpdatedDateUTC", "")),
-        }
+        noun, key, status, created = "credit note", "CreditNoteID", "Status", "UpdatedDateUTC"
+        amount = money_text(record.get("Total"), record.get("CurrencyCode"))
+    else:
+        noun, key, status, created = "refund", "id", "status", "created"
+        amount = _money_minor(record.get("amount"), record.get("currency"))
     return {
-        "noun": "refund",
-        "id": str(record.get("id", "?")),
-        "status": str(record.get("status", "?")),
-        "amount": _money_minor(record.get("amount"), record.get("currency")),
-        "created": str(record.get("created", "")),
+        "noun": noun,
+        "id": str(record.get(key, "?")),
+        "status": str(record.get(status, "?")),
+        "amount": amount,
+        "created": str(record.get(created, "")),
     }
 
 
