@@ -43,7 +43,7 @@ def people(db: Any) -> dict[str, Any]:
 
 def reassign_options(page: str) -> set[str]:
     select = re.search(r'<select name="owner"[^>]*>(.*?)</select>', page, flags=re.DOTALL)
-    assert select is not None, "the queue row offers no Reassign list"
+    assert select is not None, "the page offers no Reassign list"
     # The people offered: every option but the blank "Choose a person…" that comes first.
     return set(re.findall(r'<option value="\d+"[^>]*>([^<]+)</option>', select.group(1)))
 

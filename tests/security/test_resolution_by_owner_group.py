@@ -37,7 +37,6 @@ refused attempt must not even ask it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -79,6 +78,7 @@ from approvals.services import approval_decide
 from tests.actions.test_admin_credit_note_void import duplicate_credit_note_found, succeeded_adjustment
 from tests.actions.test_corrections import duplicate_found, succeeded_refund
 from tests.actions.test_reconciliation import authorized_refund
+from tests.actions.test_review_reassign import reassign_options
 from tests.factories import make_adjustment_request, make_bill, make_order, make_request, make_user
 from tests.kinds.test_supplier_email import approved_email
 
@@ -527,12 +527,6 @@ def test_the_owner_group_an_admin_maps_a_kind_to_is_the_one_that_resolves_it(
 
 def resolve_forms(page: str) -> list[str]:
     return [form for form in ("resolve-succeeded", "resolve-failed") if f'id="{form}"' in page]
-
-
-def reassign_options(page: str) -> set[str]:
-    select = re.search(r'<select name="owner"[^>]*>(.*?)</select>', page, flags=re.DOTALL)
-    assert select is not None, "the page offers no Reassign list"
-    return set(re.findall(r"<option [^>]*>([^<]+)</option>", select.group(1)))
 
 
 def test_the_detail_page_shows_the_resolutions_only_to_the_owner_group_and_says_why_to_others(
