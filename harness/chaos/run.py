@@ -1222,6 +1222,18 @@ class ChaosRun:
         host, port = address.hostname or "127.0.0.1", str(address.port or 6379)
         # SHUTDOWN closes the connection it came on: redis-cli then reports an error, as expected.
         subprocess.run(["redis-cli", "-h", host, "-p", port, "shutdown", "nosave"], capture_output=True, timeout=30)
+        # The old server may still hold the port for a moment after redis-cli returns; a new one
+        # started then fails to bind in the background (it daemonizes first) and the old one
+        # answers the ping below. Wait until nothing answers.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                redis.Redis.from_url(self.broker_url, socket_connect_timeout=1).ping()
+            except redis.ConnectionError:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the broker's Redis at {host}:{port} still answers after SHUTDOWN")
+            time.sleep(0.1)
         subprocess.run(
             ["redis-server", "--daemonize", "yes", "--bind", host, "--port", port, "--save", "", "--appendonly", "no"],
             check=True,
