@@ -16,10 +16,13 @@ from harness.chaos.run import ChaosConfig, ChaosRun
 
 # How far past its stale threshold (SCHEDULE_STALE_PERIODS intervals: 3 s here) a sweep may age
 # while the survivor runs alone, in this run. The report's own verdict holds the threshold itself
-# and is printed; the bound here has slack for the sampler's 1 s steps and for the whole suite's
-# load on a 2-core machine: the periodic tasks on their own queue and worker measured 1.4 to
-# 3.1 s in a run outside the suite, where they had aged 8 to 26 s behind the dispatch backlog.
-SWEEP_AGE_BOUND_IN_THRESHOLDS = 2
+# and is printed; the bound here has slack for the sampler's 1 s steps, for the whole suite's load
+# on a 2-core machine, and for this run's PostgreSQL restart, which may fall while the survivor
+# runs alone and during which no sweep can finish. Measured with the periodic tasks on their own
+# queue and worker: 1.2 to 6.2 s in CI (two sweeps at 6.2 s across the restart), 1.4 to 3.1 s
+# in a run without the restart; behind the dispatch backlog, before that queue, they aged 8 to
+# 26 s without a restart.
+SWEEP_AGE_BOUND_IN_THRESHOLDS = 3
 
 pytestmark = [
     pytest.mark.postgres,
