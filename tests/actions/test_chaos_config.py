@@ -18,6 +18,7 @@ from actions.services import Actor
 from harness.chaos import run as chaos
 from harness.chaos.run import ChaosConfig, ChaosReport, postgres_restart_command
 from tests.actions.test_admin_credit_note_void import credit_note, succeeded_adjustment
+from tests.processes import wait_until
 
 
 def test_by_default_at_least_a_third_of_the_actions_are_adjustments() -> None:
@@ -111,6 +112,15 @@ def test_the_proposals_of_every_kind_are_spread_over_the_whole_run() -> None:
         assert third.count("adjustment") >= 35
 
 
+def _answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.ConnectionError:
+        return False
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[str]:
     """A Redis server of the test's own, on a free port (the chaos run restarts only such a one)."""
@@ -129,6 +139,8 @@ def own_redis(tmp_path: Path) -> Iterator[str]:
         timeout=30,
     )
     url = f"redis://127.0.0.1:{port}/0"
+    # --daemonize returns before the server listens: wait, with a deadline, until it answers.
+    wait_until(lambda: _answers(url), timeout=30, what="the test's own Redis server to answer")
     yield url
     subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=30)
 
