@@ -72,6 +72,13 @@ class LedgerComparison:
 ACTION_IDS_PER_QUERY = 5000
 
 
+def duplicate_key(references: list[str]) -> str:
+    """The reference a duplicate is stored under, the same whichever window of the audit or
+    whichever reconciliation's lookup saw its copies, and in whatever order the receiver listed
+    them: one row per duplicate (Discrepancy's unique key)."""
+    return min(references)
+
+
 def in_chunks(action_ids: Iterable[str]) -> Iterator[list[str]]:
     ids = list(action_ids)
     for start in range(0, len(ids), ACTION_IDS_PER_QUERY):
@@ -246,8 +253,7 @@ def _effects_against_their_action(
                 if len(effects) <= 1 + send_again_decisions
                 else DiscrepancyKind.DUPLICATE_EFFECT,
                 action_id,
-                # The same reference whichever window or lookup saw the copies: one key per duplicate.
-                min(e.reference for e in effects),
+                duplicate_key([e.reference for e in effects]),
                 {
                     "effects": sorted(e.reference for e in effects),
                     "count": len(effects),

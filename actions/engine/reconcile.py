@@ -34,6 +34,7 @@ from actions.engine.dispatch import submission_send_and_record
 from actions.engine.escalation import action_escalate
 from actions.engine.faults import fault_point
 from actions.engine.leases import Lease, lease_take
+from actions.engine.ledger import duplicate_key
 from actions.engine.outcomes import apply_outcome, next_reconcile_time, not_before_retry_after
 from actions.engine.send import receiver_for
 from actions.foundation.clock import database_clock_now
@@ -238,11 +239,13 @@ def _record(
 def _record_duplicate(*, action: Action, lookup: Lookup, now: datetime, evidence: dict[str, Any]) -> str:
     """The receiver holds more than one effect for the action: a discrepancy, and a person."""
     references = [effect.reference for effect in lookup.effects]
-    Discrepancy.objects.create(
+    # The ledger audit may have stored this duplicate first, under the same key: one row, and the
+    # action still goes to a person (a second insert would roll the escalation back, every sweep).
+    Discrepancy.objects.get_or_create(
         kind=DiscrepancyKind.DUPLICATE_EFFECT,
         action=action,
-        provider_reference=references[0],
-        details={"effects": references, "found_by": "reconciliation"},
+        provider_reference=duplicate_key(references),
+        defaults={"details": {"effects": references, "found_by": "reconciliation"}},
     )
     action_escalate(
         action=action,

@@ -16,9 +16,10 @@ from django.db.models import CharField, Count, Min, Q, Sum, Value, When
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from actions.foundation.trail import trail_events
 from actions.kinds import all_kinds, kind_for
-from actions.models import Action, ActionEvent, ActionStatus, Bill, Order, OrderEvent
-from actions.models.actions import TERMINAL_STATUSES
+from actions.models import Action, ActionStatus, Bill, Order, OrderEvent
+from actions.models.actions import TERMINAL_STATUSES, AuditEvent
 from approvals.models import Approval, ApprovalLimit, Decision
 from approvals.selectors.rows import (
     INBOX_GROUPS_PER_PAGE,
@@ -49,7 +50,7 @@ class Inbox:
 
 @dataclass(frozen=True)
 class AuditLine:
-    event: ActionEvent
+    event: AuditEvent
     evidence_json: str
 
 
@@ -312,7 +313,7 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
     ]
     trail = [
         AuditLine(event=event, evidence_json=json.dumps(event.evidence, indent=2, sort_keys=True, default=str))
-        for event in ActionEvent.objects.filter(action_id=action.pk).order_by("created_at", "id")
+        for event in trail_events(action_id=action.pk)
     ]
     return ProposalDetail(
         row=row,

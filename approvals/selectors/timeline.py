@@ -7,7 +7,9 @@ from datetime import datetime
 from typing import Any
 
 from actions import plain
-from actions.models import Action, ActionEvent, ActionStatus
+from actions.foundation.trail import trail_events
+from actions.models import Action, ActionStatus
+from actions.models.actions import AuditEvent
 from approvals.selectors.inbox import proposal_row_get
 from approvals.selectors.rows import ProposalRow
 
@@ -51,7 +53,7 @@ class TimelineStep:
     technical: str = ""
 
 
-def outcome_timeline(action: Action, events: list[ActionEvent], *, receiver: str) -> list[TimelineStep]:
+def outcome_timeline(action: Action, events: list[AuditEvent], *, receiver: str) -> list[TimelineStep]:
     """Proposed -> approved -> sent -> succeeded re_..., from the audit trail, in words for a
     clerk; the raw reason goes to the step's technical details. An action still on its way ends
     with the step it waits for."""
@@ -101,6 +103,6 @@ def outcome_timeline(action: Action, events: list[ActionEvent], *, receiver: str
 def action_outcome_get(*, action_pk: int, user: Any) -> tuple[ProposalRow, list[TimelineStep]]:
     """A proposal's card and its outcome timeline, as they are now (the detail page's live part)."""
     row = proposal_row_get(action_pk=action_pk, user=user)
-    events = list(ActionEvent.objects.filter(action_id=action_pk).order_by("created_at", "id"))
+    events = trail_events(action_id=action_pk)
     return row, outcome_timeline(row.action, events, receiver=row.receiver)
 

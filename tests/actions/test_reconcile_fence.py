@@ -123,3 +123,28 @@ def test_two_effects_for_one_action_are_a_discrepancy_for_a_named_person(agent_a
     )
     assert escalation.evidence["effects"] == ["re_settling_1", "re_settling_2"]
     assert (escalation.evidence["attempt_id"], escalation.evidence["verdict"]) == (lookup.pk, LookupVerdict.DUPLICATE)
+
+
+def test_a_duplicate_the_ledger_audit_stored_first_still_goes_to_a_person_on_one_row(
+    agent_actor: Actor, finance: Any
+) -> None:
+    """The hourly audit can find a duplicate before reconciliation does: both store it under the
+    same key, and reconciliation's record (the escalation with it) is not rolled back by it."""
+    action = unknown_and_due(agent_actor)
+    first = refund_effect(action, "succeeded", Outcome.SUCCEEDED)
+    second = dataclasses.replace(first, reference="re_settling_2", raw={"id": "re_settling_2"})
+    Discrepancy.objects.create(
+        kind=DiscrepancyKind.DUPLICATE_EFFECT,
+        action=action,
+        provider_reference="re_settling_1",
+        details={"effects": ["re_settling_1", "re_settling_2"], "count": 2},
+    )
+
+    duplicate = Lookup(LookupVerdict.DUPLICATE, effects=[first, second])
+    assert reconcile_action(action_pk=action.pk, receiver=SettlingReceiver(duplicate)) == S.NEEDS_REVIEW
+
+    stored = Action.objects.get(pk=action.pk)
+    assert (stored.status, stored.owner) == (S.NEEDS_REVIEW, finance)
+    [discrepancy] = Discrepancy.objects.all()
+    assert discrepancy.provider_reference == "re_settling_1"
+    assert discrepancy.details["count"] == 2, "the audit's row is kept as it was"

@@ -136,7 +136,7 @@ def test_archiving_a_month_of_closed_actions_keeps_the_trail_verified(agent_acto
 
 @pytest.mark.django_db(transaction=True)
 def test_an_archived_actions_page_and_bundle_still_show_its_events(
-    agent_actor: Actor, finance: Any, tmp_path: Path
+    agent_actor: Actor, finance: Any, manager: Any, tmp_path: Path
 ) -> None:
     action = refund(agent_actor, cancel=True)
     closed_long_ago(action)
@@ -149,6 +149,12 @@ def test_an_archived_actions_page_and_bundle_still_show_its_events(
     page = client.get(f"/review/actions/{action.pk}/")
     assert page.status_code == 200
     assert page.content.decode().count("not needed") >= 1  # the cancel event's reason
+    # The manager's page of the proposal shows its trail, and its live outcome part still answers.
+    client.force_login(manager)
+    detail = client.get(f"/approvals/{action.pk}/")
+    assert detail.status_code == 200
+    assert detail.content.decode().count('<li class="trail__item">') == 3
+    assert client.get(f"/approvals/{action.pk}/outcome").status_code == 200
 
     bundle = evidence_bundle(action_pk=action.pk)
     assert [event["content"]["sequence"] for event in bundle["events"]] == [1, 2, 3]
