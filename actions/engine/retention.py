@@ -50,6 +50,7 @@ from actions.models import (
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 200
+NOTIFICATIONS_PER_TOMBSTONE = 5000
 
 
 class ArchiveMoveFailed(Exception):
@@ -204,21 +205,27 @@ def notifications_prune(*, now: datetime | None = None) -> PruneRun:
     if days <= 0:
         return PruneRun(pruned=0, tombstones=0)
     cutoff = now - timedelta(days=days)
-    with transaction.atomic():
-        old = Notification.objects.select_for_update().filter(created_at__lt=cutoff)
-        rows = list(old.order_by("id").values_list("id", "created_at", "kind", "link"))
-        if not rows:
-            return PruneRun(pruned=0, tombstones=0)
-        tombstone_write(
-            record_type="notifications",
-            rule="NOTIFICATION_RETENTION_DAYS",
-            retention_days=days,
-            cutoff=cutoff,
-            records=[Pruned(pk=pk, at=at, digest=f"{kind} {link}") for pk, at, kind, link in rows],
-            now=now,
-        )
-        deleted, _ = Notification.objects.filter(pk__in=[pk for pk, *_ in rows]).delete()
-    return PruneRun(pruned=deleted, tombstones=1)
+    pruned = tombstones = 0
+    # A batch at a time, each under its own tombstone and transaction: the first run after
+    # retention is turned on may find years of them, more than one statement may name.
+    while True:
+        with transaction.atomic():
+            old = Notification.objects.select_for_update().filter(created_at__lt=cutoff).order_by("id")
+            rows = list(old.values_list("id", "created_at", "kind", "link")[:NOTIFICATIONS_PER_TOMBSTONE])
+            if not rows:
+                break
+            tombstone_write(
+                record_type="notifications",
+                rule="NOTIFICATION_RETENTION_DAYS",
+                retention_days=days,
+                cutoff=cutoff,
+                records=[Pruned(pk=pk, at=at, digest=f"{kind} {link}") for pk, at, kind, link in rows],
+                now=now,
+            )
+            deleted, _ = Notification.objects.filter(pk__in=[pk for pk, *_ in rows]).delete()
+        pruned += deleted
+        tombstones += 1
+    return PruneRun(pruned=pruned, tombstones=tombstones)
 
 
 @dataclass(frozen=True)
@@ -229,7 +236,7 @@ class RetentionRun:
 
 
 def retention_run(*, now: datetime | None = None) -> RetentionRun:
-    """The monthly run: archive what left the hot window, then prune what outlived retention."""
+    """The daily run: archive what left the hot window, then prune what outlived retention."""
     now = now or timezone.now()
     return RetentionRun(
         archived=archive_closed_actions(now=now),

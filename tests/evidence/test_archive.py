@@ -18,6 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from actions import tasks
+from actions.engine import retention
 from actions.engine.retention import archive_closed_actions, archive_prune
 from actions.evidence.bundle import evidence_bundle
 from actions.evidence.checkpoints import checkpoint_make
@@ -286,3 +287,21 @@ def test_the_periodic_run_archives_and_prunes_old_notifications_under_a_tombston
     tombstone = RetentionTombstone.objects.get(record_type="notifications")
     assert (tombstone.count, tombstone.first_id, tombstone.rule) == (1, old.pk, "NOTIFICATION_RETENTION_DAYS")
     assert tombstone_valid(tombstone, key=KEY.encode())
+
+
+def test_old_notifications_are_pruned_a_batch_at_a_time_each_under_its_own_tombstone(
+    finance: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "NOTIFICATIONS_PER_TOMBSTONE", 2)
+    now = timezone.now()
+    told = {"recipient": finance, "kind": NotificationKind.ESCALATED, "link": "/review/"}
+    long_ago = now - timedelta(days=settings.NOTIFICATION_RETENTION_DAYS + 1)
+    old = [Notification.objects.create(**told, title=f"old {n}", created_at=long_ago) for n in range(5)]
+
+    run = retention.notifications_prune(now=now)
+
+    assert (run.pruned, run.tombstones) == (5, 3)
+    assert not Notification.objects.exists()
+    tombstones = RetentionTombstone.objects.filter(record_type="notifications").order_by("first_id")
+    assert [(t.count, t.first_id) for t in tombstones] == [(2, old[0].pk), (2, old[2].pk), (1, old[4].pk)]
+    assert all(tombstone_valid(t, key=KEY.encode()) for t in tombstones)
