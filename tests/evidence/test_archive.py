@@ -26,7 +26,6 @@ from actions.foundation import sql
 from actions.foundation.security import security_event_record
 from actions.foundation.sql import trail_events
 from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
-from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import (
     Action,
     ActionEvent,
@@ -38,8 +37,9 @@ from actions.models import (
 )
 from actions.models.actions import TERMINAL_STATUSES
 from actions.review.services import action_owner_record
-from actions.services import Actor, action_cancel
-from tests.factories import PASSWORD, make_order, make_request
+from actions.services import Actor
+from tests.evidence.test_trail_chain import cancelled_refund, proposed_refund
+from tests.factories import PASSWORD
 from tools import verify_evidence
 
 pytestmark = pytest.mark.postgres
@@ -53,20 +53,6 @@ def trail_settings(settings: Any, tmp_path: Path) -> None:
     settings.NOTIFICATION_EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 
 
-def refund(proposer: Actor, *, cancel: bool) -> Action:
-    order = make_order(captured="100.00")
-    request = make_request(order)
-    action = action_propose_refund(
-        order_number=order.number,
-        request_number=request.number,
-        amount="10.00",
-        currency="EUR",
-        reason_code="damaged",
-        proposer=proposer,
-    ).action
-    if cancel:
-        action = action_cancel(action_pk=action.pk, actor=Actor.system("test"), reason="not needed")
-    return action
 
 
 def closed_long_ago(*actions: Action, days: int = 100) -> None:
@@ -104,8 +90,8 @@ def archive(*args: str) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_archiving_a_month_of_closed_actions_keeps_the_trail_verified(agent_actor: Actor, finance: Any) -> None:
-    closed = [refund(agent_actor, cancel=True) for _ in range(3)]
-    still_open = refund(agent_actor, cancel=False)
+    closed = [cancelled_refund(agent_actor) for _ in range(3)]
+    still_open = proposed_refund(agent_actor)
     assert still_open.status not in TERMINAL_STATUSES
     closed_long_ago(*closed, still_open)
     checkpoint_after_commits()
@@ -139,7 +125,7 @@ def test_archiving_a_month_of_closed_actions_keeps_the_trail_verified(agent_acto
 def test_an_archived_actions_page_and_bundle_still_show_its_events(
     agent_actor: Actor, finance: Any, manager: Any, tmp_path: Path
 ) -> None:
-    action = refund(agent_actor, cancel=True)
+    action = cancelled_refund(agent_actor)
     closed_long_ago(action)
     checkpoint_after_commits()
     assert archive_closed_actions().events == 3
@@ -168,7 +154,7 @@ def test_an_archived_actions_page_and_bundle_still_show_its_events(
 
 
 def test_a_delete_of_an_event_outside_the_archive_path_is_refused(agent_actor: Actor) -> None:
-    action = refund(agent_actor, cancel=True)
+    action = cancelled_refund(agent_actor)
     event = ActionEvent.objects.filter(action=action).first()
     assert event is not None
     for switch in ("SELECT 1", trail_events.ARCHIVING_ON, trail_events.PRUNING_ON):
@@ -190,7 +176,7 @@ def test_the_other_trails_still_refuse_a_delete_with_the_archives_switches_on(db
 
 
 def test_an_archived_event_is_pruned_only_under_its_tombstone(agent_actor: Actor) -> None:
-    action = refund(agent_actor, cancel=True)
+    action = cancelled_refund(agent_actor)
     closed_long_ago(action)
     archive_closed_actions()
     archived = ArchivedActionEvent.objects.filter(action=action).first()
@@ -207,7 +193,7 @@ def test_an_archived_event_is_pruned_only_under_its_tombstone(agent_actor: Actor
 def test_pruning_past_retention_leaves_a_signed_tombstone_and_a_tampered_one_is_caught(
     agent_actor: Actor, settings: Any
 ) -> None:
-    old, kept = refund(agent_actor, cancel=True), refund(agent_actor, cancel=True)
+    old, kept = cancelled_refund(agent_actor), cancelled_refund(agent_actor)
     closed_long_ago(old, kept)
     checkpoint_after_commits()
     archive_closed_actions()
@@ -272,7 +258,7 @@ def test_beat_runs_the_archive_daily(settings: Any) -> None:
 def test_the_periodic_run_archives_and_prunes_old_notifications_under_a_tombstone(
     agent_actor: Actor, finance: Any, settings: Any
 ) -> None:
-    action = refund(agent_actor, cancel=True)
+    action = cancelled_refund(agent_actor)
     closed_long_ago(action)
     now = timezone.now()
     told = {"recipient": finance, "kind": NotificationKind.ESCALATED, "link": "/review/"}

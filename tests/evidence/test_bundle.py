@@ -21,7 +21,8 @@ from actions.evidence.checkpoints import checkpoint_make
 from actions.foundation import sql
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.models import Action, ActionEvent
-from actions.services import Actor, action_cancel
+from actions.services import Actor
+from tests.evidence.test_trail_chain import cancelled_refund
 from tests.factories import PASSWORD, make_order, make_request
 from tools import verify_evidence
 
@@ -36,18 +37,6 @@ def trail_settings(settings: Any, tmp_path: Path) -> None:
     settings.TRAIL_CHECKPOINT_LOG = tmp_path / "checkpoints.jsonl"
 
 
-def cancelled_refund(proposer: Actor) -> Action:
-    order = make_order(captured="100.00")
-    request = make_request(order)
-    action = action_propose_refund(
-        order_number=order.number,
-        request_number=request.number,
-        amount="10.00",
-        currency="EUR",
-        reason_code="damaged",
-        proposer=proposer,
-    ).action
-    return action_cancel(action_pk=action.pk, actor=Actor.system("test"), reason="not needed")
 
 
 def checkpoint_after_commits() -> None:

@@ -42,22 +42,29 @@ def trail_settings(settings: Any, tmp_path: Path) -> None:
     settings.NOTIFICATION_EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 
 
+def proposed_refund(proposer: Actor) -> Action:
+    """A refund proposed and auto-approved: two events."""
+    order = make_order(captured="100.00")
+    request = make_request(order)
+    return action_propose_refund(
+        order_number=order.number,
+        request_number=request.number,
+        amount="10.00",
+        currency="EUR",
+        reason_code="damaged",
+        proposer=proposer,
+    ).action
+
+
+def cancelled_refund(proposer: Actor) -> Action:
+    """A refund proposed, auto-approved and cancelled: three events, and closed."""
+    action = proposed_refund(proposer)
+    return action_cancel(action_pk=action.pk, actor=Actor.system("test"), reason="not needed")
+
+
 def three_event_actions(proposer: Actor, count: int = 3) -> list[Action]:
     """Refunds proposed and auto-approved (two events), then cancelled (a third)."""
-    actions = []
-    for _ in range(count):
-        order = make_order(captured="100.00")
-        request = make_request(order)
-        action = action_propose_refund(
-            order_number=order.number,
-            request_number=request.number,
-            amount="10.00",
-            currency="EUR",
-            reason_code="damaged",
-            proposer=proposer,
-        ).action
-        actions.append(action_cancel(action_pk=action.pk, actor=Actor.system("test"), reason="not needed"))
-    return actions
+    return [cancelled_refund(proposer) for _ in range(count)]
 
 
 def events_of(action: Action) -> list[ActionEvent]:
