@@ -57,6 +57,12 @@ class Command(BaseCommand):
             default=defaults.periodic_concurrency,
             help="processes of each host's worker for the periodic tasks' queue",
         )
+        parser.add_argument(
+            "--sweep-interval",
+            type=int,
+            default=defaults.sweep_interval_seconds,
+            help="seconds between the sweeps' periods; their stale threshold is SCHEDULE_STALE_PERIODS of them",
+        )
         parser.add_argument("--kill-every", type=float, default=defaults.kill_every_seconds, help="seconds")
         parser.add_argument(
             "--create-faults",
@@ -147,6 +153,8 @@ class Command(BaseCommand):
             raise CommandError("--hosts must be at least 1.")
         if options["periodic_concurrency"] < 1:
             raise CommandError("--periodic-concurrency must be at least 1: the sweeps need a process.")
+        if options["sweep_interval"] < 1:
+            raise CommandError("--sweep-interval must be at least 1 second.")
         if not 0 <= options["lose_host_at"] < 1:
             raise CommandError("--lose-host-at must be at least 0 and below 1.")
         if options["hosts"] == 1 and (options["lose_host_at"] or options["skew_seconds"]):
@@ -160,6 +168,7 @@ class Command(BaseCommand):
             dispatchers=options["dispatchers"],
             dispatcher_concurrency=options["dispatcher_concurrency"],
             periodic_concurrency=options["periodic_concurrency"],
+            sweep_interval_seconds=options["sweep_interval"],
             kill_every_seconds=options["kill_every"],
             create_fault_probability=options["create_faults"],
             lookup_fault_probability=options["lookup_faults"],
