@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -39,6 +39,7 @@ from actions.foundation.chain import (
     sign,
 )
 from actions.foundation.signing import signing_key
+from actions.foundation.sql.trail_events import trail_snapshot
 from actions.models import ActionEvent, ArchivedActionEvent, Checkpoint
 
 __all__ = ["signing_key"]  # read here by the checkpoints' callers
@@ -119,7 +120,9 @@ def checkpoint_make(*, now: datetime | None = None) -> CheckpointRun:
     key = signing_key()
     made: Checkpoint | None = None
     try:
-        with transaction.atomic(durable=True):
+        # One snapshot for the live trail and its archive: an archive batch committing between
+        # the two tables' reads would otherwise be counted twice, or not at all, and signed so.
+        with trail_snapshot(durable=True):
             # First, before this transaction has an id of its own.
             txid_below = sql.transactions_ended_below()
             previous = Checkpoint.objects.order_by("-number").first()

@@ -43,6 +43,7 @@ from actions.foundation.chain import (
     row_event_content,
 )
 from actions.foundation.chain import signature_valid as hmac_valid
+from actions.foundation.sql.trail_events import trail_snapshot
 from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
 from actions.models import Action, ActionEvent, ArchivedActionEvent, Checkpoint, RetentionTombstone
 from actions.notifications import trail_break_notify
@@ -168,13 +169,16 @@ def _actions_events() -> Iterator[list[dict[str, Any]]]:
         yield group
 
 
-def checkpoints_first_break(*, key: bytes, pruned: dict[str, int] | None = None) -> tuple[int, Break | None]:
+def checkpoints_first_break(
+    *, key: bytes, pruned: dict[str, int] | None = None, file_lines: list[dict[str, Any]] | None = None
+) -> tuple[int, Break | None]:
     """Check every checkpoint in order: its link to the one before, its hash, its signature, its
     root over the events of its period, and its line in the file. (count, first break).
-    ``pruned``: how many of each checkpoint's events valid tombstones account for, by number."""
+    ``pruned``: how many of each checkpoint's events valid tombstones account for, by number.
+    ``file_lines``: the checkpoint file as read before the checkpoints' rows (read now if None)."""
     pruned = pruned or {}
     previous: Checkpoint | None = None
-    lines = {line.get("number"): line for line in checkpoint_log_read()}
+    lines = {line.get("number"): line for line in (checkpoint_log_read() if file_lines is None else file_lines)}
     count = 0
     for checkpoint in Checkpoint.objects.order_by("number"):
         count += 1
@@ -230,7 +234,17 @@ def _period_difference(checkpoint: Checkpoint, found: list[int], *, pruned: int 
 def trail_verify(*, key: bytes) -> TrailReport:
     """Recompute every action's chain and every checkpoint. Breaks in event key order, the
     first broken link of each action (the links after it follow from it), then the first broken
-    checkpoint."""
+    checkpoint.
+
+    The file first: a line is appended only after its checkpoint's row commits, so every line
+    read before the snapshot has its row in it. Then everything else in one snapshot, so that an
+    archive batch or a pruning committing meanwhile shows nowhere as a break."""
+    file_lines = checkpoint_log_read()
+    with trail_snapshot():
+        return _trail_verify_in_snapshot(key=key, file_lines=file_lines)
+
+
+def _trail_verify_in_snapshot(*, key: bytes, file_lines: list[dict[str, Any]]) -> TrailReport:
     report = TrailReport()
     for rows in _actions_events():
         report.actions += 1
@@ -240,7 +254,7 @@ def trail_verify(*, key: bytes) -> TrailReport:
             report.breaks.append(found)
     report.breaks.sort(key=lambda b: b.event_id or 0)
     report.tombstones, tombstone_breaks, pruned = tombstones_check(key=key)
-    report.checkpoints, checkpoint_break = checkpoints_first_break(key=key, pruned=pruned)
+    report.checkpoints, checkpoint_break = checkpoints_first_break(key=key, pruned=pruned, file_lines=file_lines)
     if checkpoint_break is not None:
         report.breaks.append(checkpoint_break)
     report.breaks.extend(tombstone_breaks)

@@ -197,8 +197,10 @@ def backfill_trail_hashes(apps: Any, schema_editor: Any) -> None:
 # - a live event, while ``console.archiving`` is on, and only once its identical copy (same key,
 #   same hashes) is in the archive: the archive moves closed actions' events, it never drops one;
 # - an archived event, while ``console.pruning`` is on, and only when the range of keys of a
-#   tombstone of pruned audit events covers it: past the trail's retention an event may go,
-#   never without a signed statement of what went (actions.foundation.tombstones).
+#   tombstone of pruned audit events, written by this same transaction, covers it: past the
+#   trail's retention an event may go, never without a signed statement of what went
+#   (actions.foundation.tombstones). An older tombstone's range may cover events of actions
+#   that were kept (keys interleave between actions), so it lets nothing go.
 #
 # Why a setting and not a second role or a disabled trigger: ``SET LOCAL`` ends with its
 # transaction, so a forgotten reset cannot leave the trail open; the switch is named in the one
@@ -220,6 +222,7 @@ BEGIN
         IF current_setting('console.pruning', true) = 'on' AND EXISTS (
             SELECT 1 FROM actions_retentiontombstone AS t
             WHERE t.record_type = 'audit events' AND OLD.id BETWEEN t.first_id AND t.last_id
+                AND t.txid = pg_current_xact_id()::text::bigint
         ) THEN
             RETURN OLD;
         END IF;

@@ -17,7 +17,7 @@ from django.utils import timezone
 from actions.foundation import sql
 from actions.foundation.chain import GENESIS, chain_link, content_hash, event_content
 from actions.foundation.outbox import webhook_outbox_write
-from actions.foundation.sql.trail_events import event_chain_heads
+from actions.foundation.sql.trail_events import event_chain_heads, trail_snapshot
 from actions.models import Action, ActionEvent, ActorKind, Agent, ArchivedActionEvent, Attempt
 from actions.models.actions import AuditEvent
 
@@ -284,8 +284,9 @@ def trail_events(
     merged in ``order``. Every reader of whole trails (an action's page, its evidence bundle,
     the exports, the audits) reads through this, so that an archived action reads as before."""
     found: list[AuditEvent] = []
-    for model in (ActionEvent, ArchivedActionEvent):
-        found.extend(model.objects.filter(**filters).select_related(*select_related).order_by(*order))
+    with trail_snapshot():  # an archive batch committing between the two reads shows nowhere
+        for model in (ActionEvent, ArchivedActionEvent):
+            found.extend(model.objects.filter(**filters).select_related(*select_related).order_by(*order))
     found.sort(key=lambda event: tuple(_ordered(getattr(event, name)) for name in order))
     return found
 

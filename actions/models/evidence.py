@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import models
 
+from actions.models.actions import CurrentTransactionId
 from actions.models.append_only import AppendOnly, AppendOnlyQuerySet
 
 
@@ -71,6 +72,10 @@ class RetentionTombstone(AppendOnly):
     algorithm = models.CharField(max_length=16, default="hmac-sha256")
     key_id = models.CharField(max_length=32)
     signature = models.CharField(max_length=128)
+    # The writing transaction's id (PostgreSQL): the append-only guard lets an archived event be
+    # pruned only under a tombstone of the same transaction, never under an older one whose key
+    # range happens to cover it. Not signed: it says nothing of what went.
+    txid = models.BigIntegerField(null=True, blank=True, editable=False, db_default=CurrentTransactionId())
 
     objects = AppendOnlyQuerySet["RetentionTombstone"].as_manager()
     trail_name = "retention tombstones"

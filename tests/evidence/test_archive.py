@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -25,11 +28,13 @@ from actions.evidence.checkpoints import checkpoint_make
 from actions.foundation import sql
 from actions.foundation.security import security_event_record
 from actions.foundation.sql import trail_events
-from actions.foundation.tombstones import AUDIT_EVENTS, tombstone_valid
+from actions.foundation.tombstones import AUDIT_EVENTS, Pruned, tombstone_valid, tombstone_write
+from actions.foundation.trail import trail_events as trail_events_of
 from actions.models import (
     Action,
     ActionEvent,
     ArchivedActionEvent,
+    Checkpoint,
     Notification,
     NotificationKind,
     RetentionTombstone,
@@ -291,3 +296,84 @@ def test_old_notifications_are_pruned_a_batch_at_a_time_each_under_its_own_tombs
     tombstones = RetentionTombstone.objects.filter(record_type="notifications").order_by("first_id")
     assert [(t.count, t.first_id) for t in tombstones] == [(2, old[0].pk), (2, old[2].pk), (1, old[4].pk)]
     assert all(tombstone_valid(t, key=KEY.encode()) for t in tombstones)
+
+
+@contextmanager
+def archive_commits_before_the_archive_table_is_read() -> Iterator[list[int]]:
+    """The moment this thread's connection first reads the archive table, another connection
+    archives every closed action and commits; then the read goes on. (The list fills with the
+    events that archive moved.)"""
+    moved: list[int] = []
+
+    def archive_elsewhere() -> None:
+        try:
+            moved.append(archive_closed_actions().events)
+        finally:
+            connections.close_all()
+
+    def wrapper(execute: Any, sql_text: str, params: Any, many: bool, context: Any) -> Any:
+        if not moved and "actions_archivedactionevent" in sql_text and sql_text.lstrip().upper().startswith(
+            ("SELECT", "DECLARE")
+        ):
+            other = threading.Thread(target=archive_elsewhere)
+            other.start()
+            other.join(timeout=60)
+            assert moved, "the archive in the other connection did not finish"
+        return execute(sql_text, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield moved
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_archive_committing_between_the_two_tables_reads_is_neither_signed_nor_reported_as_a_break(
+    agent_actor: Actor,
+) -> None:
+    # A checkpoint made while the archive moves its period's events counts each of them once.
+    first = [cancelled_refund(agent_actor) for _ in range(2)]
+    closed_long_ago(*first)
+    with archive_commits_before_the_archive_table_is_read() as moved:
+        checkpoint_after_commits()
+    assert moved == [6]
+    assert not ActionEvent.objects.filter(action__in=first).exists()
+    assert Checkpoint.objects.get().event_count == 6
+
+    # The check, while the archive moves events it has begun to read from the live trail.
+    second = [cancelled_refund(agent_actor) for _ in range(2)]
+    closed_long_ago(*second)
+    checkpoint_after_commits()
+    with archive_commits_before_the_archive_table_is_read() as moved:
+        code, out, err = verify()
+    assert moved == [6]
+    assert not ActionEvent.objects.filter(action__in=second).exists()
+    assert (code, err) == (0, ""), err
+    assert "4 actions, 12 events, 2 checkpoints" in out
+
+    # An action's page reads its trail once, whichever table the events are in meanwhile.
+    third = cancelled_refund(agent_actor)
+    closed_long_ago(third)
+    with archive_commits_before_the_archive_table_is_read() as moved:
+        events = trail_events_of(action=third)
+    assert moved == [3]
+    assert [event.sequence for event in events] == [1, 2, 3]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_older_tombstone_lets_no_archived_event_go_even_inside_its_key_range(agent_actor: Actor) -> None:
+    action = cancelled_refund(agent_actor)
+    closed_long_ago(action)
+    archive_closed_actions()
+    archived = ArchivedActionEvent.objects.filter(action=action).first()
+    assert archived is not None
+    # A tombstone of audit events naming exactly that event, written and committed before.
+    tombstone_write(
+        record_type=AUDIT_EVENTS,
+        rule="TRAIL_RETENTION_DAYS",
+        retention_days=1,
+        cutoff=timezone.now(),
+        records=[Pruned(pk=archived.pk, digest=archived.chain_hash, at=archived.created_at)],
+    )
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(trail_events.PRUNING_ON)
+        cursor.execute("DELETE FROM actions_archivedactionevent WHERE id = %s", [archived.pk])
+    assert ArchivedActionEvent.objects.filter(pk=archived.pk).exists()

@@ -1,6 +1,7 @@
 """The audit trail's statements in plain SQL (part of actions.foundation.sql, which names them
 in its docstring): the head of each action's chain, read from the live trail and its archive;
-the archive's move of closed actions' events; the pruning of archived events past retention."""
+the archive's move of closed actions' events; the pruning of archived events past retention; the
+one snapshot in which a reader sees both tables."""
 
 from __future__ import annotations
 
@@ -44,6 +45,38 @@ def event_chain_heads(*, action_pks: Sequence[int]) -> dict[int, tuple[int, str]
             if int(pk) not in heads or int(sequence) > heads[int(pk)][0]:
                 heads[int(pk)] = (int(sequence), str(chain))
     return heads
+
+
+# A reader of whole trails reads the live table and the archive in more than one statement. At
+# PostgreSQL's default isolation each statement sees the commits made before it began, so an
+# archive batch committing between two of them shows its events twice (or not at all): a false
+# "inserted" or "removed" to the trail's check, a signed checkpoint that counts wrong. REPEATABLE
+# READ gives the whole transaction the snapshot of its first statement.
+SNAPSHOT_FOR_TRAIL_READS = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+
+
+@contextmanager
+def trail_snapshot(*, durable: bool = False) -> Iterator[None]:
+    """A transaction in which every read of the live trail and its archive sees one snapshot
+    (``durable``: one that must be the outermost, as a checkpoint's).
+
+    Inside a caller's transaction (a test's) the isolation is the caller's: PostgreSQL takes SET
+    TRANSACTION only before a transaction's first statement. SQLite is one machine's database,
+    whose writer already excludes the others; a reader opens no transaction there, which would
+    take the write lock (console.settings begins them IMMEDIATE)."""
+    connection = connection_for(ActionEvent)
+    if connection.vendor != "postgresql":
+        if durable:
+            with transaction.atomic(using=connection.alias, durable=True):
+                yield
+        else:
+            yield
+        return
+    owned = not connection.in_atomic_block
+    with transaction.atomic(using=connection.alias, durable=durable):
+        if owned:
+            statement_write(connection, SNAPSHOT_FOR_TRAIL_READS, [])
+        yield
 
 
 # --- the archive of closed actions' events, and their pruning past retention ----------------------
