@@ -567,11 +567,18 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     name: {"task": "actions.tasks." + name.replace("-", "_"), "schedule": float(interval)}
     for name, interval in _PERIODIC_TASKS.items()
 }
-# A periodic task that waited in the queue longer than its interval is superseded by the next
-# one: it expires and the worker discards it instead of running it, so a deep queue (a backlog
-# after an outage) does not also fill with sweeps.
+# A periodic task that has not finished for this many of its own intervals is stale: /readyz
+# says so and the metrics' console_schedule_stale is 1 (alert on it; console/deploy).
+SCHEDULE_STALE_PERIODS: int = env_int("SCHEDULE_STALE_PERIODS", 3)
+# A periodic task that waited in the queue as long as its stale threshold is superseded: it
+# expires and the worker discards it instead of running it, so that a queue whose worker was
+# down does not run an hour of sweeps when it comes back. Not sooner: each host's periodic
+# worker runs the sweeps one after another, so a copy waits behind a long sweep for about an
+# interval, and one that expired there was never run (each beat's tick sends them all at
+# once). A late copy still does its period's work: it claims the period the database is in
+# when it starts.
 for _entry in CELERY_BEAT_SCHEDULE.values():
-    _entry.setdefault("options", {"expires": _entry["schedule"]})
+    _entry.setdefault("options", {"expires": _entry["schedule"] * SCHEDULE_STALE_PERIODS})
     # Every host runs beat; the task claims its period first and runs once per period, on one
     # host only (actions.foundation.schedule).
     _entry.setdefault("kwargs", {"scheduled": True})
@@ -579,6 +586,3 @@ for _entry in CELERY_BEAT_SCHEDULE.values():
 # dispatch backlog they exist to clear (there they went stale under load, or expired unrun).
 PERIODIC_QUEUE = "periodic"
 CELERY_TASK_ROUTES = {entry["task"]: {"queue": PERIODIC_QUEUE} for entry in CELERY_BEAT_SCHEDULE.values()}
-# A periodic task that has not finished for this many of its own intervals is stale: /readyz
-# says so and the metrics' console_schedule_stale is 1 (alert on it; console/deploy).
-SCHEDULE_STALE_PERIODS: int = env_int("SCHEDULE_STALE_PERIODS", 3)

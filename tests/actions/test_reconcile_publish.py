@@ -167,10 +167,13 @@ def test_the_sweep_publishes_no_reconciliation_while_the_queue_is_deep(
     assert tasks.sweep_reconcile() == 1
 
 
-def test_every_periodic_task_expires_after_its_own_interval() -> None:
-    """A sweep queued behind a backlog for longer than its interval is superseded by the next."""
+def test_every_periodic_task_expires_once_it_waited_as_long_as_its_stale_threshold() -> None:
+    """A sweep queued for as long as its stale threshold is superseded by the next; one that
+    waited an interval behind another sweep still runs."""
     from django.conf import settings as django_settings
 
     schedule: dict[str, dict[str, Any]] = django_settings.CELERY_BEAT_SCHEDULE
     for name, entry in schedule.items():
-        assert entry["options"]["expires"] == entry["schedule"], name
+        expires = entry["options"]["expires"]
+        assert expires == entry["schedule"] * django_settings.SCHEDULE_STALE_PERIODS, name
+        assert expires > entry["schedule"], name
