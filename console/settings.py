@@ -368,6 +368,10 @@ LEDGER_AUDIT_WINDOW_SECONDS: int = env_int("LEDGER_AUDIT_WINDOW_SECONDS", 86400)
 # Where a kind's first audit starts (ISO 8601, e.g. 2026-01-01T00:00:00+00:00); empty: at the
 # kind's earliest action. The first window also takes everything older, so nothing is skipped.
 LEDGER_AUDIT_START: str = env_str("LEDGER_AUDIT_START", "")
+# Each run reads again this far behind where the last one stopped: an action recorded SUCCEEDED
+# by a transaction that committed late, or stamped by a host whose clock runs behind, lands
+# behind the cursor. Findings are stored once, whichever run finds them.
+LEDGER_AUDIT_OVERLAP_SECONDS: int = env_int("LEDGER_AUDIT_OVERLAP_SECONDS", 600)
 # Housekeeping: attempts of actions final for this many days lose their request and response
 # bodies (a stub with size and SHA-256 stays); 0 keeps them for ever. Never touches an action
 # that is not final, nor any audit event. Beat runs it every HOUSEKEEPING_INTERVAL_SECONDS.

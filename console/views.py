@@ -12,7 +12,7 @@ from django.views.decorators.http import require_safe
 
 from actions import permissions as perms
 from actions.review.selectors.common import RESOLVE_PERMISSION
-from actions.review.selectors.summary import ledger_audit_last_get, payable_summary_get, review_summary_get
+from actions.review.selectors.summary import ledger_audit_state, payable_summary_get, review_summary_get
 from approvals.four_eyes import policy_change_reader_refusal
 from approvals.policy_changes import policy_changes_waiting_count
 from approvals.selectors.decided import approval_summary_get
@@ -29,7 +29,7 @@ def nav_waiting(request: HttpRequest) -> HttpResponse:
 @require_safe
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    context: dict[str, Any] = {"ledger_audit": ledger_audit_last_get()}
+    context: dict[str, Any] = {"ledger_audit": ledger_audit_state()}
     # Each role gets its own numbers; a person with several roles sees each part.
     if request.user.has_perm(perms.DECIDE):
         context["manager_summary"] = approval_summary_get(user=request.user)

@@ -27,6 +27,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from actions.foundation.clock import database_clock_now
 from actions.foundation.trail import RESEND_TRANSITION, trail_events
 from actions.kinds import all_kinds
 from actions.kinds.base import Effect, EffectKind, LedgerUnavailable, LedgerWindow, LookupVerdict, Receiver
@@ -110,7 +111,7 @@ def ledger_compare(
     effects: list[Effect],
     window: LedgerWindow,
     judged_before: datetime,
-    ask: Callable[[Action], list[Effect]] | None = None,
+    ask: Callable[[list[Action]], dict[str, list[Effect]]] | None = None,
 ) -> LedgerComparison:
     """Compare one window of a kind's effects with the console's actions. Reads only.
 
@@ -119,9 +120,10 @@ def ledger_compare(
     visibility delay (``judged_before``). Its effect was created before that, often in the same
     window, but a refund that settled for days, or one found by reconciliation, has its effect
     in an earlier one. So where the window does not hold an action's recorded effect, the
-    action is judged on what the receiver says about it alone (``ask``, its lookup), never on
-    one window's part of the story: no false finding at a window's edge, and a duplicate whose
-    copies straddle two windows is still two effects for one action.
+    action is judged on what the receiver says about it (``ask``: its lookup, or where it has
+    none its ledger before the window), never on one window's part of the story: no false
+    finding at a window's edge, and a duplicate whose copies straddle two windows is still two
+    effects for one action.
     """
     in_window = [effect for effect in effects if effect.created is None or window.holds(effect.created)]
     result = LedgerComparison(effects_seen=len(in_window))
@@ -149,7 +151,7 @@ def ledger_compare(
             result.findings.extend(_effects_without_action(action_id, effects_of_action, explained))
             continue
         result.actions_checked += 1
-        told = asked.get(action_id, (action, []))[1] or effects_of_action
+        told = _together(effects_of_action, asked.get(action_id, (action, []))[1])
         result.findings.extend(_effects_against_their_action(kind, action, told, decisions.get(action_id, 0)))
     for action_id, reference in unmatched:
         if action_id in asked and asked[action_id][1]:
@@ -173,15 +175,20 @@ def _succeeded_in_window(*, kind: EffectKind, window: LedgerWindow, judged_befor
     return list(succeeded.values_list("action_id", "provider_reference").iterator(chunk_size=2000))
 
 
+def _together(here: list[Effect], told: list[Effect]) -> list[Effect]:
+    """An action's effects in this window and those the receiver told of elsewhere, each once."""
+    seen = {effect.reference for effect in here}
+    return [*here, *(effect for effect in told if effect.reference not in seen)]
+
+
 def _ask_about_partial_stories(
-    ask: Callable[[Action], list[Effect]] | None,
+    ask: Callable[[list[Action]], dict[str, list[Effect]]] | None,
     known: dict[str, Action],
     effects_by_action: dict[str, list[Effect]],
     unmatched: list[str],
 ) -> dict[str, tuple[Action, list[Effect]]]:
     """What the receiver has for each action this window holds only part of: a SUCCEEDED action
-    with no effect here, or whose recorded effect is not among those here. Network I/O, one
-    lookup per such action; none where the receiver cannot be asked."""
+    with no effect here, or whose recorded effect is not among those here. Network I/O."""
     if ask is None:
         return {}
     partial = [
@@ -192,7 +199,10 @@ def _ask_about_partial_stories(
         and action.provider_reference not in {e.reference for e in effects_by_action[action_id]}
     ]
     partial += actions_named(unmatched)
-    return {action.action_id: (action, ask(action)) for action in partial}
+    if not partial:
+        return {}
+    told = ask(partial)
+    return {action.action_id: (action, told.get(action.action_id, [])) for action in partial}
 
 
 def _effects_without_action(action_id: str, effects: list[Effect], explained: dict[str, str]) -> list[Finding]:
@@ -290,7 +300,7 @@ def ledger_audit_run(
     at a time, and store what it finds. A finding already on record is not stored twice.
     ``receivers`` replaces a kind's configured receiver (tests); ``window_length`` replaces
     LEDGER_AUDIT_WINDOW_SECONDS (a window as long as the history reads it all at once)."""
-    now = now or timezone.now()
+    now = now or database_clock_now()
     window_length = window_length or timedelta(seconds=settings.LEDGER_AUDIT_WINDOW_SECONDS)
     run = LedgerAuditRun.objects.create(started_at=now)
     try:
@@ -319,17 +329,19 @@ def ledger_audit_kind(
     grace = receiver.contract.lookup_visibility_delay + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
     # The cursor only passes what the clock says the receiver has listed in full. A ``now`` in
     # the future (a test, a what-if) judges as of then, but proves nothing about those seconds.
-    listed_in_full = min(now, timezone.now()) - grace
+    listed_in_full = min(now, database_clock_now()) - grace
     cursor = LedgerAuditCursor.objects.filter(kind=kind.name).values_list("audited_until", flat=True).first()
-    window_start = cursor
-    cut = cursor or ledger_audit_start(kind=kind, now=now)
+    # Read again behind the cursor (LEDGER_AUDIT_OVERLAP_SECONDS): a finding is stored once.
+    overlap = timedelta(seconds=settings.LEDGER_AUDIT_OVERLAP_SECONDS)
+    window_start = cursor - overlap if cursor is not None else None
+    cut = window_start if window_start is not None else ledger_audit_start(kind=kind, now=now)
     # Whole seconds: Stripe's created filter takes no fractions.
     reading_until = _whole_second(now) + timedelta(seconds=1)
-    ask = _asker(receiver) if receiver.contract.supports_lookup else None
     while True:
         window = LedgerWindow(start=window_start, end=min(_whole_second(cut) + window_length, reading_until))
         # One window is read before any transaction opens: it is network I/O.
         effects = list(receiver.ledger(window))
+        ask = _asker(receiver) if receiver.contract.supports_lookup else _earlier_reader(receiver, window, overlap)
         comparison = ledger_compare(kind=kind, effects=effects, window=window, judged_before=now - grace, ask=ask)
         del effects
         ledger_window_store(
@@ -386,13 +398,39 @@ def _whole_second(moment: datetime) -> datetime:
     return moment.replace(microsecond=0)
 
 
-def _asker(receiver: Receiver) -> Callable[[Action], list[Effect]]:
-    def ask(action: Action) -> list[Effect]:
-        """Every effect the receiver has for one action, by its lookup (network I/O)."""
-        lookup = receiver.lookup(action)
-        if lookup.verdict == LookupVerdict.INCONCLUSIVE and not lookup.target_missing:
-            # The run stops here, its cursor before this window: the next run asks again.
-            raise LedgerUnavailable(f"the receiver could not be asked about {action.action_id}: {lookup.error}")
-        return lookup.live_effects
+def _asker(receiver: Receiver) -> Callable[[list[Action]], dict[str, list[Effect]]]:
+    def ask(actions: list[Action]) -> dict[str, list[Effect]]:
+        """Every effect the receiver has for each action, by its lookup (network I/O, one each)."""
+        told: dict[str, list[Effect]] = {}
+        for action in actions:
+            lookup = receiver.lookup(action)
+            if lookup.verdict == LookupVerdict.INCONCLUSIVE and not lookup.target_missing:
+                # The run stops here, its cursor before this window: the next run asks again.
+                raise LedgerUnavailable(f"the receiver could not be asked about {action.action_id}: {lookup.error}")
+            told[action.action_id] = lookup.live_effects
+        return told
+
+    return ask
+
+
+def _earlier_reader(
+    receiver: Receiver, window: LedgerWindow, margin: timedelta
+) -> Callable[[list[Action]], dict[str, list[Effect]]]:
+    """For a receiver that cannot be asked about one action (a mail relay): its ledger before
+    the window, from the first attempt of the oldest of these actions (less ``margin``, for the
+    clocks of the worker and the receiver), read once for all of them (network I/O)."""
+
+    def ask(actions: list[Action]) -> dict[str, list[Effect]]:
+        if window.start is None:
+            return {}  # the window reaches back to the receiver's first record: nothing is before it
+        earliest = min((action.first_attempt_at or action.created_at) for action in actions) - margin
+        if earliest >= window.start:
+            return {}
+        wanted = {action.action_id for action in actions}
+        told: dict[str, list[Effect]] = defaultdict(list)
+        for effect in receiver.ledger(LedgerWindow(start=_whole_second(earliest), end=window.start)):
+            if effect.is_effect and effect.action_id in wanted:
+                told[effect.action_id].append(effect)
+        return dict(told)
 
     return ask

@@ -23,7 +23,7 @@ from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.ledger import ledger_audit_run
 from actions.engine.record import submission_record
 from actions.kinds.refund.contract import RefundReceiver, answer_from_refund, provider_from_settings
-from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, LedgerAuditRun
+from actions.models import Action, ActionStatus, Discrepancy, DiscrepancyKind, DiscrepancyStatus, LedgerAuditRun
 from actions.providers.base import ProviderRefund, RefundStatus
 from actions.services import Actor
 from tests.actions.test_reconciliation import (
@@ -176,12 +176,15 @@ def test_the_audit_records_each_kind_of_discrepancy_once(
 
     assert (again.discrepancies_found, again.discrepancies_new) == (4, 0)
     assert discrepancies() == found
-    # Cron and CI see the findings as a failure (exit status 1), not as a line in a log. Run now,
-    # the just-SUCCEEDED action is still inside its grace: the other three are reported.
-    with pytest.raises(CommandError, match="3 discrepancies between the receiver's ledger and the console"):
+    # Cron and CI see the findings as a failure (exit status 1), not as a line in a log: every
+    # open discrepancy, whichever run found it (this one reads only what is new since the last).
+    with pytest.raises(CommandError, match=r"4 open discrepancies between the receivers. ledgers and the console"):
         audit_command()
     assert discrepancies() == found
     assert Discrepancy.objects.count() == 4
+    # Once finance has explained each of them, the ledgers agree again.
+    Discrepancy.objects.update(status=DiscrepancyStatus.EXPLAINED)
+    assert "ledgers and the console agree" in audit_command()
 
 
 def test_the_audit_command_fails_when_it_cannot_read_the_receivers_ledger(receiver_down: None) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.apps import apps
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -163,11 +164,14 @@ def test_the_receiver_is_asked_one_window_at_a_time_and_the_next_run_resumes_at_
     provider.reads.clear()
     audit(provider)
 
-    assert provider.reads[0][0] == epoch(cursor)
-    assert all(start is not None and start >= epoch(cursor) for start, _ in provider.reads)
+    # From the cursor, less the overlap read again for what was recorded late.
+    behind = epoch(cursor - timedelta(seconds=settings.LEDGER_AUDIT_OVERLAP_SECONDS))
+    assert provider.reads[0][0] == behind
+    assert all(start is not None and start >= behind for start, _ in provider.reads)
 
 
-def test_an_audit_that_dies_mid_way_loses_nothing_and_stores_nothing_twice(first_day: datetime) -> None:
+def test_an_audit_that_dies_mid_way_loses_nothing_and_stores_nothing_twice(first_day: datetime, settings: Any) -> None:
+    settings.LEDGER_AUDIT_OVERLAP_SECONDS = 0  # the windows as cut, without the overlap read again
     provider = RecordingProvider(
         [stray_refund("re_first_day", first_day + DAY / 2), stray_refund("re_second_day", first_day + DAY * 1.5)],
         dies_on_read=2,
@@ -191,6 +195,30 @@ def test_an_audit_that_dies_mid_way_loses_nothing_and_stores_nothing_twice(first
     }
     assert Discrepancy.objects.count() == 2
     assert run.discrepancies_new == 1
+
+
+def test_what_was_recorded_behind_the_cursor_is_still_audited_by_the_next_run(
+    first_day: datetime, agent_actor: Actor, manager: Any
+) -> None:
+    """A success whose transaction committed after a run had read its window (or that a host
+    whose clock runs behind stamped early) lies behind that run's cursor: the next run reads the
+    overlap again and finds what it hides."""
+    provider = RecordingProvider([])
+    audit(provider)
+    cursor = LedgerAuditCursor.objects.get(kind="refund").audited_until
+
+    late = succeeded_at(agent_actor, manager, cursor - timedelta(minutes=2), "re_late_a")
+    provider.refunds += [
+        refund_at(late, "re_late_a", cursor - timedelta(minutes=3)),
+        refund_at(late, "re_late_b", cursor - timedelta(minutes=3)),
+    ]
+    run = audit(provider)
+
+    assert findings() == {(K.DUPLICATE_EFFECT, late.action_id, "re_late_a")}
+    assert run.discrepancies_new == 1
+    # Read again by the run after, it is the same finding, stored once.
+    assert audit(provider).discrepancies_new == 0
+    assert Discrepancy.objects.count() == 1
 
 
 def test_a_finding_is_stored_once_however_often_it_is_found(

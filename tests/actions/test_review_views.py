@@ -681,7 +681,7 @@ def test_finance_sees_open_items_by_state_and_a_chart_of_stuck_actions_by_age(
 def test_a_manager_keeps_the_approvals_summary_and_everyone_sees_the_ledger_audit(
     client: Client, manager: Any, agent_actor: Actor
 ) -> None:
-    """Invariant 1 in public: everyone sees whether the last ledger audit found effects that do not add up."""
+    """Invariant 1 in public: everyone sees whether the ledger audit found effects that do not add up."""
     run = LedgerAuditRun.objects.create(
         started_at=timezone.now() - timedelta(minutes=5),
         finished_at=timezone.now() - timedelta(minutes=4),
@@ -690,6 +690,11 @@ def test_a_manager_keeps_the_approvals_summary_and_everyone_sees_the_ledger_audi
         discrepancies_found=2,
         discrepancies_new=1,
     )
+    statuses = {"re_a": DiscrepancyStatus.OPEN, "re_b": DiscrepancyStatus.OPEN, "re_c": DiscrepancyStatus.EXPLAINED}
+    for reference, status in statuses.items():
+        Discrepancy.objects.create(
+            kind=DiscrepancyKind.EFFECT_WITHOUT_ACTION, provider_reference=reference, status=status
+        )
     client.force_login(manager)
 
     page = client.get("/").content.decode()
@@ -697,12 +702,30 @@ def test_a_manager_keeps_the_approvals_summary_and_everyone_sees_the_ledger_audi
     assert 'data-testid="inbox-size"' in page
     assert "Stuck actions by age" not in page
     audit = page.split('data-testid="ledger-audit"')[1]
-    assert "2 discrepancies" in audit
-    assert "12 refunds at the provider compared with 10 actions; 1 new." in audit
+    assert "2 open discrepancies" in audit and "Ledgers agree" not in audit
+    assert "12 effects at the receivers compared with 10 actions; 1 new discrepancy." in audit
     nobody = make_user("nora.nobody")
     client.force_login(nobody)
-    assert "12 refunds at the provider" in client.get("/").content.decode()
+    assert "12 effects at the receivers" in client.get("/").content.decode()
     assert run.ok is False
+
+
+def test_the_ledgers_agree_only_once_no_discrepancy_is_open_whichever_run_found_it(
+    client: Client, finance: Any
+) -> None:
+    """The audit reads only what is new since its last run: a clean latest run says nothing of
+    an earlier run's finding that nobody has closed."""
+    earlier = Discrepancy.objects.create(kind=DiscrepancyKind.EFFECT_WITHOUT_ACTION, provider_reference="re_old")
+    LedgerAuditRun.objects.create(
+        started_at=timezone.now() - timedelta(minutes=5), finished_at=timezone.now() - timedelta(minutes=4)
+    )
+    client.force_login(finance)
+    audit = client.get("/").content.decode().split('data-testid="ledger-audit"')[1]
+    assert "1 open discrepancy" in audit and "Ledgers agree" not in audit
+
+    Discrepancy.objects.filter(pk=earlier.pk).update(status=DiscrepancyStatus.EXPLAINED)
+    audit = client.get("/").content.decode().split('data-testid="ledger-audit"')[1]
+    assert "Ledgers agree" in audit and "open discrepanc" not in audit
 
 
 def test_the_ledger_audit_says_when_it_never_ran(client: Client, finance: Any) -> None:

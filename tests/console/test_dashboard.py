@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 DEPLOY = REPO_ROOT / "console" / "deploy"
 METRIC = re.compile(r"\b(console_[a-z0-9_]+)\b")
 # An alert's condition: the selector, the comparison and the threshold.
-CONDITION = re.compile(r"^(?P<query>.+?)\s*(?P<op>>|==)\s*(?P<value>[0-9.]+)$")
+CONDITION = re.compile(r"^(?P<query>.+?)\s*(?P<op>>=|>|==)\s*(?P<value>[0-9.]+)$")
 
 
 def dashboard() -> dict[str, Any]:

@@ -176,9 +176,33 @@ def review_summary_get(*, user: Any, now: datetime | None = None) -> FinanceSumm
     )
 
 
-def ledger_audit_last_get() -> LedgerAuditRun | None:
-    """The ledger audit's latest run, for everyone's home page."""
-    return LedgerAuditRun.objects.order_by("-started_at", "-pk").first()
+@dataclass(frozen=True)
+class LedgerAuditState:
+    """Where the ledger audit stands: its latest run, and the discrepancies nobody has closed.
+
+    The audit reads each receiver a window at a time, from where its last run stopped, so a run
+    finds only what is new since then: "the ledgers agree" is said of the open discrepancies,
+    found by whichever run, not of the latest run's findings."""
+
+    run: LedgerAuditRun | None
+    open_discrepancies: int
+
+    @property
+    def finished(self) -> bool:
+        return self.run is not None and self.run.finished_at is not None and not self.run.error
+
+    @property
+    def agree(self) -> bool:
+        return self.finished and self.open_discrepancies == 0
+
+
+def ledger_audit_state() -> LedgerAuditState:
+    """The ledger audit's latest run and the open discrepancies: everyone's home page, the
+    metrics and ``manage.py audit_ledger`` read them here."""
+    return LedgerAuditState(
+        run=LedgerAuditRun.objects.order_by("-started_at", "-pk").first(),
+        open_discrepancies=Discrepancy.objects.filter(status__in=OPEN_DISCREPANCY).count(),
+    )
 
 
 # --- accounts payable's home page ------------------------------------------------------------
