@@ -341,7 +341,7 @@ def ledger_audit_kind(
         window = LedgerWindow(start=window_start, end=min(_whole_second(cut) + window_length, reading_until))
         # One window is read before any transaction opens: it is network I/O.
         effects = list(receiver.ledger(window))
-        ask = _asker(receiver) if receiver.contract.supports_lookup else _earlier_reader(receiver, window, overlap)
+        ask = _asker(receiver) if receiver.contract.supports_lookup else ledger_reader_before(receiver, window, overlap)
         comparison = ledger_compare(kind=kind, effects=effects, window=window, judged_before=now - grace, ask=ask)
         del effects
         ledger_window_store(
@@ -413,7 +413,7 @@ def _asker(receiver: Receiver) -> Callable[[list[Action]], dict[str, list[Effect
     return ask
 
 
-def _earlier_reader(
+def ledger_reader_before(
     receiver: Receiver, window: LedgerWindow, margin: timedelta
 ) -> Callable[[list[Action]], dict[str, list[Effect]]]:
     """For a receiver that cannot be asked about one action (a mail relay): its ledger before
