@@ -317,31 +317,39 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
 
     # -- assigning an owner -----------------------------------------------------------------
 
-    def assign_owner_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+    def _action_to_correct(self, request: HttpRequest, object_id: str) -> Action:
+        """The action a correction's page names, once the person may change it."""
         obj = self._action(request, object_id)
         if obj is None:
             raise Http404("No such action.")
         if not self.has_change_permission(request, obj):
             raise PermissionDenied
+        return obj
+
+    def _correction_run(self, request: HttpRequest, obj: Action, correct: Callable[[], str]) -> HttpResponse | None:
+        """Run a correction's service (``correct`` returns what to tell the person): on success the
+        action's page, with the message; a refusal is shown on the correction's page again."""
+        try:
+            done = correct()
+        except CorrectionRefused as refusal:
+            self.message_user(request, refusal.message, messages.ERROR)
+            return None
+        self.message_user(request, done, messages.SUCCESS)
+        return redirect("admin:actions_action_change", object_id=obj.pk)
+
+    def assign_owner_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        obj = self._action_to_correct(request, object_id)
         form = AssignOwnerForm(request.POST or None, initial={"owner": obj.owner_id})
+
+        def assign() -> str:
+            owner = form.cleaned_data["owner"]
+            action_owner_assign(action_pk=obj.pk, owner=owner, user=request.user, reason=form.cleaned_data["reason"])
+            return f"{obj.action_id} is now owned by {owner.get_username()}; the audit trail records who and why."
+
         if request.method == "POST" and form.is_valid():
-            try:
-                action_owner_assign(
-                    action_pk=obj.pk,
-                    owner=form.cleaned_data["owner"],
-                    user=request.user,
-                    reason=form.cleaned_data["reason"],
-                )
-            except CorrectionRefused as refusal:
-                self.message_user(request, refusal.message, messages.ERROR)
-            else:
-                self.message_user(
-                    request,
-                    f"{obj.action_id} is now owned by {form.cleaned_data['owner'].get_username()}; "
-                    "the audit trail records who and why.",
-                    messages.SUCCESS,
-                )
-                return redirect("admin:actions_action_change", object_id=obj.pk)
+            done = self._correction_run(request, obj, assign)
+            if done is not None:
+                return done
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -362,31 +370,24 @@ class ActionAdmin(FSMAdminMixin, LargeTableAdmin):
         """A SUCCEEDED invoice adjustment's correction: propose voiding the second credit note the
         ledger audit found. The page shows which credit note is the adjustment (kept) and which
         are duplicates (the first is voided); the service refuses when there is none."""
-        obj = self._action(request, object_id)
-        if obj is None:
-            raise Http404("No such action.")
-        if not self.has_change_permission(request, obj):
-            raise PermissionDenied
+        obj = self._action_to_correct(request, object_id)
         form = CompensationForm(request.POST or None)
         form.fields["note"].help_text = "Why the credit note is voided: goes into the audit trail and to the manager."
+
+        def void() -> str:
+            proposed = adjustment_void_duplicate(action_pk=obj.pk, user=request.user, note=form.cleaned_data["note"])
+            return format_html(
+                'Void <a href="{}">{}</a> is proposed and waits for a manager\'s approval; the engine '
+                "then voids the duplicate credit note. {} and its trail are unchanged.",
+                reverse("admin:actions_action_change", args=[proposed.pk]),
+                proposed.action_id,
+                obj.action_id,
+            )
+
         if request.method == "POST" and form.is_valid():
-            try:
-                void = adjustment_void_duplicate(action_pk=obj.pk, user=request.user, note=form.cleaned_data["note"])
-            except CorrectionRefused as refusal:
-                self.message_user(request, refusal.message, messages.ERROR)
-            else:
-                self.message_user(
-                    request,
-                    format_html(
-                        'Void <a href="{}">{}</a> is proposed and waits for a manager\'s approval; the engine '
-                        "then voids the duplicate credit note. {} and its trail are unchanged.",
-                        reverse("admin:actions_action_change", args=[void.pk]),
-                        void.action_id,
-                        obj.action_id,
-                    ),
-                    messages.SUCCESS,
-                )
-                return redirect("admin:actions_action_change", object_id=obj.pk)
+            done = self._correction_run(request, obj, void)
+            if done is not None:
+                return done
         voids_duplicates = kind_for(obj.kind).duplicate_correction == DuplicateCorrection.VOID
         findings = adjustment_duplicates(obj) if voids_duplicates else []
         duplicates = sorted(

@@ -86,6 +86,8 @@ class RemedyAdmin(FollowUpAdmin):
     list_select_related = ("action", "owner")
     search_fields = ("action__action_id__exact",)
     search_help_text = "An exact action id."
+    # The model's own order (the shared follow-up fields are declared first, on the base).
+    fields = ("action", "kind", "status", "amount", "currency", "owner", "note")
 
 
 @admin.register(Discrepancy)

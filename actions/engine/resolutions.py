@@ -163,10 +163,19 @@ class _Checked:
 _Policy = Callable[[_Checked], str | None]
 
 
-def _resolve(
-    *, action_pk: int, user: Any, transition: str, purpose: str, receiver: Receiver | None, policy: _Policy
-) -> _Checked:
-    """Ask the receiver, then record the lookup and apply ``policy`` in one transaction."""
+# Why each resolution asked the receiver, as its lookup's attempt records it.
+_LOOKUP_PURPOSES = {
+    "resolve_succeeded": "check before resolving as succeeded",
+    "resolve_failed": "check before resolving as failed",
+    "resolve_retry": "check before retrying",
+    RESEND_TRANSITION: "before sending again",
+}
+
+
+def _resolve(*, action_pk: int, user: Any, transition: str, receiver: Receiver | None, policy: _Policy) -> _Checked:
+    """Ask the receiver, then record the lookup and apply ``policy`` (the resolution's
+    ``transition``) in one transaction."""
+    purpose = _LOOKUP_PURPOSES[transition]
     action = review_action(action_pk)
     _check_resolvable(action, user, transition)
     receiver = receiver or receiver_for(action)
@@ -250,12 +259,7 @@ def action_resolve_succeeded(
         return None
 
     checked = _resolve(
-        action_pk=action_pk,
-        user=user,
-        transition="resolve_succeeded",
-        purpose="check before resolving as succeeded",
-        receiver=receiver,
-        policy=confirm,
+        action_pk=action_pk, user=user, transition="resolve_succeeded", receiver=receiver, policy=confirm
     )
     action = checked.action
     return Resolution(
@@ -325,14 +329,7 @@ def action_resolve_failed(
         )
         return None
 
-    checked = _resolve(
-        action_pk=action_pk,
-        user=user,
-        transition="resolve_failed",
-        purpose="check before resolving as failed",
-        receiver=receiver,
-        policy=fail,
-    )
+    checked = _resolve(action_pk=action_pk, user=user, transition="resolve_failed", receiver=receiver, policy=fail)
     action = checked.action
     remedy = followups[0] if followups else None
     followup = (
@@ -394,14 +391,7 @@ def action_resolve_retry(*, action_pk: int, user: Any, reason: object, receiver:
         return None
 
     receiver = receiver or receiver_for(action)
-    checked = _resolve(
-        action_pk=action_pk,
-        user=user,
-        transition="resolve_retry",
-        purpose="check before retrying",
-        receiver=receiver,
-        policy=retry,
-    )
+    checked = _resolve(action_pk=action_pk, user=user, transition="resolve_retry", receiver=receiver, policy=retry)
     # Committed: the SUBMITTING row and its attempt exist before the receiver hears of it.
     return _send_leased(
         checked,
@@ -449,14 +439,7 @@ def action_resolve_resend(*, action_pk: int, user: Any, reason: object, receiver
         )
         return None
 
-    checked = _resolve(
-        action_pk=action_pk,
-        user=user,
-        transition=RESEND_TRANSITION,
-        purpose="before sending again",
-        receiver=receiver,
-        policy=resend,
-    )
+    checked = _resolve(action_pk=action_pk, user=user, transition=RESEND_TRANSITION, receiver=receiver, policy=resend)
     # Committed: the decision, the SUBMITTING row and its attempt exist before the send.
     return _send_leased(
         checked, leases[0], receiver, lambda action: f"{action.action_id} was sent again, marked as a possible repeat. "

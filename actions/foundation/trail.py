@@ -160,6 +160,31 @@ def attempt_write(attempt: Attempt, *, writes: Writes | None = None) -> Attempt:
     return attempt
 
 
+def trail_columns(
+    transition: str,
+    from_state: str,
+    to_state: str,
+    actor: Actor,
+    reason: str,
+    evidence: dict[str, Any] | None,
+    now: datetime | None,
+) -> dict[str, Any]:
+    """The columns every trail event has (``TrailEvent``: an action's or a workflow's): the move,
+    who made it, why, on what evidence, and when."""
+    return {
+        "transition": transition,
+        "from_state": from_state,
+        "to_state": to_state,
+        "actor_kind": actor.kind,
+        "actor_user": actor.user if actor.kind == ActorKind.USER else None,
+        "actor_agent": actor.agent,
+        "actor_label": actor.label,
+        "reason": reason,
+        "evidence": evidence or {},
+        "created_at": now or timezone.now(),
+    }
+
+
 def event_record(
     *,
     action: Action,
@@ -182,17 +207,7 @@ def event_record(
     transaction (actions.foundation.outbox). With ``writes``, both are written by ``writes.write()``.
     """
     event = ActionEvent(
-        action=action,
-        transition=transition,
-        from_state=from_state,
-        to_state=to_state or action.status,
-        actor_kind=actor.kind,
-        actor_user=actor.user if actor.kind == ActorKind.USER else None,
-        actor_agent=actor.agent,
-        actor_label=actor.label,
-        reason=reason,
-        evidence=evidence or {},
-        created_at=now or timezone.now(),
+        action=action, **trail_columns(transition, from_state, to_state or action.status, actor, reason, evidence, now)
     )
     if writes is not None:
         writes.events.append(event)

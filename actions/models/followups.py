@@ -22,7 +22,19 @@ class RemedyKind(models.TextChoices):
     NONE = "none", "None (with a reason)"
 
 
-class Remedy(models.Model):
+class FollowUpWork(models.Model):
+    """What a follow-up that people work on keeps alike (a remedy, a discrepancy): the note that
+    each step on it adds to, and when it last changed. Assigning an owner writes both, the same
+    way for either (actions.review.corrections.followup_owner_assign)."""
+
+    note = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class Remedy(FollowUpWork):
     """A follow-up for a refund that failed for good: the customer still expects their money."""
 
     action = models.ForeignKey("actions.Action", on_delete=models.PROTECT, related_name="remedies")
@@ -33,9 +45,7 @@ class Remedy(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="remedies"
     )
-    note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -66,7 +76,7 @@ class DiscrepancyStatus(models.TextChoices):
     CORRECTED = "corrected", "Corrected"
 
 
-class Discrepancy(models.Model):
+class Discrepancy(FollowUpWork):
     """A difference between the receiver's ledger and the console's records."""
 
     kind = models.CharField(max_length=32, choices=DiscrepancyKind.choices)
@@ -79,9 +89,7 @@ class Discrepancy(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="discrepancies"
     )
-    note = models.TextField(blank=True)
     detected_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-detected_at"]

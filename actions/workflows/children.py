@@ -21,7 +21,14 @@ from actions.models import (
     WorkflowEvent,
     WorkflowStep,
 )
-from actions.workflows.events import COORDINATOR, FAULT_AFTER_NEXT_STEP, W, coordinator_event, coordinator_transition
+from actions.workflows.events import (
+    COORDINATOR,
+    FAULT_AFTER_NEXT_STEP,
+    W,
+    coordinator_event,
+    coordinator_resume,
+    coordinator_transition,
+)
 from actions.workflows.templates import READ, child_action, compensation_key, step_key
 from approvals.models import Decision, WorkflowApproval
 from approvals.policy import approval_record
@@ -114,8 +121,7 @@ def step_start(*, workflow: Workflow, step: WorkflowStep, plan_step: dict[str, A
     if problem is not None or binding is None or plan_approval.expires_at is None:
         _step_propose(workflow=workflow, step=step, action=action, problem=problem or "", now=now)
         return workflow.state
-    if workflow.state == W.PAUSED:
-        coordinator_transition(workflow, "resume", reason="Resuming.", now=now)
+    coordinator_resume(workflow, reason="Resuming.", now=now)
     # A worker killed here, after the child's commit and before its dispatch is published,
     # leaves an AUTHORIZED child: the AUTHORIZED sweep sends it (tests kill at this point).
     transaction.on_commit(lambda: fault_point(FAULT_AFTER_NEXT_STEP))
@@ -238,29 +244,35 @@ def owner_for(action: Action | None, kind: str) -> Any:
     return owner_pick(kind=kind, default_group=kind_for(kind).owner_group if kind != READ else "finance")
 
 
+def workflow_owner_name(workflow: Workflow, *, owner: Any, waiting_for: str) -> bool:
+    """Name ``owner`` and what the workflow waits for, where either changed (without a transition:
+    the workflow already waits); whether they did."""
+    if workflow.owner_id == getattr(owner, "pk", None) and workflow.waiting_for == waiting_for:
+        return False
+    workflow.owner = owner
+    workflow.waiting_for = waiting_for
+    workflow.save(update_fields=["owner", "waiting_for", "updated_at"])
+    return True
+
+
 def workflow_pause(*, workflow: Workflow, owner: Any, kind: str, waiting_for: str, now: datetime) -> None:
     owner = owner or owner_for(None, kind)
     if workflow.state == W.PAUSED:
-        if workflow.owner_id != getattr(owner, "pk", None) or workflow.waiting_for != waiting_for:
-            workflow.owner = owner
-            workflow.waiting_for = waiting_for
-            workflow.save(update_fields=["owner", "waiting_for", "updated_at"])
+        workflow_owner_name(workflow, owner=owner, waiting_for=waiting_for)
         return
-    coordinator_transition(
-        workflow,
-        "pause",
-        reason=f"{waiting_for} Owner: {owner.get_username() if owner else 'nobody (empty owner group)'}.",
-        evidence={"owner": owner.get_username() if owner else None},
-        now=now,
-        owner=owner,
-        waiting_for=waiting_for,
-    )
+    _hand_over(workflow, "pause", owner=owner, waiting_for=waiting_for, now=now)
 
 
 def workflow_fail(*, workflow: Workflow, owner: Any, waiting_for: str, now: datetime) -> None:
+    _hand_over(workflow, "fail", owner=owner, waiting_for=waiting_for, now=now)
+
+
+def _hand_over(workflow: Workflow, transition: str, *, owner: Any, waiting_for: str, now: datetime) -> None:
+    """The transition that leaves the workflow to a person (``owner``, nobody when the owner
+    group is empty), saying what it waits for."""
     coordinator_transition(
         workflow,
-        "fail",
+        transition,
         reason=f"{waiting_for} Owner: {owner.get_username() if owner else 'nobody (empty owner group)'}.",
         evidence={"owner": owner.get_username() if owner else None},
         now=now,

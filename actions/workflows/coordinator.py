@@ -47,6 +47,7 @@ from actions.workflows.children import (
     step_start,
     waiting_in_inbox,
     workflow_fail,
+    workflow_owner_name,
     workflow_pause,
 )
 from actions.workflows.events import (
@@ -58,6 +59,7 @@ from actions.workflows.events import (
     UNRESOLVED,
     W,
     coordinator_event,
+    coordinator_resume,
     coordinator_transition,
 )
 from actions.workflows.templates import READ, template_for
@@ -139,13 +141,11 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
             _mark_completed(workflow, step, steps, now)
             continue
         if child.status in IN_FLIGHT:
-            if workflow.state == W.PAUSED:
-                coordinator_transition(
-                    workflow,
-                    "resume",
-                    reason=f"Step {step.name} is being sent again ({child.get_status_display().lower()}).",
-                    now=now,
-                )
+            coordinator_resume(
+                workflow,
+                reason=f"Step {step.name} is being sent again ({child.get_status_display().lower()}).",
+                now=now,
+            )
             return _Next(state=workflow.state)
         if child.status in (S.UNKNOWN, S.NEEDS_REVIEW):
             workflow_pause(
@@ -184,12 +184,9 @@ def _run(*, workflow: Workflow, now: datetime) -> _Next:
             )
             return _compensate(workflow=workflow, now=now)
         raise AssertionError(f"unhandled child status {child.status}")
-    if workflow.state == W.PAUSED:
-        # The last step was paused on an unknown outcome that has since been settled as
-        # succeeded (by reconciliation or by a person): nothing is left to run.
-        coordinator_transition(
-            workflow, "resume", reason="The paused step's outcome is known now: it succeeded.", now=now
-        )
+    # The last step may have been paused on an unknown outcome that has since been settled as
+    # succeeded (by reconciliation or by a person): nothing is left to run.
+    coordinator_resume(workflow, reason="The paused step's outcome is known now: it succeeded.", now=now)
     coordinator_transition(workflow, "complete", reason="Every step succeeded.", now=now)
     return _Next(state=workflow.state)
 
@@ -223,10 +220,7 @@ def _compensate(*, workflow: Workflow, now: datetime) -> _Next:
         if comp.status == S.NEEDS_REVIEW:
             owner = owner_for(comp, comp.kind)
             text = f"The compensation of {step.name} needs review: its outcome is unknown."
-            if workflow.owner_id != getattr(owner, "pk", None) or workflow.waiting_for != text:
-                workflow.owner = owner
-                workflow.waiting_for = text
-                workflow.save(update_fields=["owner", "waiting_for", "updated_at"])
+            if workflow_owner_name(workflow, owner=owner, waiting_for=text):
                 coordinator_event(
                     workflow,
                     "owner_named",

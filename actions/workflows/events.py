@@ -8,14 +8,13 @@ from typing import Any
 
 from django.utils import timezone
 
-from actions.foundation.trail import Actor
+from actions.foundation.trail import Actor, trail_columns
 from actions.models import (
     ActionStatus,
     Workflow,
     WorkflowEvent,
     WorkflowState,
 )
-from actions.models.actions import ActorKind
 
 S = ActionStatus
 W = WorkflowState
@@ -47,17 +46,7 @@ def workflow_event(
     now: datetime | None = None,
 ) -> WorkflowEvent:
     return WorkflowEvent.objects.create(
-        workflow=workflow,
-        transition=transition,
-        from_state=from_state,
-        to_state=workflow.state,
-        actor_kind=actor.kind,
-        actor_user=actor.user if actor.kind == ActorKind.USER else None,
-        actor_agent=actor.agent,
-        actor_label=actor.label,
-        reason=reason,
-        evidence=evidence or {},
-        created_at=now or timezone.now(),
+        workflow=workflow, **trail_columns(transition, from_state, workflow.state, actor, reason, evidence, now)
     )
 
 
@@ -77,15 +66,7 @@ def workflow_transition(
     getattr(workflow, transition)(**kwargs)
     workflow.state_changed_at = now
     workflow.save()
-    return workflow_event(
-        workflow=workflow,
-        transition=transition,
-        from_state=from_state,
-        actor=actor,
-        reason=reason,
-        evidence=evidence,
-        now=now,
-    )
+    return workflow_event(workflow, transition, from_state, actor, reason=reason, evidence=evidence, now=now)
 
 
 def coordinator_event(
@@ -109,3 +90,9 @@ def coordinator_transition(
     return workflow_transition(
         workflow=workflow, transition=transition, actor=COORDINATOR, reason=reason, evidence=evidence, now=now, **kwargs
     )
+
+
+def coordinator_resume(workflow: Workflow, *, reason: str, now: datetime) -> None:
+    """Resume the workflow if it is paused (its step goes on): a running one is left as it is."""
+    if workflow.state == W.PAUSED:
+        coordinator_transition(workflow, "resume", reason=reason, now=now)

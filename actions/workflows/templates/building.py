@@ -4,6 +4,7 @@ an email's payload and the workflow's ids."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -14,6 +15,8 @@ from actions.kinds.email_templates import EmailTemplate, template_for
 from actions.kinds.fields import (
     FieldProblem,
     ProposalInvalid,
+    check_currency,
+    parse_amount,
 )
 from actions.kinds.supplier_email.contract import message_id_for
 from actions.workflows.templates import MAX_ACTION_ID, READ, Proposal, StepSpec, Template, plan_hash_of
@@ -67,6 +70,31 @@ def unknown_parameters(raw: dict[str, Any], template: Template, problems: list[F
         problems.append(
             FieldProblem(f"parameters.{str(name)[:40]}", "unknown_parameter", f"{template.name} has no such parameter.")
         )
+
+
+def parameters_checked(raw_input: object, template: Template) -> tuple[dict[str, Any], list[FieldProblem]]:
+    """The parameters as an object, and the problems found so far (any parameter the template does
+    not name), for the template's own checks to add to."""
+    raw = parameters_dict(raw_input)
+    problems: list[FieldProblem] = []
+    unknown_parameters(raw, template, problems)
+    return raw, problems
+
+
+def money_parameters(raw: dict[str, Any], problems: list[FieldProblem]) -> tuple[str | None, Decimal | None]:
+    """The currency and the amount in it, each checked as a lone proposal checks them."""
+    currency = check_currency(raw.get("currency"), problems)
+    return currency, parse_amount(raw.get("amount"), currency, problems)
+
+
+def reason_parameter(raw: dict[str, Any], allowed: Sequence[str], problems: list[FieldProblem]) -> str:
+    """The reason code, which must be one of ``allowed``."""
+    reason = str(raw.get("reason_code") or "")
+    if reason not in allowed:
+        problems.append(
+            FieldProblem("parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(allowed)}.")
+        )
+    return reason
 
 
 def one_line_text(name: str, raw: object, problems: list[FieldProblem], *, limit: int = 500) -> str | None:

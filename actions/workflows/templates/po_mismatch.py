@@ -11,13 +11,7 @@ from django.utils import timezone
 
 from actions.kinds import StepClass
 from actions.kinds.email_templates import EmailTemplate
-from actions.kinds.fields import (
-    FieldProblem,
-    check_currency,
-    check_evidence,
-    check_reference,
-    parse_amount,
-)
+from actions.kinds.fields import check_evidence, check_reference
 from actions.kinds.invoice_adjustment.contract import accounting_from_settings
 from actions.models import (
     ActionKind,
@@ -36,13 +30,14 @@ from actions.workflows.templates import (
 )
 from actions.workflows.templates.building import (
     email_payload,
+    money_parameters,
     one_line_text,
     parameter_problems_raise,
     parameter_refusal,
-    parameters_dict,
+    parameters_checked,
+    reason_parameter,
     registered_email,
     step_entry,
-    unknown_parameters,
     workflow_ids,
     workflow_proposal,
 )
@@ -160,19 +155,12 @@ def _po_validate(raw_input: dict[str, Any]) -> Proposal:
 
 def _po_fields(raw_input: dict[str, Any], template: Template) -> _Fields:
     """Every parameter's own check; all the bad ones are named at once."""
-    raw = parameters_dict(raw_input)
-    problems: list[FieldProblem] = []
-    unknown_parameters(raw, template, problems)
+    raw, problems = parameters_checked(raw_input, template)
     bill_ref = check_reference("parameters.bill_number", raw.get("bill_number"), problems)
     case_ref = check_reference("parameters.case", raw.get("case"), problems)
-    currency = check_currency(raw.get("currency"), problems)
-    amount = parse_amount(raw.get("amount"), currency, problems)
-    reason = str(raw.get("reason_code") or "")
+    currency, amount = money_parameters(raw, problems)
     allowed = [r for r in AdjustmentReason.values if r != AdjustmentReason.DUPLICATE_CREDIT_NOTE]
-    if reason not in allowed:
-        problems.append(
-            FieldProblem("parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(allowed)}.")
-        )
+    reason = reason_parameter(raw, allowed, problems)
     supplier_code = check_reference("parameters.supplier", raw.get("supplier"), problems)
     to = one_line_text("parameters.to", raw.get("to"), problems, limit=254)
     explanation = one_line_text("parameters.explanation", raw.get("explanation"), problems)
@@ -216,6 +204,16 @@ def _po_steps(fields: _Fields, *, bill: Bill, supplier: Supplier, workflow_id: s
         "currency": currency,
         "reason": fields.explanation,
     }
+
+    def supplier_message(template: EmailTemplate, values: dict[str, str], *, action_key: str) -> dict[str, Any]:
+        """The email to the supplier's contact about this bill: the adjustment, or its correction."""
+        return {
+            "kind": email.kind,
+            "supplier": supplier.code,
+            "reference": f"bill-{bill.number}",
+            **email_payload(template, values, action_key=action_key, sender=settings.SUPPLIER_EMAIL_FROM, to=to),
+        }
+
     return [
         step_entry(
             read,
@@ -256,30 +254,12 @@ def _po_steps(fields: _Fields, *, bill: Bill, supplier: Supplier, workflow_id: s
             email,
             3,
             target={"type": "supplier", "ref": supplier.code},
-            payload={
-                "kind": email.kind,
-                "supplier": supplier.code,
-                "reference": f"bill-{bill.number}",
-                **email_payload(
-                    ADJUSTED_TEMPLATE,
-                    values,
-                    action_key=f"{workflow_id}:{email.name}",
-                    sender=settings.SUPPLIER_EMAIL_FROM,
-                    to=to,
-                ),
-            },
-            compensation_payload={
-                "kind": email.kind,
-                "supplier": supplier.code,
-                "reference": f"bill-{bill.number}",
-                **email_payload(
-                    CORRECTION_TEMPLATE,
-                    {k: values[k] for k in ("supplier_name", "bill_number", "amount", "currency")},
-                    action_key=f"{workflow_id}:{email.name}:compensate",
-                    sender=settings.SUPPLIER_EMAIL_FROM,
-                    to=to,
-                ),
-            },
+            payload=supplier_message(ADJUSTED_TEMPLATE, values, action_key=f"{workflow_id}:{email.name}"),
+            compensation_payload=supplier_message(
+                CORRECTION_TEMPLATE,
+                {k: values[k] for k in ("supplier_name", "bill_number", "amount", "currency")},
+                action_key=f"{workflow_id}:{email.name}:compensate",
+            ),
         ),
     ]
 

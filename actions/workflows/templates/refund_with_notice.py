@@ -12,10 +12,8 @@ from actions.kinds import StepClass
 from actions.kinds.email_templates import EmailTemplate
 from actions.kinds.fields import (
     FieldProblem,
-    check_currency,
     check_evidence,
     check_reference,
-    parse_amount,
 )
 from actions.models import (
     Action,
@@ -34,11 +32,12 @@ from actions.workflows.templates import (
 )
 from actions.workflows.templates.building import (
     email_payload,
+    money_parameters,
     parameter_problems_raise,
     parameter_refusal,
-    parameters_dict,
+    parameters_checked,
+    reason_parameter,
     step_entry,
-    unknown_parameters,
     workflow_ids,
     workflow_proposal,
 )
@@ -111,24 +110,15 @@ def _refund_validate(raw_input: dict[str, Any]) -> Proposal:
 
 def _refund_fields(raw_input: dict[str, Any], template: Template) -> _Fields:
     """Every parameter's own check; all the bad ones are named at once."""
-    raw = parameters_dict(raw_input)
-    problems: list[FieldProblem] = []
-    unknown_parameters(raw, template, problems)
+    raw, problems = parameters_checked(raw_input, template)
     order_ref = check_reference("parameters.order_number", raw.get("order_number"), problems)
     case_ref = check_reference("parameters.case", raw.get("case"), problems)
     number_raw = raw.get("request_number")
     number = number_raw if isinstance(number_raw, int) and not isinstance(number_raw, bool) else None
     if number is None or not 1 <= number <= 1_000_000:
         problems.append(FieldProblem("parameters.request_number", "invalid", "A whole number, at least 1."))
-    currency = check_currency(raw.get("currency"), problems)
-    amount = parse_amount(raw.get("amount"), currency, problems)
-    reason = str(raw.get("reason_code") or "")
-    if reason not in ReasonCode.values:
-        problems.append(
-            FieldProblem(
-                "parameters.reason_code", "unknown_reason_code", f"Use one of: {', '.join(ReasonCode.values)}."
-            )
-        )
+    currency, amount = money_parameters(raw, problems)
+    reason = reason_parameter(raw, ReasonCode.values, problems)
     evidence = check_evidence(raw.get("evidence", ""), problems)
     parameter_problems_raise(problems)
     assert order_ref and case_ref and number is not None and currency and amount is not None
