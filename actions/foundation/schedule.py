@@ -62,12 +62,25 @@ def period_claim(task: str, interval: float, *, host: str | None = None) -> bool
     # The task's first period ever: whoever inserts the row has claimed it.
     try:
         with transaction.atomic():
-            SchedulePeriod.objects.create(
-                task=task, period_start=start, runs=1, started_at=now, host=values["host"]
-            )
+            SchedulePeriod.objects.create(task=task, period_start=start, runs=1, started_at=now, host=values["host"])
     except IntegrityError:
         return False
+    schedule_known_since(now)
     return True
+
+
+def schedule_known_since(now: datetime) -> None:
+    """A row for every beat entry that has none yet, as of ``now``: "known to the schedule since,
+    never run". An hourly task on a fresh deployment is then waiting for its first period, not
+    stale, until it has been known for its stale threshold. Once per task's first period ever.
+    The row's period is the epoch, so the task's first claim still moves it forward."""
+    SchedulePeriod.objects.bulk_create(
+        [
+            SchedulePeriod(task=entry, period_start=EPOCH, runs=0, started_at=now)
+            for entry in settings.CELERY_BEAT_SCHEDULE
+        ],
+        ignore_conflicts=True,
+    )
 
 
 def this_host() -> str:
@@ -112,25 +125,44 @@ class Liveness:
     entry: str
     age_seconds: float | None  # None: it never finished
     threshold_seconds: float
+    # Before its first finished run: how long the schedule has known of it (its first claim, or
+    # another task's first period on this database); None: never heard of, no beat ever ran it.
+    waiting_seconds: float | None = None
 
     @property
     def stale(self) -> bool:
-        return self.age_seconds is None or self.age_seconds > self.threshold_seconds
+        if self.age_seconds is None:
+            return self.waiting_seconds is None or self.waiting_seconds > self.threshold_seconds
+        return self.age_seconds > self.threshold_seconds
 
 
 def liveness() -> list[Liveness]:
     """Every beat entry's age since its last finished run, read against the database's clock.
 
     A task is stale past ``SCHEDULE_STALE_PERIODS`` of its own intervals: one missed period is
-    a host lost and taken over; several in a row mean that no beat runs at all.
+    a host lost and taken over; several in a row mean that no beat runs at all. One that never
+    finished is stale once the schedule has known of it that long (a fresh deployment's hourly
+    audit waits for its first period), and at once if no beat ever ran anything.
     """
     now = database_now()
-    finished = dict(SchedulePeriod.objects.values_list("task", "finished_at"))
+    known = {
+        task: (finished, started)
+        for task, finished, started in SchedulePeriod.objects.values_list("task", "finished_at", "started_at")
+    }
     rows = []
     for entry in sorted(settings.CELERY_BEAT_SCHEDULE):
-        last = finished.get(entry)
-        age = (now - last).total_seconds() if last else None
+        last, since = known.get(entry, (None, None))
         threshold = interval_of(entry) * settings.SCHEDULE_STALE_PERIODS
-        age = max(age, 0.0) if age is not None else None
-        rows.append(Liveness(entry=entry, age_seconds=age, threshold_seconds=threshold))
+        rows.append(
+            Liveness(
+                entry=entry,
+                age_seconds=_seconds_since(now, last),
+                threshold_seconds=threshold,
+                waiting_seconds=_seconds_since(now, since) if last is None else None,
+            )
+        )
     return rows
+
+
+def _seconds_since(now: datetime, moment: datetime | None) -> float | None:
+    return max((now - moment).total_seconds(), 0.0) if moment is not None else None
