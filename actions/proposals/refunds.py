@@ -5,9 +5,7 @@ from __future__ import annotations
 from actions.kinds.fields import FieldProblem
 from actions.kinds.refund.proposal import action_propose_refund
 from actions.kinds.refund.requests import (
-    RefundRequestConflict,
     RefundRequestResult,
-    RefundRequestTaken,
     refund_request_open,
 )
 from actions.models import ActionKind, Agent, RequestSource
@@ -39,8 +37,6 @@ def agent_refund_request_open(
             opened_by_agent=agent,
         ),
         noun="refund request",
-        taken=RefundRequestTaken,
-        conflicting=RefundRequestConflict,
     )
 
 
