@@ -20,6 +20,7 @@ finance who may confirm one is told.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,7 +29,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -76,6 +77,39 @@ class NotificationRun:
     sent: int = 0  # mails
     items: int = 0  # items told about
 
+    def told(self, count: int) -> None:
+        """One person was told of ``count`` new items, in one mail (none when there were none)."""
+        self.items += count
+        self.sent += 1 if count else 0
+
+
+# What each kind's mail says: its subject ("{count}" is the number of items) and its first line
+# ("{minutes}", where there is one, is how long a proposal has waited).
+_MAIL_WORDS: dict[str, tuple[str, str]] = {
+    NotificationKind.WAITING_PROPOSAL: (
+        "{count} proposal(s) waiting for a decision",
+        "These proposals have waited more than {minutes} minutes for a manager:",
+    ),
+    NotificationKind.OVERDUE: (
+        "{count} item(s) you own are overdue",
+        "These items you own are past their due time:",
+    ),
+    NotificationKind.ESCALATED: (
+        "{count} item(s) escalated to you",
+        "These items were handed to you to resolve in the review queue:",
+    ),
+    NotificationKind.POLICY_CHANGE: (
+        "{count} change(s) to approval limits or caps waiting for your confirmation",
+        "These changes were proposed in the admin site. They take effect only when a member of finance "
+        "other than the proposer confirms them. Confirm or reject each from its link.",
+    ),
+    NotificationKind.TRAIL_BREAK: (
+        "The audit trail's check found {count} break(s)",
+        "The periodic check of the audit trail (manage.py verify_trail) found events or checkpoints "
+        "that no longer match their hashes. Keep the database as it is and tell an administrator:",
+    ),
+}
+
 
 def _settings_of(users: list[Any]) -> dict[int, UserSettings]:
     found = {s.user_id: s for s in UserSettings.objects.filter(user__in=users)}
@@ -108,8 +142,9 @@ def _plan_line(workflow: Workflow) -> str:
     return f"Plan for {subject}" if subject else "Plan"
 
 
-def _send_once(*, user: Any, kind: str, items: list[Item], subject_line: str, intro: str, now: datetime) -> int:
-    """Tell one person about the items not yet told to them; returns how many were new.
+def _send_once(*, user: Any, kind: str, items: list[Item], now: datetime, **intro_fields: object) -> int:
+    """Tell one person about the items not yet told to them, in the words of the kind's mail
+    (``intro_fields`` fill its first line); returns how many were new.
 
     This is the one place where a decision to tell someone becomes its channels: the
     console's notification rows and, where the person has an address, one e-mail.
@@ -132,7 +167,13 @@ def _send_once(*, user: Any, kind: str, items: list[Item], subject_line: str, in
             for item in fresh
         )
         if user.email:
-            _mail(user=user, items=fresh, subject=subject_line.format(count=len(fresh)), intro=intro)
+            subject_line, intro = _MAIL_WORDS[kind]
+            _mail(
+                user=user,
+                items=fresh,
+                subject=subject_line.format(count=len(fresh)),
+                intro=intro.format(**intro_fields),
+            )
     return len(fresh)
 
 
@@ -173,34 +214,33 @@ def _waiting_proposals(now: datetime, run: NotificationRun) -> None:
         waiting = proposals_waiting(user=manager).filter(created_at__lte=since).select_related("order", "bill")
         # A workflow's plan is one decision covering several actions: told about like a proposal.
         plans = plans_waiting(user=manager).filter(created_at__lte=since)
-        items = [
-            Item(
-                f"action:{a.pk}",
-                f"{action_words(a)}, waiting since {a.created_at:%Y-%m-%d %H:%M} UTC",
-                reverse("approvals-detail", args=[a.pk]),
+        items = _waiting_items(waiting, "action", action_words, "approvals-detail", told=told)
+        items += _waiting_items(plans, "workflow", _plan_line, "approvals-workflow", told=told)
+        run.told(
+            _send_once(
+                user=manager,
+                kind=NotificationKind.WAITING_PROPOSAL,
+                items=items,
+                now=now,
+                minutes=choice.waiting_minutes,
             )
-            for a in waiting[: ITEMS_PER_MAIL * 4]
-            if f"action:{a.pk}" not in told
-        ]
-        items += [
-            Item(
-                f"workflow:{w.pk}",
-                f"{_plan_line(w)}, waiting since {w.created_at:%Y-%m-%d %H:%M} UTC",
-                reverse("approvals-workflow", args=[w.pk]),
-            )
-            for w in plans[: ITEMS_PER_MAIL * 4]
-            if f"workflow:{w.pk}" not in told
-        ]
-        count = _send_once(
-            user=manager,
-            kind=NotificationKind.WAITING_PROPOSAL,
-            items=items,
-            subject_line="{count} proposal(s) waiting for a decision",
-            intro=f"These proposals have waited more than {choice.waiting_minutes} minutes for a manager:",
-            now=now,
         )
-        run.items += count
-        run.sent += 1 if count else 0
+
+
+def _waiting_items(
+    rows: QuerySet[Any], subject: str, line: Callable[[Any], str], view: str, *, told: set[str]
+) -> list[Item]:
+    """The first of ``rows`` waiting for a manager that they were not told of, each linked to
+    its page (``view``)."""
+    return [
+        Item(
+            f"{subject}:{row.pk}",
+            f"{line(row)}, waiting since {row.created_at:%Y-%m-%d %H:%M} UTC",
+            reverse(view, args=[row.pk]),
+        )
+        for row in rows[: ITEMS_PER_MAIL * 4]
+        if f"{subject}:{row.pk}" not in told
+    ]
 
 
 def _owned_items(now: datetime, *, overdue: bool) -> dict[int, list[Item]]:
@@ -211,35 +251,34 @@ def _owned_items(now: datetime, *, overdue: bool) -> dict[int, list[Item]]:
     actions = Action.objects.filter(status=ActionStatus.NEEDS_REVIEW, owner__isnull=False).select_related(
         "order", "bill"
     )
-    if overdue:
-        actions = actions.filter(due_at__lte=now)
-    for action in actions.order_by("due_at", "pk")[:1000]:
-        due = f", due {action.due_at:%Y-%m-%d %H:%M} UTC" if action.due_at else ""
-        assert action.owner_id is not None
-        by_owner[action.owner_id].append(
-            Item(f"action:{action.pk}", f"{action_words(action)}{due}", reverse("review-action", args=[action.pk]))
-        )
     remedies = Remedy.objects.filter(status__in=OPEN_REMEDY, owner__isnull=False).select_related(
         "action__order", "action__bill"
     )
-    if overdue:
-        remedies = remedies.filter(created_at__lte=due_cut)
-    for remedy in remedies.order_by("created_at", "pk")[:1000]:
-        assert remedy.owner_id is not None
-        by_owner[remedy.owner_id].append(
-            Item(f"remedy:{remedy.pk}", _remedy_line(remedy), reverse("review-remedy", args=[remedy.pk]))
-        )
     discrepancies = Discrepancy.objects.filter(status__in=OPEN_DISCREPANCY, owner__isnull=False).select_related(
         "action__order", "action__bill"
     )
     if overdue:
+        actions = actions.filter(due_at__lte=now)
+        remedies = remedies.filter(created_at__lte=due_cut)
         discrepancies = discrepancies.filter(detected_at__lte=due_cut)
-    for found in discrepancies.order_by("detected_at", "pk")[:1000]:
-        assert found.owner_id is not None
-        by_owner[found.owner_id].append(
-            Item(f"discrepancy:{found.pk}", _discrepancy_line(found), reverse("review-discrepancy", args=[found.pk]))
-        )
+    _add_owned(by_owner, "action", actions.order_by("due_at", "pk"), _action_line)
+    _add_owned(by_owner, "remedy", remedies.order_by("created_at", "pk"), _remedy_line)
+    _add_owned(by_owner, "discrepancy", discrepancies.order_by("detected_at", "pk"), _discrepancy_line)
     return by_owner
+
+
+def _add_owned(by_owner: dict[int, list[Item]], subject: str, rows: QuerySet[Any], line: Callable[[Any], str]) -> None:
+    """The first thousand ``rows``, each under its owner, linked to its review page ("review-<subject>")."""
+    for row in rows[:1000]:
+        assert row.owner_id is not None
+        by_owner[row.owner_id].append(
+            Item(f"{subject}:{row.pk}", line(row), reverse(f"review-{subject}", args=[row.pk]))
+        )
+
+
+def _action_line(action: Action) -> str:
+    due = f", due {action.due_at:%Y-%m-%d %H:%M} UTC" if action.due_at else ""
+    return f"{action_words(action)}{due}"
 
 
 def _owner_notifications(now: datetime, run: NotificationRun, *, overdue: bool) -> None:
@@ -255,20 +294,7 @@ def _owner_notifications(now: datetime, run: NotificationRun, *, overdue: bool) 
             continue
         told = _already_told(owner, kind)
         items = [item for item in by_owner[owner.pk] if item.subject not in told]
-        count = _send_once(
-            user=owner,
-            kind=kind,
-            items=items,
-            subject_line=("{count} item(s) you own are overdue" if overdue else "{count} item(s) escalated to you"),
-            intro=(
-                "These items you own are past their due time:"
-                if overdue
-                else "These items were handed to you to resolve in the review queue:"
-            ),
-            now=now,
-        )
-        run.items += count
-        run.sent += 1 if count else 0
+        run.told(_send_once(user=owner, kind=kind, items=items, now=now))
 
 
 def _policy_changes_waiting(now: datetime, run: NotificationRun) -> None:
@@ -294,19 +320,7 @@ def _policy_changes_waiting(now: datetime, run: NotificationRun) -> None:
             for change in waiting
             if f"policy_change:{change.pk}" not in told and policy_change_refusal(change=change, user=member) is None
         ]
-        count = _send_once(
-            user=member,
-            kind=NotificationKind.POLICY_CHANGE,
-            items=items,
-            subject_line="{count} change(s) to approval limits or caps waiting for your confirmation",
-            intro=(
-                "These changes were proposed in the admin site. They take effect only when a member of finance "
-                "other than the proposer confirms them. Confirm or reject each from its link."
-            ),
-            now=now,
-        )
-        run.items += count
-        run.sent += 1 if count else 0
+        run.told(_send_once(user=member, kind=NotificationKind.POLICY_CHANGE, items=items, now=now))
 
 
 def trail_break_notify(*, breaks: list[tuple[str, str, str]], now: datetime | None = None) -> int:
@@ -318,17 +332,7 @@ def trail_break_notify(*, breaks: list[tuple[str, str, str]], now: datetime | No
     members = get_user_model().objects.filter(is_active=True, groups__name=FINANCE_ROLE).exclude(email="").distinct()
     sent = 0
     for member in members:
-        count = _send_once(
-            user=member,
-            kind=NotificationKind.TRAIL_BREAK,
-            items=items,
-            subject_line="The audit trail's check found {count} break(s)",
-            intro=(
-                "The periodic check of the audit trail (manage.py verify_trail) found events or checkpoints "
-                "that no longer match their hashes. Keep the database as it is and tell an administrator:"
-            ),
-            now=now,
-        )
+        count = _send_once(user=member, kind=NotificationKind.TRAIL_BREAK, items=items, now=now)
         sent += 1 if count else 0
     return sent
 

@@ -1,4 +1,5 @@
-"""Recording a proposal of any kind, and cancelling an action (docs/architecture.md section 3).
+"""Recording a proposal of any kind, opening the request a proposal answers, and cancelling an
+action (docs/architecture.md section 3).
 
 Each kind's proposal service (``actions.kinds.<kind>.proposal``) checks its own fields and
 composes its id and payload, then records the proposal here, in steps every kind shares: the
@@ -15,22 +16,134 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec
+from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
+from django.db.models import Max
 from django_fsm import has_transition_perm
 
 from actions.foundation.refusals import Refused
 from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor, Writes, action_transition, event_record
-from actions.kinds.fields import FieldProblem
+from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.kinds.registry import kind_for
-from actions.models import Action, ActionStatus, ActorKind
+from actions.models import Action, ActionStatus, ActorKind, AdjustmentRequest, Agent, Bill, Order, RefundRequest
 from actions.providers.base import validate_idempotency_key
 from approvals.policy import AutoPolicyDecision, auto_policy_apply, auto_policy_decide
 
 S = ActionStatus
+
+# --- requests -----------------------------------------------------------------------------
+#
+# A request (a refund request on an order, an adjustment request on a bill) is numbered per
+# target, under the target's row lock, and is idempotent by its external reference: a retry
+# returns the request that exists. Each kind with requests declares its ``RequestBook``.
+
+Request = TypeVar("Request", AdjustmentRequest, RefundRequest)
+
+
+class RequestConflict(Exception):
+    """The external reference already names a request on another target."""
+
+    # The request and its target in a clerk's words ("a refund request", "order"), and what one
+    # request stands for ("One ticket").
+    request_words: ClassVar[str]
+    target_words: ClassVar[str]
+    one_request_is: ClassVar[str]
+
+    def __init__(self, request: Any, differing: dict[str, dict[str, Any]]) -> None:
+        self.request = request
+        self.differing = differing
+        target = getattr(request, self.target_words)
+        super().__init__(
+            f"The external reference {request.external_reference!r} already belongs to {self.request_words} on "
+            f"{self.target_words} {target.number}. {self.one_request_is} is one request: use another reference "
+            f"for another {self.target_words}."
+        )
+
+
+class RequestTaken(Exception):
+    """The external reference names a request another agent opened. Nothing is revealed about it."""
+
+
+@dataclass(frozen=True)
+class RequestBook(Generic[Request]):
+    """A kind's requests on its targets (refund requests on orders), and what refuses a reference:
+    ``taken`` when another agent opened it, ``conflict`` when it names a request on another target."""
+
+    model: type[Request]
+    target_model: type[Bill | Order]
+    taken: type[RequestTaken]
+    conflict: type[RequestConflict]
+
+    def open(
+        self,
+        target_number: str,
+        reference: str,
+        *,
+        opened_by_agent: Agent | None,
+        before_create: Callable[[Any], None] = lambda target: None,
+        **fields: Any,
+    ) -> tuple[Request, bool]:
+        """Open the next request on the target numbered ``target_number``, or return the one
+        ``reference`` opened, as (request, created), in a transaction of its own.
+
+        The target's row is locked while the next number is chosen, so two requests on one
+        target are numbered one after the other. A request another agent opened raises
+        ``taken``, and nothing is revealed about it; one on another target raises ``conflict``,
+        naming both. ``before_create`` runs, under the lock, only when a new request is about to
+        be written (a limit to check).
+        """
+        # The target's field on the request ("order", "bill") names it in the agent's words too.
+        target_field = self.target_model._meta.model_name
+        assert target_field is not None
+        with transaction.atomic(durable=True):
+            target = self.target_model.objects.select_for_update().filter(number=target_number).first()
+            if target is None:
+                raise ProposalInvalid.for_field(
+                    f"{target_field}_number", "not_found", f"There is no {target_field} {target_number}."
+                )
+            requests = self.model.objects.select_related(target_field).filter(external_reference=reference)
+            # Read after taking the lock: a concurrent opener of the same reference on this target
+            # has committed by now, and this statement sees its row.
+            request = requests.first()
+            created = request is None
+            if request is None:
+                before_create(target)
+                number = (
+                    self.model.objects.filter(**{target_field: target}).aggregate(top=Max("number"))["top"] or 0
+                ) + 1
+                try:
+                    # A savepoint: the same reference opened concurrently on another target is not
+                    # serialised by this target's lock, and the UNIQUE constraint decides. The
+                    # savepoint keeps the transaction usable for reading the winner.
+                    with transaction.atomic():
+                        request = self.model.objects.create(
+                            **{target_field: target},
+                            number=number,
+                            external_reference=reference,
+                            opened_by_agent=opened_by_agent,
+                            **fields,
+                        )
+                except IntegrityError:
+                    request = requests.first()
+                    if request is None:
+                        raise
+                    created = False
+            if (
+                not created
+                and opened_by_agent is not None
+                and request.opened_by_agent_id not in (None, opened_by_agent.pk)
+            ):
+                raise self.taken(request.external_reference)
+            opened_on = getattr(request, target_field).number
+            if opened_on != target.number:
+                raise self.conflict(
+                    request, {f"{target_field}_number": {"existing": opened_on, "proposed": target.number}}
+                )
+        return request, created
+
 
 # --- proposals ----------------------------------------------------------------------------
 

@@ -6,9 +6,11 @@ nothing below this module imports it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 from django.utils import timezone
 
@@ -32,7 +34,19 @@ from approvals.services import rejection_commit as rejection_commit_run
 from approvals.services import rejections_commit_due
 
 
-@shared_task(name="actions.tasks.dispatch")
+def task(function: Callable[..., Any]) -> Task:
+    """A Celery task named after its function in this module ("actions.tasks.dispatch"): the
+    name the services publish and beat's entries send."""
+    return shared_task(name=f"{__name__}.{function.__name__}")(function)
+
+
+def periodic_task(function: Callable[..., Any]) -> Task:
+    """A task that beat sends, run once per period: its beat entry is its name with dashes
+    ("sweep-authorized")."""
+    return task(once_per_period(function.__name__.replace("_", "-"))(function))
+
+
+@task
 def dispatch(action_pk: int) -> str:
     # The receiver's bucket is empty: the action stays AUTHORIZED (no claim, no lease) and its
     # dispatch is published again for when a token is due (actions.engine.throttle).
@@ -43,19 +57,17 @@ def dispatch(action_pk: int) -> str:
     return execution_dispatch(action_pk=action_pk)
 
 
-@shared_task(name="actions.tasks.sweep_authorized")
-@once_per_period("sweep-authorized")
+@periodic_task
 def sweep_authorized() -> int:
     return sweep_authorized_run()
 
 
-@shared_task(name="actions.tasks.sweep_expired_leases")
-@once_per_period("sweep-expired-leases")
+@periodic_task
 def sweep_expired_leases() -> int:
     return sweep_expired_leases_run()
 
 
-@shared_task(name="actions.tasks.reconcile")
+@task
 def reconcile(action_pk: int, published_mark: str | None = None) -> str:
     mark = datetime.fromisoformat(published_mark) if published_mark else None
     # The lookup takes a token from its receiver's bucket first, as a dispatch does; while it
@@ -68,8 +80,7 @@ def reconcile(action_pk: int, published_mark: str | None = None) -> str:
     return reconcile_action(action_pk=action_pk, published_mark=mark)
 
 
-@shared_task(name="actions.tasks.sweep_reconcile")
-@once_per_period("sweep-reconcile")
+@periodic_task
 def sweep_reconcile() -> int:
     """Publish one reconcile task per due UNKNOWN or SETTLING action, once per lease.
 
@@ -92,75 +103,66 @@ def sweep_reconcile() -> int:
     return len(published)
 
 
-@shared_task(name="actions.tasks.ledger_audit")
-@once_per_period("ledger-audit")
+@periodic_task
 def ledger_audit() -> int:
     return ledger_audit_run().discrepancies_found
 
 
-@shared_task(name="actions.tasks.housekeeping_prune_attempt_bodies")
-@once_per_period("housekeeping-prune-attempt-bodies")
+@periodic_task
 def housekeeping_prune_attempt_bodies() -> int:
     return attempts_prune_bodies().pruned
 
 
-@shared_task(name="actions.tasks.retention_archive")
-@once_per_period("retention-archive")
+@periodic_task
 def retention_archive() -> int:
     """The number of audit events archived (docs/operators/retention.md)."""
     return retention_run().archived.events
 
 
-@shared_task(name="actions.tasks.rejection_commit")
+@task
 def rejection_commit(action_pk: int) -> bool:
     """A pending rejection's undo window has passed: commit it (a no-op if it was undone)."""
     return rejection_commit_run(action_pk=action_pk) is not None
 
 
-@shared_task(name="actions.tasks.sweep_rejections")
-@once_per_period("sweep-rejections")
+@periodic_task
 def sweep_rejections() -> int:
     return rejections_commit_due()
 
 
-@shared_task(name="actions.tasks.deliver_agent_webhook")
+@task
 def deliver_agent_webhook(delivery_pk: int) -> str:
     return webhook_deliver(delivery_pk)
 
 
-@shared_task(name="actions.tasks.sweep_agent_webhooks")
-@once_per_period("sweep-agent-webhooks")
+@periodic_task
 def sweep_agent_webhooks() -> int:
     return len(webhook_sweep_due())
 
 
-@shared_task(name="actions.tasks.notify_people")
-@once_per_period("notify-people")
+@periodic_task
 def notify_people() -> int:
     return notifications_send_due().sent
 
 
-@shared_task(name="actions.tasks.trail_checkpoint")
-@once_per_period("trail-checkpoint")
+@periodic_task
 def trail_checkpoint() -> int | None:
     made = checkpoint_make().checkpoint
     return made.number if made is not None else None
 
 
-@shared_task(name="actions.tasks.trail_verify")
-@once_per_period("trail-verify")
+@periodic_task
 def trail_verify() -> int:
     """The number of breaks found (finance is told of each)."""
     return len(trail_check(key=signing_key()).breaks)
 
 
-@shared_task(name="actions.tasks.workflow_advance")
+@task
 def workflow_advance(workflow_id: str) -> str:
     return workflow_advance_run(workflow_id=workflow_id)
 
 
-@shared_task(name="actions.tasks.sweep_workflows")
-@once_per_period("sweep-workflows")
+@periodic_task
 def sweep_workflows() -> int:
     """Advance workflows whose next move was never made (a nudge lost, a worker killed)."""
     return sweep_workflows_run()

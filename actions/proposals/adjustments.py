@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
 from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
-from actions.kinds.invoice_adjustment.requests import (
-    AdjustmentRequestConflict,
-    AdjustmentRequestResult,
-    AdjustmentRequestTaken,
-    adjustment_request_open,
-)
+from actions.kinds.invoice_adjustment.requests import AdjustmentRequestResult, adjustment_request_open
 from actions.models import Agent
 from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
 from actions.services import (
@@ -36,8 +31,6 @@ def agent_adjustment_request_open(
             bill_number=bill_number, external_reference=external_reference, note=note, opened_by_agent=agent
         ),
         noun="adjustment request",
-        taken=AdjustmentRequestTaken,
-        conflicting=AdjustmentRequestConflict,
     )
 
 

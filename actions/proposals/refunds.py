@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from actions.kinds.fields import FieldProblem
 from actions.kinds.refund.proposal import action_propose_refund
-from actions.kinds.refund.requests import (
-    RefundRequestConflict,
-    RefundRequestResult,
-    RefundRequestTaken,
-    refund_request_open,
-)
+from actions.kinds.refund.requests import RefundRequestResult, refund_request_open
 from actions.models import ActionKind, Agent, RequestSource
 from actions.proposals.outcomes import invalid
 from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
@@ -39,8 +34,6 @@ def agent_refund_request_open(
             opened_by_agent=agent,
         ),
         noun="refund request",
-        taken=RefundRequestTaken,
-        conflicting=RefundRequestConflict,
     )
 
 

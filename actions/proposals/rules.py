@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from actions.kinds.fields import ProposalInvalid
 from actions.models import Agent
@@ -11,6 +11,8 @@ from actions.proposals.outcomes import Conflict, Forbidden, invalid
 from actions.services import (
     ProposalConflict,
     ProposalResult,
+    RequestConflict,
+    RequestTaken,
 )
 
 _Opened = TypeVar("_Opened")
@@ -86,13 +88,7 @@ def proposal_for_agent(
     return result
 
 
-def request_open_for_agent(
-    open_request: Callable[[], _Opened],
-    *,
-    noun: str,
-    taken: type[Exception],
-    conflicting: type[Exception],
-) -> _Opened:
+def request_open_for_agent(open_request: Callable[[], _Opened], *, noun: str) -> _Opened:
     """Open a request (a refund request, an adjustment request) for an agent by its external
     reference: bad fields are ``Invalid``; a reference another proposer opened is
     ``reference_taken``, which says nothing of that request; a reference already naming a
@@ -101,8 +97,9 @@ def request_open_for_agent(
         return open_request()
     except ProposalInvalid as problems:
         raise invalid(problems.problems) from None
-    except taken:
+    except RequestTaken:
         raise reference_taken(noun) from None
-    except conflicting as conflict:
-        differing: Any = getattr(conflict, "differing", {})
-        raise Conflict(code="reference_conflict", detail=str(conflict), facts={"differing": differing}) from None
+    except RequestConflict as conflict:
+        raise Conflict(
+            code="reference_conflict", detail=str(conflict), facts={"differing": conflict.differing}
+        ) from None

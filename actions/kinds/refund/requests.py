@@ -9,37 +9,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from actions.kinds.fields import FieldProblem, ProposalInvalid, check_external_reference, check_note, check_reference
 from actions.models import Agent, Order, ReasonCode, RefundRequest, RequestSource
+from actions.services import RequestBook, RequestConflict, RequestTaken
 
 
-class RefundRequestConflict(Exception):
-    """The external reference already names a request on another order."""
+class RefundRequestConflict(RequestConflict):
+    request_words = "a refund request"
+    target_words = "order"
+    one_request_is = "One ticket"
 
-    def __init__(self, request: RefundRequest, differing: dict[str, dict[str, Any]]) -> None:
-        self.request = request
-        self.differing = differing
-        super().__init__(
-            f"The external reference {request.external_reference!r} already belongs to a refund request on "
-            f"order {request.order.number}. One ticket is one request: use another reference for another order."
-        )
+
+class RefundRequestTaken(RequestTaken):
+    pass
+
+
+REFUND_REQUESTS = RequestBook(RefundRequest, Order, taken=RefundRequestTaken, conflict=RefundRequestConflict)
 
 
 @dataclass(frozen=True)
 class RefundRequestResult:
     request: RefundRequest
     created: bool
-
-
-class RefundRequestTaken(Exception):
-    """The external reference names a request another agent opened. Nothing is revealed about it."""
 
 
 def _check_reason_code(raw: object, problems: list[FieldProblem], *, required: bool) -> str:
@@ -51,16 +46,6 @@ def _check_reason_code(raw: object, problems: list[FieldProblem], *, required: b
     if value not in ReasonCode.values:
         problems.append(FieldProblem("reason_code", "invalid_choice", f"Use one of: {', '.join(ReasonCode.values)}."))
     return value
-
-
-def _existing_or_conflict(
-    request: RefundRequest, order_number: str, *, opened_by_agent: Agent | None = None
-) -> RefundRequestResult:
-    if opened_by_agent is not None and request.opened_by_agent_id not in (None, opened_by_agent.pk):
-        raise RefundRequestTaken(request.external_reference)
-    if request.order.number == order_number:
-        return RefundRequestResult(request=request, created=False)
-    raise RefundRequestConflict(request, {"order_number": {"existing": request.order.number, "proposed": order_number}})
 
 
 def refund_request_open(
@@ -97,45 +82,29 @@ def refund_request_open(
         raise ProposalInvalid(problems)
     assert order_ref is not None and reference is not None
 
-    with transaction.atomic(durable=True):
-        order = Order.objects.select_for_update().filter(number=order_ref).first()
-        if order is None:
-            raise ProposalInvalid.for_field("order_number", "not_found", f"There is no order {order_ref}.")
-        # Read after taking the lock: a concurrent opener of the same reference on this order
-        # has committed by now, and this statement sees its row.
-        existing = RefundRequest.objects.select_related("order").filter(external_reference=reference).first()
-        if existing is not None:
-            return _existing_or_conflict(existing, order.number, opened_by_agent=opened_by_agent)
-        if opened_by_agent is not None:
-            # Counted under the order's lock, so that parallel openers cannot all fit under it.
-            opened_today = RefundRequest.objects.filter(
-                order=order, opened_by_agent=opened_by_agent, created_at__gte=now - timedelta(days=1)
-            ).count()
-            if opened_today >= settings.REFUND_REQUESTS_PER_ORDER_PER_DAY:
-                raise ProposalInvalid.for_field(
-                    "order_number",
-                    "request_limit_reached",
-                    f"This agent opened {opened_today} refund requests on order {order.number} in the last "
-                    f"24 hours, the most it may. Nothing was written: ask a person to handle this order.",
-                )
-        number = (RefundRequest.objects.filter(order=order).aggregate(top=Max("number"))["top"] or 0) + 1
-        try:
-            # A savepoint: the same reference opened concurrently on another order is not
-            # serialised by this order's lock, and the UNIQUE constraint decides. The savepoint
-            # keeps the transaction usable for reading the winner.
-            with transaction.atomic():
-                request = RefundRequest.objects.create(
-                    order=order,
-                    number=number,
-                    external_reference=reference,
-                    source=source,
-                    note=note_text,
-                    reason_code=reason,
-                    opened_by_agent=opened_by_agent,
-                )
-        except IntegrityError:
-            winner = RefundRequest.objects.select_related("order").filter(external_reference=reference).first()
-            if winner is None:
-                raise
-            return _existing_or_conflict(winner, order.number, opened_by_agent=opened_by_agent)
-        return RefundRequestResult(request=request, created=True)
+    request, created = REFUND_REQUESTS.open(
+        order_ref,
+        reference,
+        opened_by_agent=opened_by_agent,
+        before_create=lambda order: _within_agent_limit(order, opened_by_agent, now=now),
+        source=source,
+        note=note_text,
+        reason_code=reason,
+    )
+    return RefundRequestResult(request=request, created=created)
+
+
+def _within_agent_limit(order: Order, agent: Agent | None, *, now: datetime) -> None:
+    if agent is None:
+        return
+    # Counted under the order's lock, so that parallel openers cannot all fit under it.
+    opened_today = RefundRequest.objects.filter(
+        order=order, opened_by_agent=agent, created_at__gte=now - timedelta(days=1)
+    ).count()
+    if opened_today >= settings.REFUND_REQUESTS_PER_ORDER_PER_DAY:
+        raise ProposalInvalid.for_field(
+            "order_number",
+            "request_limit_reached",
+            f"This agent opened {opened_today} refund requests on order {order.number} in the last "
+            f"24 hours, the most it may. Nothing was written: ask a person to handle this order.",
+        )
