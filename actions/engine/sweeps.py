@@ -32,7 +32,7 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
     first takes its receiver's token and is claimed on its own.
     """
     now = now or database_clock_now()
-    budget = budget_seconds if budget_seconds is not None else settings.SWEEP_INTERVAL_SECONDS
+    budget = budget_seconds if budget_seconds is not None else sweep_budget_seconds()
     cutoff = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS / 2)
     if not throttling_enabled():
         return _sweep_authorized_in_batches(cutoff=cutoff, limit=limit, budget=budget)
@@ -51,6 +51,15 @@ def sweep_authorized(*, now: datetime | None = None, limit: int = 50, budget_sec
         if execution_dispatch(action_pk=pk, skip_locked=True) not in ("taken", "stale"):
             dispatched += 1
     return dispatched
+
+
+def sweep_budget_seconds() -> float:
+    """How long a sweep that does a receiver's or a coordinator's work keeps starting more: half
+    the sweep interval. A host's periodic worker runs the period's sweeps one after another;
+    one that took the whole interval (a backlog after a host was lost, a receiver answering
+    slowly) would leave the others waiting past their stale threshold. The rest waits for the
+    next period."""
+    return settings.SWEEP_INTERVAL_SECONDS / 2
 
 
 def sweep_batch_size() -> int:

@@ -24,15 +24,16 @@ on the way; running it again is always safe: it only acts on what is recorded.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from actions.engine.faults import fault_point
+from actions.engine.sweeps import sweep_budget_seconds
 from actions.foundation.clock import database_clock_now
 from actions.foundation.publish import workflow_advance_enqueue_on_commit
 from actions.models import (
@@ -277,8 +278,11 @@ def sweep_workflows(*, now: datetime | None = None, limit: int = 100) -> int:
     A grace period leaves fresh changes to their own nudge. Each workflow is advanced under its
     own lock, so running this next to the coordinators is safe.
     """
-    now = now or timezone.now()
+    # The database's clock: a host whose own runs ahead would find every workflow overdue, and
+    # touch each one into the future, hiding it from the other hosts' sweeps.
+    now = now or database_clock_now()
     cutoff = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS / 2)
+    started = time.monotonic()
     ids = list(
         Workflow.objects.filter(state__in=[W.AUTHORIZED, W.RUNNING, W.PAUSED, W.COMPENSATING], updated_at__lt=cutoff)
         .order_by("updated_at")
@@ -286,6 +290,8 @@ def sweep_workflows(*, now: datetime | None = None, limit: int = 100) -> int:
     )
     advanced = 0
     for workflow_id in ids:
+        if time.monotonic() - started > sweep_budget_seconds():
+            break  # the rest waits for the next period, oldest first
         before = Workflow.objects.filter(workflow_id=workflow_id).values_list("state", "updated_at").first()
         workflow_advance(workflow_id=workflow_id)
         after = Workflow.objects.filter(workflow_id=workflow_id).values_list("state", "updated_at").first()
