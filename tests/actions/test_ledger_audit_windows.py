@@ -339,3 +339,34 @@ def test_the_migration_keeps_one_row_per_finding_the_one_a_person_worked_on(
 
     assert set(Discrepancy.objects.values_list("pk", flat=True)) == {worked.pk, orphans[0].pk, other.pk}
     assert first.pk < worked.pk
+
+
+def test_the_migration_rekeys_an_earlier_duplicate_to_its_first_reference(agent_actor: Actor, manager: Any) -> None:
+    """A duplicate stored under another copy's reference before the rule is re-keyed, so the
+    next audit finds it on record instead of storing it again; where both keys exist, the row a
+    person worked on stays."""
+    one = succeeded_refund(agent_actor, manager, reference="re_b1")
+    two = succeeded_refund(agent_actor, manager, reference="re_d1")
+    # Stored under its second copy's reference: re-keyed to the first.
+    alone = Discrepancy.objects.create(
+        kind=K.DUPLICATE_EFFECT, action=one, provider_reference="re_b2", details={"effects": ["re_b1", "re_b2"]}
+    )
+    # Stored twice, once under each key; the one finance wrote a note on is kept.
+    worked = Discrepancy.objects.create(
+        kind=K.DUPLICATE_EFFECT,
+        action=two,
+        provider_reference="re_d2",
+        details={"effects": ["re_d1", "re_d2"]},
+        note="Asked the bank.",
+    )
+    fresh = Discrepancy.objects.create(
+        kind=K.DUPLICATE_EFFECT, action=two, provider_reference="re_d1", details={"effects": ["re_d1", "re_d2"]}
+    )
+
+    migration = importlib.import_module("actions.migrations.0029_duplicates_keyed_by_their_first_reference")
+    migration.duplicates_rekey(apps, None)
+
+    assert Discrepancy.objects.get(pk=alone.pk).provider_reference == "re_b1"
+    assert not Discrepancy.objects.filter(pk=fresh.pk).exists()
+    kept = Discrepancy.objects.get(pk=worked.pk)
+    assert (kept.provider_reference, kept.note) == ("re_d1", "Asked the bank.")
