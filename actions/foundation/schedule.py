@@ -125,14 +125,21 @@ class Liveness:
     entry: str
     age_seconds: float | None  # None: it never finished
     threshold_seconds: float
-    # Before its first finished run: how long the schedule has known of it (its first claim, or
-    # another task's first period on this database); None: never heard of, no beat ever ran it.
+    # Before its first finished run: how long since the schedule last heard of it (its latest
+    # claim, or another task's first period on this database), and how many periods it has
+    # claimed; None: never heard of, no beat ever ran it.
     waiting_seconds: float | None = None
+    claims: int = 0
 
     @property
     def stale(self) -> bool:
         if self.age_seconds is None:
-            return self.waiting_seconds is None or self.waiting_seconds > self.threshold_seconds
+            # A run that fails every time claims a period each interval and never finishes.
+            return (
+                self.waiting_seconds is None
+                or self.waiting_seconds > self.threshold_seconds
+                or self.claims >= settings.SCHEDULE_STALE_PERIODS
+            )
         return self.age_seconds > self.threshold_seconds
 
 
@@ -146,12 +153,14 @@ def liveness() -> list[Liveness]:
     """
     now = database_now()
     known = {
-        task: (finished, started)
-        for task, finished, started in SchedulePeriod.objects.values_list("task", "finished_at", "started_at")
+        task: (finished, started, runs)
+        for task, finished, started, runs in SchedulePeriod.objects.values_list(
+            "task", "finished_at", "started_at", "runs"
+        )
     }
     rows = []
     for entry in sorted(settings.CELERY_BEAT_SCHEDULE):
-        last, since = known.get(entry, (None, None))
+        last, since, claims = known.get(entry, (None, None, 0))
         threshold = interval_of(entry) * settings.SCHEDULE_STALE_PERIODS
         rows.append(
             Liveness(
@@ -159,6 +168,7 @@ def liveness() -> list[Liveness]:
                 age_seconds=_seconds_since(now, last),
                 threshold_seconds=threshold,
                 waiting_seconds=_seconds_since(now, since) if last is None else None,
+                claims=claims if last is None else 0,
             )
         )
     return rows

@@ -122,6 +122,15 @@ def test_readyz_and_the_metrics_say_when_the_sweeps_last_ran(settings: Any, clie
     )
     assert "ledger-audit" in client.get("/readyz").json()["schedule"]["stale"]
 
+    # One that claims its period every interval and never finishes (it fails every time) is
+    # stale once it has claimed as many periods as its threshold counts.
+    SchedulePeriod.objects.filter(task="ledger-audit").update(
+        started_at=database_now(), runs=settings.SCHEDULE_STALE_PERIODS - 1
+    )
+    assert "ledger-audit" not in client.get("/readyz").json()["schedule"]["stale"]
+    SchedulePeriod.objects.filter(task="ledger-audit").update(runs=settings.SCHEDULE_STALE_PERIODS)
+    assert "ledger-audit" in client.get("/readyz").json()["schedule"]["stale"]
+
 
 def test_the_database_clock_is_an_aware_utc_time_close_to_ours() -> None:
     now = database_now()
