@@ -151,7 +151,7 @@ def ledger_compare(
             result.findings.extend(_effects_without_action(action_id, effects_of_action, explained))
             continue
         result.actions_checked += 1
-        told = _together(effects_of_action, asked.get(action_id, (action, []))[1])
+        told = asked.get(action_id, (action, []))[1] or effects_of_action
         result.findings.extend(_effects_against_their_action(kind, action, told, decisions.get(action_id, 0)))
     for action_id, reference in unmatched:
         if action_id in asked and asked[action_id][1]:
@@ -173,12 +173,6 @@ def _succeeded_in_window(*, kind: EffectKind, window: LedgerWindow, judged_befor
     if window.start is not None:
         succeeded = succeeded.filter(status_changed_at__gte=window.start)
     return list(succeeded.values_list("action_id", "provider_reference").iterator(chunk_size=2000))
-
-
-def _together(here: list[Effect], told: list[Effect]) -> list[Effect]:
-    """An action's effects in this window and those the receiver told of elsewhere, each once."""
-    seen = {effect.reference for effect in here}
-    return [*here, *(effect for effect in told if effect.reference not in seen)]
 
 
 def _ask_about_partial_stories(
@@ -337,11 +331,12 @@ def ledger_audit_kind(
     cut = window_start if window_start is not None else ledger_audit_start(kind=kind, now=now)
     # Whole seconds: Stripe's created filter takes no fractions.
     reading_until = _whole_second(now) + timedelta(seconds=1)
+    lookup_asker = _asker(receiver) if receiver.contract.supports_lookup else None
     while True:
         window = LedgerWindow(start=window_start, end=min(_whole_second(cut) + window_length, reading_until))
         # One window is read before any transaction opens: it is network I/O.
         effects = list(receiver.ledger(window))
-        ask = _asker(receiver) if receiver.contract.supports_lookup else ledger_reader_before(receiver, window, overlap)
+        ask = lookup_asker or ledger_reader_before(receiver, window, effects, margin=overlap)
         comparison = ledger_compare(kind=kind, effects=effects, window=window, judged_before=now - grace, ask=ask)
         del effects
         ledger_window_store(
@@ -414,21 +409,22 @@ def _asker(receiver: Receiver) -> Callable[[list[Action]], dict[str, list[Effect
 
 
 def ledger_reader_before(
-    receiver: Receiver, window: LedgerWindow, margin: timedelta
+    receiver: Receiver, window: LedgerWindow, listed: list[Effect], *, margin: timedelta
 ) -> Callable[[list[Action]], dict[str, list[Effect]]]:
-    """For a receiver that cannot be asked about one action (a mail relay): its ledger before
-    the window, from the first attempt of the oldest of these actions (less ``margin``, for the
-    clocks of the worker and the receiver), read once for all of them (network I/O)."""
+    """For a receiver that cannot be asked about one action (a mail relay): each action's
+    effects as a lookup would give them, from its ledger before the window (read once for all
+    of them, from the first attempt of the oldest, less ``margin`` for the clocks of the worker
+    and the receiver: network I/O) and from the window's own, already ``listed``."""
 
     def ask(actions: list[Action]) -> dict[str, list[Effect]]:
-        if window.start is None:
-            return {}  # the window reaches back to the receiver's first record: nothing is before it
-        earliest = min((action.first_attempt_at or action.created_at) for action in actions) - margin
-        if earliest >= window.start:
-            return {}
         wanted = {action.action_id for action in actions}
+        earliest = min((action.first_attempt_at or action.created_at) for action in actions) - margin
+        before: list[Effect] = []
+        # Nothing is before a window that reaches back to the receiver's first record.
+        if window.start is not None and earliest < window.start:
+            before = list(receiver.ledger(LedgerWindow(start=_whole_second(earliest), end=window.start)))
         told: dict[str, list[Effect]] = defaultdict(list)
-        for effect in receiver.ledger(LedgerWindow(start=_whole_second(earliest), end=window.start)):
+        for effect in [*before, *listed]:
             if effect.is_effect and effect.action_id in wanted:
                 told[effect.action_id].append(effect)
         return dict(told)

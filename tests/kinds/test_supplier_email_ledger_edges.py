@@ -59,7 +59,7 @@ def sent_across_the_edge(agent_actor: Any, manager: Any) -> Action:  # with the 
 
 def judged_after_the_edge(relay: RelayLedger, *, asked: bool) -> list[tuple[str, str]]:
     effects = relay.ledger(AFTER)
-    ask = ledger_reader_before(relay, AFTER, timedelta(minutes=10)) if asked else None  # type: ignore[arg-type]
+    ask = ledger_reader_before(relay, AFTER, effects, margin=timedelta(minutes=10)) if asked else None  # type: ignore[arg-type]
     result = ledger_compare(
         kind=kind_for("supplier_email"), effects=effects, window=AFTER, judged_before=timezone.now(), ask=ask
     )
