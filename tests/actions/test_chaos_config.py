@@ -62,6 +62,26 @@ def test_an_unknown_cluster_is_refused_by_name_before_the_run_starts(
         call_command("chaos_run", "--actions", "3", "--adjustment-share", "1.5")
 
 
+def test_the_sweep_interval_reaches_the_runs_config_and_a_bad_one_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configs: list[ChaosConfig] = []
+
+    def captured(self: Any) -> None:
+        configs.append(self.config)
+        raise RuntimeError("captured before anything started")
+
+    monkeypatch.setattr(chaos.ChaosRun, "run", captured)
+    # The command makes SIGTERM unwind its run; not this test process's.
+    monkeypatch.setattr("signal.signal", lambda *args: None)
+    with pytest.raises(CommandError, match="--sweep-interval must be at least 1 second"):
+        call_command("chaos_run", "--actions", "3", "--sweep-interval", "0", "--no-postgres-restart")
+    assert configs == []
+    with pytest.raises(CommandError, match="captured before anything started"):
+        call_command("chaos_run", "--actions", "3", "--sweep-interval", "2", "--no-postgres-restart")
+    assert [config.sweep_interval_seconds for config in configs] == [2]
+
+
 def test_the_report_fails_on_an_accounting_ledger_problem_and_gives_each_kind_its_line() -> None:
     audit = EffectsReport(
         checked_at="now",
