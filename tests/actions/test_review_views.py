@@ -723,7 +723,14 @@ def test_the_ledgers_agree_only_once_no_discrepancy_is_open_whichever_run_found_
     audit = client.get("/").content.decode().split('data-testid="ledger-audit"')[1]
     assert "1 open discrepancy" in audit and "Ledgers agree" not in audit
 
+    # A run that could not finish says so, and the open finding of an earlier run still shows.
+    LedgerAuditRun.objects.create(started_at=timezone.now(), error="the receiver did not answer")
+    audit = client.get("/").content.decode().split('data-testid="ledger-audit"')[1]
+    assert "could not finish: the receiver did not answer" in audit
+    assert "1 open discrepancy</span> from earlier runs" in audit and "Ledgers agree" not in audit
+
     Discrepancy.objects.filter(pk=earlier.pk).update(status=DiscrepancyStatus.EXPLAINED)
+    LedgerAuditRun.objects.create(started_at=timezone.now(), finished_at=timezone.now())
     audit = client.get("/").content.decode().split('data-testid="ledger-audit"')[1]
     assert "Ledgers agree" in audit and "open discrepanc" not in audit
 
