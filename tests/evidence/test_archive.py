@@ -180,15 +180,28 @@ def test_the_other_trails_still_refuse_a_delete_with_the_archives_switches_on(db
             cursor.execute("DELETE FROM actions_securityevent WHERE id = %s", [row.pk])
 
 
-def test_an_archived_event_is_pruned_only_under_its_tombstone(agent_actor: Actor) -> None:
+def archived_event_of_a_closed_action(agent_actor: Actor) -> ArchivedActionEvent:
+    """The first event of a refund cancelled long ago, once archived."""
     action = cancelled_refund(agent_actor)
     closed_long_ago(action)
     archive_closed_actions()
-    archived = ArchivedActionEvent.objects.filter(action=action).first()
+    archived = ArchivedActionEvent.objects.filter(action=action).select_related("action").first()
     assert archived is not None
+    return archived
+
+
+def pruning_is_refused(archived: ArchivedActionEvent) -> None:
+    """A delete of the archived event with the pruning switch on, and no tombstone of this
+    transaction's, is refused by the append-only guard."""
     with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(trail_events.PRUNING_ON)
         cursor.execute("DELETE FROM actions_archivedactionevent WHERE id = %s", [archived.pk])
+
+
+def test_an_archived_event_is_pruned_only_under_its_tombstone(agent_actor: Actor) -> None:
+    archived = archived_event_of_a_closed_action(agent_actor)
+    action = archived.action
+    pruning_is_refused(archived)
     with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE actions_archivedactionevent SET reason = 'edited' WHERE id = %s", [archived.pk])
     assert ArchivedActionEvent.objects.filter(action=action).count() == 3
@@ -360,11 +373,7 @@ def test_an_archive_committing_between_the_two_tables_reads_is_neither_signed_no
 
 @pytest.mark.django_db(transaction=True)
 def test_an_older_tombstone_lets_no_archived_event_go_even_inside_its_key_range(agent_actor: Actor) -> None:
-    action = cancelled_refund(agent_actor)
-    closed_long_ago(action)
-    archive_closed_actions()
-    archived = ArchivedActionEvent.objects.filter(action=action).first()
-    assert archived is not None
+    archived = archived_event_of_a_closed_action(agent_actor)
     # A tombstone of audit events naming exactly that event, written and committed before.
     tombstone_write(
         record_type=AUDIT_EVENTS,
@@ -373,7 +382,5 @@ def test_an_older_tombstone_lets_no_archived_event_go_even_inside_its_key_range(
         cutoff=timezone.now(),
         records=[Pruned(pk=archived.pk, digest=archived.chain_hash, at=archived.created_at)],
     )
-    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(trail_events.PRUNING_ON)
-        cursor.execute("DELETE FROM actions_archivedactionevent WHERE id = %s", [archived.pk])
+    pruning_is_refused(archived)
     assert ArchivedActionEvent.objects.filter(pk=archived.pk).exists()
