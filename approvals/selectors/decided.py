@@ -10,20 +10,24 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count, Prefetch
 from django.utils import timezone
 
-from actions.kinds import all_kinds
 from actions.models import Action, ActionStatus
 from approvals.models import Approval, Decision
 from approvals.selectors.rows import (
     DECIDED_PER_PAGE,
     ProposalRow,
     actions_for_rows,
-    approval_limit_list,
-    limit_map,
+    kind_choices,
     proposal_row,
+    user_limit_map,
 )
 
 S = ActionStatus
 # --- the dashboard's counts ------------------------------------------------------------------
+
+
+def local_midnight(now: datetime) -> datetime:
+    """Midnight today in the active time zone (the person's own, see console.timezones)."""
+    return timezone.make_aware(datetime.combine(timezone.localdate(now), time.min))
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,7 @@ class ManagerSummary:
 def approval_summary_get(*, user: Any, now: datetime | None = None) -> ManagerSummary:
     """The manager's home page: the inbox's size and what ``user`` approved since midnight (in
     the console's time zone)."""
-    now = now or timezone.now()
-    midnight = timezone.make_aware(datetime.combine(timezone.localdate(now), time.min))
+    midnight = local_midnight(now or timezone.now())
     counts = {S.PROPOSED: 0, S.STALE: 0}
     rows = Action.objects.filter(status__in=counts).values_list("status").annotate(n=Count("pk")).order_by()
     counts.update(dict(rows))
@@ -78,11 +81,6 @@ class Decided:
     pending: list[ProposalRow]
 
 
-def local_midnight(now: datetime) -> datetime:
-    """Midnight today in the active time zone (the person's own, see console.timezones)."""
-    return timezone.make_aware(datetime.combine(timezone.localdate(now), time.min))
-
-
 def decided_list_get(
     *,
     user: Any,
@@ -116,7 +114,7 @@ def decided_list_get(
     if decision:
         approvals = approvals.filter(decision=decision)
     page_obj = Paginator(approvals, DECIDED_PER_PAGE).get_page(page)
-    limits = limit_map(approval_limit_list(user=user))
+    limits = user_limit_map(user=user)
     items = list(page_obj.object_list)
     lines = [
         DecidedLine(
@@ -136,8 +134,7 @@ def decided_list_get(
         status=status,
         kind=kind,
         decision=decision,
-        kinds=[(k.name, k.label) for k in all_kinds()],
+        kinds=kind_choices(),
         statuses=[(name, label) for name, (label, _) in DECIDED_STATUS_FILTERS.items()],
         pending=pending,
     )
-

@@ -17,7 +17,7 @@ from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from actions.foundation.trail import trail_events
-from actions.kinds import all_kinds, kind_for
+from actions.kinds import kind_for
 from actions.models import Action, ActionStatus, Bill, Order, OrderEvent
 from actions.models.actions import TERMINAL_STATUSES, AuditEvent
 from approvals.models import Approval, ApprovalLimit, Decision
@@ -26,12 +26,16 @@ from approvals.selectors.rows import (
     ProposalRow,
     actions_for_rows,
     approval_limit_list,
+    kind_choices,
     limit_map,
     proposal_row,
     refund_history_map,
+    user_limit_map,
 )
 
 S = ActionStatus
+
+
 @dataclass(frozen=True)
 class Inbox:
     waiting: list[ProposalRow]
@@ -234,13 +238,12 @@ def proposal_inbox_get(*, user: Any, kind: str = "", sort: str = "age", page: in
         stale_qs = stale_qs.filter(kind=kind)
     stale = [proposal_row(action, user=user, limits=by_currency) for action in stale_qs]
     auto = dict(settings.AUTO_APPROVAL_THRESHOLDS) if settings.AUTO_APPROVAL_ENABLED else {}
-    kinds = [(k.name, k.label) for k in all_kinds()]
     return Inbox(
         waiting=[row for group in groups for row in group.rows],
         stale=stale,
         limits=limits,
         auto_approval=auto,
-        kinds=kinds,
+        kinds=kind_choices(),
         kind=kind,
         groups=groups,
         page=page_obj,
@@ -252,7 +255,7 @@ def proposal_inbox_get(*, user: Any, kind: str = "", sort: str = "age", page: in
 def inbox_group_get(*, user: Any, key: str, decided_pks: list[int]) -> InboxGroup | None:
     """One group as it is now, with the proposals just decided in it (which have left the
     waiting list but are followed on the page until they are final)."""
-    limits = limit_map(approval_limit_list(user=user))
+    limits = user_limit_map(user=user)
     actions = list(
         actions_for_rows()
         .filter(_key_filter([key]))
@@ -267,9 +270,7 @@ def inbox_group_get(*, user: Any, key: str, decided_pks: list[int]) -> InboxGrou
 def proposal_row_get(*, action_pk: int, user: Any) -> ProposalRow:
     """One inbox row, as it is now: what an htmx response swaps in after a decision."""
     action = actions_for_rows().get(pk=action_pk)
-    return proposal_row(
-        action, user=user, limits=limit_map(approval_limit_list(user=user)), history=refund_history_map([action])
-    )
+    return proposal_row(action, user=user, limits=user_limit_map(user=user), history=refund_history_map([action]))
 
 
 # --- one proposal in full --------------------------------------------------------------------
@@ -327,4 +328,3 @@ def proposal_detail_get(*, action_pk: int, user: Any, now: datetime | None = Non
         order_events=list(OrderEvent.objects.filter(order_id=order.pk).order_by("-created_at", "-pk")) if order else [],
         bill=bill,
     )
-

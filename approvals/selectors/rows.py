@@ -13,7 +13,7 @@ from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
 
 from actions import plain
-from actions.kinds import kind_for
+from actions.kinds import all_kinds, kind_for
 from actions.models import Action, ActionEvent, ActionStatus
 from actions.models.actions import TERMINAL_STATUSES
 from approvals.caps import AUTO_APPROVAL_HELD
@@ -184,6 +184,16 @@ def limit_map(limits: list[ApprovalLimit]) -> dict[str, Decimal]:
     return {limit.currency: limit.max_amount for limit in limits}
 
 
+def user_limit_map(*, user: Any) -> dict[str, Decimal]:
+    """The most ``user`` may approve, per currency: what each row's refusal is checked against."""
+    return limit_map(approval_limit_list(user=user))
+
+
+def kind_choices() -> list[tuple[str, str]]:
+    """Every kind of action, as (name, label): the choices of a page's kind filter."""
+    return [(kind.name, kind.label) for kind in all_kinds()]
+
+
 def _invalidations() -> Prefetch[Any]:
     # Only the 'invalidate' events are needed for the stale rows, newest first, so the row can
     # say which binding failed the last time without loading the whole trail.
@@ -249,4 +259,3 @@ def proposal_row(
         refund_history=(history or {}).get(action.pk, ""),
         target_version=kind.target_version(action) if action.status not in TERMINAL_STATUSES else None,
     )
-
