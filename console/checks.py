@@ -64,76 +64,68 @@ def known_secrets_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     ]
 
 
+def _error_if(failing: bool, message: str, *, hint: str, id: str) -> list[CheckMessage]:
+    """One deploy check's answer: its error when the setting fails it, else nothing."""
+    return [Error(message, hint=hint, id=id)] if failing else []
+
+
 @register(Tags.security, deploy=True)
 def webhook_loopback_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Agents choose their webhook's address; loopback is for tests and a one-machine demo."""
-    if settings.AGENT_WEBHOOK_ALLOW_LOOPBACK:
-        return [
-            Error(
-                "AGENT_WEBHOOK_ALLOW_LOOPBACK is on: an agent's owner can make the console post to services "
-                "on its own machine.",
-                hint="Unset AGENT_WEBHOOK_ALLOW_LOOPBACK in production.",
-                id="console.E007",
-            )
-        ]
-    return []
+    return _error_if(
+        settings.AGENT_WEBHOOK_ALLOW_LOOPBACK,
+        "AGENT_WEBHOOK_ALLOW_LOOPBACK is on: an agent's owner can make the console post to services "
+        "on its own machine.",
+        hint="Unset AGENT_WEBHOOK_ALLOW_LOOPBACK in production.",
+        id="console.E007",
+    )
 
 
 @register(Tags.security, deploy=True)
 def metrics_token_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """/metrics must not be open to anyone in production: it tells an outsider how many
     refunds are stuck and for how long, which is worth knowing before an attack."""
-    if settings.METRICS_TOKEN:
-        if len(settings.METRICS_TOKEN) < 32:
-            return [
-                Error(
-                    "METRICS_TOKEN is shorter than 32 characters.",
-                    hint="Use a long random value, e.g. from `python -c 'import secrets; "
-                    "print(secrets.token_urlsafe(32))'`.",
-                    id="console.E002",
-                )
-            ]
-        return []
-    return [
-        Error(
-            "METRICS_TOKEN is empty: /metrics is open to anyone outside production mode, and refuses every "
-            "scraper in it.",
-            hint="Set METRICS_TOKEN to a long random value and give it to the metrics scraper.",
-            id="console.E001",
-        )
-    ]
+    token = settings.METRICS_TOKEN
+    if not token:
+        return [
+            Error(
+                "METRICS_TOKEN is empty: /metrics is open to anyone outside production mode, and refuses every "
+                "scraper in it.",
+                hint="Set METRICS_TOKEN to a long random value and give it to the metrics scraper.",
+                id="console.E001",
+            )
+        ]
+    return _error_if(
+        len(token) < 32,
+        "METRICS_TOKEN is shorter than 32 characters.",
+        hint="Use a long random value, e.g. from `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.",
+        id="console.E002",
+    )
 
 
 @register(Tags.security, deploy=True)
 def production_mode_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """A deployment checked with --deploy is a production one: the demo conveniences (orders
     typed in the admin, open metrics) must be off."""
-    if not settings.PRODUCTION_MODE:
-        return [
-            Error(
-                "PRODUCTION_MODE is off: admins may create orders by hand and /metrics may be open.",
-                hint="Unset PRODUCTION_MODE (it follows DEBUG) or set PRODUCTION_MODE=1.",
-                id="console.E003",
-            )
-        ]
-    return []
+    return _error_if(
+        not settings.PRODUCTION_MODE,
+        "PRODUCTION_MODE is off: admins may create orders by hand and /metrics may be open.",
+        hint="Unset PRODUCTION_MODE (it follows DEBUG) or set PRODUCTION_MODE=1.",
+        id="console.E003",
+    )
 
 
 @register(Tags.security, deploy=True)
 def trail_signing_key_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Without its key no checkpoint of the audit trail can be signed or checked (docs/evidence.md)."""
     key = settings.TRAIL_SIGNING_KEY
-    if not key or key == settings.TRAIL_DEMO_SIGNING_KEY or len(key) < 32:
-        return [
-            Error(
-                "TRAIL_SIGNING_KEY is missing, too short or the demo key: the audit trail's checkpoints "
-                "cannot be signed.",
-                hint="Set TRAIL_SIGNING_KEY to a random value of at least 32 characters, kept outside the "
-                "database, and give it to the auditors who verify evidence bundles.",
-                id="console.E008",
-            )
-        ]
-    return []
+    return _error_if(
+        not key or key == settings.TRAIL_DEMO_SIGNING_KEY or len(key) < 32,
+        "TRAIL_SIGNING_KEY is missing, too short or the demo key: the audit trail's checkpoints cannot be signed.",
+        hint="Set TRAIL_SIGNING_KEY to a random value of at least 32 characters, kept outside the "
+        "database, and give it to the auditors who verify evidence bundles.",
+        id="console.E008",
+    )
 
 
 @register()
