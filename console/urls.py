@@ -2,12 +2,35 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 
 from actions.orders import views as order_views
 from actions.provider_events import views as webhook_views
 from actions.review import views as actions_views
 from console import account, agent_pages, export_views, metrics, notification_views, views
+
+# The pages of one agent, for its owner: its tokens, its webhook and the webhook's deliveries.
+agent_urls = [
+    path("", agent_pages.agent_page, name="agent-page"),
+    path("tokens", account.agent_token_issue_view, name="agent-token-issue"),
+    path("tokens/<int:token_pk>/rotate", account.agent_token_rotate_view, name="agent-token-rotate"),
+    path("tokens/<int:token_pk>/revoke", account.agent_token_revoke_view, name="agent-token-revoke"),
+    path("webhook", agent_pages.agent_webhook_set, name="agent-webhook-set"),
+    path("webhook/rotate", agent_pages.agent_webhook_rotate, name="agent-webhook-rotate"),
+    path("webhook/disable", agent_pages.agent_webhook_disable, name="agent-webhook-disable"),
+    path("deliveries/<int:delivery_pk>/redeliver", agent_pages.agent_webhook_redeliver, name="agent-webhook-redeliver"),
+]
+
+# A person's own settings: password, two-factor, time zone, notifications, the agents they own.
+account_urls: list[URLPattern | URLResolver] = [
+    path("", account.account, name="account"),
+    path("time-zone", account.time_zone_update, name="account-time-zone"),
+    path("password/", account.PasswordChange.as_view(), name="password-change"),
+    path("two-factor/", account.two_factor_setup, name="two-factor-setup"),
+    path("verify/", account.two_factor_verify, name="two-factor-verify"),
+    path("notifications", account.notification_settings_save, name="notification-settings"),
+    path("agents/<int:pk>/", include(agent_urls)),
+]
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -15,33 +38,7 @@ urlpatterns = [
     path("nav/waiting", views.nav_waiting, name="nav-waiting"),
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("account/", account.account, name="account"),
-    path("account/time-zone", account.time_zone_update, name="account-time-zone"),
-    path("account/password/", account.PasswordChange.as_view(), name="password-change"),
-    path("account/two-factor/", account.two_factor_setup, name="two-factor-setup"),
-    path("account/verify/", account.two_factor_verify, name="two-factor-verify"),
-    path("account/agents/<int:pk>/tokens", account.agent_token_issue_view, name="agent-token-issue"),
-    path(
-        "account/agents/<int:pk>/tokens/<int:token_pk>/rotate",
-        account.agent_token_rotate_view,
-        name="agent-token-rotate",
-    ),
-    path(
-        "account/agents/<int:pk>/tokens/<int:token_pk>/revoke",
-        account.agent_token_revoke_view,
-        name="agent-token-revoke",
-    ),
-    # A person's own settings: notifications, the pages of the agents they own, their webhooks.
-    path("account/notifications", account.notification_settings_save, name="notification-settings"),
-    path("account/agents/<int:pk>/", agent_pages.agent_page, name="agent-page"),
-    path("account/agents/<int:pk>/webhook", agent_pages.agent_webhook_set, name="agent-webhook-set"),
-    path("account/agents/<int:pk>/webhook/rotate", agent_pages.agent_webhook_rotate, name="agent-webhook-rotate"),
-    path("account/agents/<int:pk>/webhook/disable", agent_pages.agent_webhook_disable, name="agent-webhook-disable"),
-    path(
-        "account/agents/<int:pk>/deliveries/<int:delivery_pk>/redeliver",
-        agent_pages.agent_webhook_redeliver,
-        name="agent-webhook-redeliver",
-    ),
+    path("account/", include(account_urls)),
     path("notifications/", notification_views.notification_list, name="notifications"),
     path("notifications/<int:pk>/read", notification_views.notification_read, name="notification-read"),
     path("notifications/read-all", notification_views.notification_read_all, name="notifications-read-all"),
