@@ -141,7 +141,7 @@ def receiver_rate_limits_check(app_configs: Any = None, **kwargs: Any) -> list[C
                 f"({settings.RECEIVER_RATE_LIMIT_STORAGE}): every worker process would get the whole limit.",
                 hint="Point RECEIVER_RATE_LIMIT_STORAGE at a shared store (redis://...), or use a Redis broker, "
                 "whose URL it then defaults to.",
-                id="console.E008",
+                id="console.E009",
             )
         )
     problems = rate_limit_problems()

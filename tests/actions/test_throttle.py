@@ -108,7 +108,7 @@ def test_limits_on_a_per_process_store_are_refused_by_the_check(settings: Any, r
     settings.RECEIVER_RATE_LIMITS = {receiver: "5/second"}
     settings.RECEIVER_RATE_LIMIT_STORAGE = "memory://"
     [error] = receiver_rate_limits_check()
-    assert error.id == "console.E008" and "memory://" in error.msg
+    assert error.id == "console.E009" and "memory://" in error.msg
     settings.RECEIVER_RATE_LIMIT_STORAGE = "redis://127.0.0.1:6379/14"
     assert receiver_rate_limits_check() == []
     settings.RECEIVER_RATE_LIMITS = {}
