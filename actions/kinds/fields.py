@@ -217,6 +217,14 @@ class RequestFields:
     reason_code: str
     evidence: str
 
+    def currency_check(self, held_in: str, *, target_words: str) -> None:
+        """The proposal is in its target's currency (``held_in``). ``target_words`` says how the
+        target holds it, for the message: "Bill INV-2291 is in", "Order 4821 was paid in"."""
+        if self.currency != held_in:
+            raise ProposalInvalid.for_field(
+                "currency", "currency_mismatch", f"{target_words} {held_in}, not {self.currency}."
+            )
+
 
 def request_fields_check(
     names: RequestFieldNames,

@@ -48,12 +48,7 @@ def bill_accounting_check(bill: Bill, fields: RequestFields) -> None:
         raise ProposalInvalid.for_field(
             "bill_number", "not_in_accounting", f"Bill {fields.target_number} is not in the accounting system."
         )
-    if fields.currency != bill.currency:
-        raise ProposalInvalid.for_field(
-            "currency",
-            "currency_mismatch",
-            f"Bill {fields.target_number} is in {bill.currency}, not {fields.currency}.",
-        )
+    fields.currency_check(bill.currency, target_words=f"Bill {fields.target_number} is in")
 
 
 def adjustment_payload(bill: Bill, request: AdjustmentRequest, fields: RequestFields) -> dict[str, Any]:

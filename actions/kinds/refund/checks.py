@@ -50,12 +50,7 @@ def order_payment_check(order: Order, fields: RequestFields) -> None:
         raise ProposalInvalid.for_field(
             "order_number", "no_charge", f"Order {fields.target_number} has no payment at the provider to refund."
         )
-    if fields.currency != order.currency:
-        raise ProposalInvalid.for_field(
-            "currency",
-            "currency_mismatch",
-            f"Order {fields.target_number} was paid in {order.currency}, not {fields.currency}.",
-        )
+    fields.currency_check(order.currency, target_words=f"Order {fields.target_number} was paid in")
 
 
 def refund_payload(order: Order, request: RefundRequest, fields: RequestFields) -> dict[str, Any]:
