@@ -147,9 +147,9 @@ api = ConsoleApi(
 
 
 def idempotent_post(path: str, out: type[Schema], *, url_name: str, summary: str, tag: str) -> Callable[[F], F]:
-    """Declare an operation that creates a record, or answers with the one the same request
-    created before: 201 or 200 with ``out``; 409 when its business reference names something
-    else; 422 naming each invalid field."""
+    """Declare a POST that is safe to send again: 201 with ``out`` for a new record, 200 with
+    ``out`` for the existing one; 409 when its business reference names something else; 422
+    naming each invalid field."""
     return api.post(
         path,
         response={200: out, 201: out, 409: Problem, 422: Problem},
@@ -422,8 +422,8 @@ def opened(
     number: str,
 ) -> Status[D]:
     """A request-opening operation's answer: 201 with the new request, 200 with the one its
-    external reference opened before. The log names the request's ``target`` (its order, its
-    bill) and the request by ``number``: ``order_number`` and ``request_number``."""
+    external reference opened before. The log line names the request's ``target`` (its order,
+    its bill) and the request's own number: ``order_number`` and ``request_number``, say."""
     result = served(request, subject, service, payload)
     opened_request = result.request
     log_event(
