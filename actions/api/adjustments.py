@@ -15,16 +15,14 @@ from django.urls import reverse
 from ninja import Schema, Status
 from pydantic import ConfigDict, Field, Strict
 
-from actions.api.logs import log_event
 from actions.api.schemas import (
     ActionOut,
     CurrencyCode,
     ExternalReference,
-    Problem,
     decimal_amount,
     document_number,
 )
-from actions.api.views import api, proposed, served
+from actions.api.views import idempotent_post, opened, proposed
 from actions.kinds.fields import MAX_EVIDENCE_LENGTH, MAX_NOTE_LENGTH
 from actions.models import AdjustmentReason, AdjustmentRequest
 from actions.proposals.adjustments import agent_adjustment_request_open, agent_invoice_adjustment_propose
@@ -103,32 +101,34 @@ def adjustment_request_out(request: AdjustmentRequest) -> AdjustmentRequestOut:
     )
 
 
-@api.post(
+@idempotent_post(
     "/adjustment-requests",
-    response={200: AdjustmentRequestOut, 201: AdjustmentRequestOut, 409: Problem, 422: Problem},
+    AdjustmentRequestOut,
     url_name="adjustment_requests",
     summary="Open an adjustment request on a supplier bill",
-    tags=["invoice adjustments"],
+    tag="invoice adjustments",
 )
 def open_adjustment_request(request: HttpRequest, payload: AdjustmentRequestOpen) -> Status[AdjustmentRequestOut]:
     """Open the next adjustment request on a bill. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another bill."""
-    result = served(request, "adjustment_request", agent_adjustment_request_open, payload)
-    log_event(
-        "adjustment_request.opened" if result.created else "adjustment_request.replayed",
-        bill_number=result.request.bill.number,
-        adjustment_number=result.request.number,
+    return opened(
+        request,
+        "adjustment_request",
+        agent_adjustment_request_open,
+        payload,
+        adjustment_request_out,
+        target="bill",
+        number="adjustment",
     )
-    return Status(201 if result.created else 200, adjustment_request_out(result.request))
 
 
-@api.post(
+@idempotent_post(
     "/invoice-adjustments",
-    response={200: ActionOut, 201: ActionOut, 409: Problem, 422: Problem},
+    ActionOut,
     url_name="invoice_adjustments",
     summary="Propose an invoice adjustment (a credit note against a supplier bill)",
-    tags=["invoice adjustments"],
+    tag="invoice adjustments",
 )
 def propose_invoice_adjustment(request: HttpRequest, payload: InvoiceAdjustmentProposal) -> Status[ActionOut]:
     """Propose an invoice adjustment. 201 with the new action; 200 with the existing one when the

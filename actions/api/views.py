@@ -60,6 +60,9 @@ if TYPE_CHECKING:
     from actions.services import ProposalResult
 
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+# A request's document: a refund request's, an adjustment request's.
+D = TypeVar("D", bound=Schema)
 
 DESCRIPTION = """\
 The agent API of the effect console. An agent proposes refunds and reads what became of them;
@@ -141,6 +144,20 @@ api = ConsoleApi(
     docs=SelfContainedDocs(),
     parser=StrictJsonParser(),
 )
+
+
+def idempotent_post(path: str, out: type[Schema], *, url_name: str, summary: str, tag: str) -> Callable[[F], F]:
+    """Declare a POST that is safe to send again: 201 with ``out`` for a new record, 200 with
+    ``out`` for the existing one; 409 when its business reference names something else; 422
+    naming each invalid field."""
+    return api.post(
+        path,
+        response={200: out, 201: out, 409: Problem, 422: Problem},
+        url_name=url_name,
+        summary=summary,
+        tags=[tag],
+    )
+
 
 # --- the OpenAPI document declares every answer, including the gateway's ------------------
 
@@ -394,6 +411,28 @@ def proposed(
     return Status(201 if result.created else 200, action_out(action))
 
 
+def opened(
+    request: HttpRequest,
+    subject: str,
+    service: Callable[..., Any],
+    payload: Schema,
+    out: Callable[[Any], D],
+    *,
+    target: str,
+    number: str,
+) -> Status[D]:
+    """A request-opening operation's answer: 201 with the new request, 200 with the one its
+    external reference opened before. The log line names the request's ``target`` (its order,
+    its bill) and the request's own number: ``order_number`` and ``request_number``, say."""
+    result = served(request, subject, service, payload)
+    opened_request = result.request
+    log_event(
+        f"{subject}.opened" if result.created else f"{subject}.replayed",
+        **{f"{target}_number": getattr(opened_request, target).number, f"{number}_number": opened_request.number},
+    )
+    return Status(201 if result.created else 200, out(opened_request))
+
+
 def action_out(action: Action) -> ActionOut:
     request = action.refund_request
     return ActionOut(
@@ -454,13 +493,7 @@ def order_out(order: Order, changed: tuple[str, ...] = ()) -> OrderOut:
 # --- operations ----------------------------------------------------------------------------
 
 
-@api.post(
-    "/refunds",
-    response={200: ActionOut, 201: ActionOut, 409: Problem, 422: Problem},
-    url_name="refunds",
-    summary="Propose a refund",
-    tags=["refunds"],
-)
+@idempotent_post("/refunds", ActionOut, url_name="refunds", summary="Propose a refund", tag="refunds")
 def propose_refund(request: HttpRequest, payload: RefundProposal) -> Status[ActionOut]:
     """Propose a refund. 201 with the new action; 200 with the existing one when the same
     proposal was made before (a retry is always safe); 409 when the refund request already has
@@ -468,12 +501,12 @@ def propose_refund(request: HttpRequest, payload: RefundProposal) -> Status[Acti
     return proposed(request, "refund", agent_refund_propose, payload)
 
 
-@api.post(
+@idempotent_post(
     "/supplier-emails",
-    response={200: ActionOut, 201: ActionOut, 409: Problem, 422: Problem},
+    ActionOut,
     url_name="supplier_emails",
     summary="Propose an email to a supplier",
-    tags=["supplier emails"],
+    tag="supplier emails",
 )
 def propose_supplier_email(request: HttpRequest, payload: SupplierEmailProposal) -> Status[ActionOut]:
     """Propose an email to a supplier from a template. 201 with the new action (waiting for a
@@ -484,24 +517,26 @@ def propose_supplier_email(request: HttpRequest, payload: SupplierEmailProposal)
     return proposed(request, "supplier_email", agent_supplier_email_propose, payload)
 
 
-@api.post(
+@idempotent_post(
     "/refund-requests",
-    response={200: RefundRequestOut, 201: RefundRequestOut, 409: Problem, 422: Problem},
+    RefundRequestOut,
     url_name="refund_requests",
     summary="Open a refund request on an order",
-    tags=["refund requests"],
+    tag="refund requests",
 )
 def open_refund_request(request: HttpRequest, payload: RefundRequestOpen) -> Status[RefundRequestOut]:
     """Open the next refund request on an order. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another order."""
-    result = served(request, "refund_request", agent_refund_request_open, payload)
-    log_event(
-        "refund_request.opened" if result.created else "refund_request.replayed",
-        order_number=result.request.order.number,
-        request_number=result.request.number,
+    return opened(
+        request,
+        "refund_request",
+        agent_refund_request_open,
+        payload,
+        refund_request_out,
+        target="order",
+        number="request",
     )
-    return Status(201 if result.created else 200, refund_request_out(result.request))
 
 
 @api.get(
@@ -551,13 +586,7 @@ def list_actions(
     return ActionPageOut(items=[action_out(action) for action in page.items], next_cursor=page.next_cursor, links=links)
 
 
-@api.post(
-    "/orders",
-    response={200: OrderOut, 201: OrderOut, 409: Problem, 422: Problem},
-    url_name="orders",
-    summary="Send an order (create or update it)",
-    tags=["orders"],
-)
+@idempotent_post("/orders", OrderOut, url_name="orders", summary="Send an order (create or update it)", tag="orders")
 def upsert_order(request: HttpRequest, payload: OrderUpsert) -> Status[OrderOut]:
     """Create or update an order, idempotently by its number: 201 with a new order; 200 with
     the existing one, unchanged, or updated with its version raised (``changed`` names the

@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field
 from actions.api.logs import bind, log_event
 from actions.api.problems import refusal_problem
 from actions.api.schemas import Problem
-from actions.api.views import agent_of, api, refuse_unknown_query, refused
+from actions.api.views import agent_of, api, idempotent_post, refuse_unknown_query, served
 from actions.models import Workflow
 from actions.proposals.outcomes import AgentRefusal
 from actions.proposals.workflows import agent_workflow_propose, agent_workflow_read
@@ -94,24 +94,18 @@ def workflow_out(workflow: Workflow) -> WorkflowOut:
     )
 
 
-@api.post(
+@idempotent_post(
     "/workflows",
-    response={200: WorkflowOut, 201: WorkflowOut, 409: Problem, 422: Problem},
+    WorkflowOut,
     url_name="workflows",
     summary="Propose a workflow (several effects from one decision)",
-    tags=["workflows"],
+    tag="workflows",
 )
 def propose_workflow(request: HttpRequest, payload: WorkflowProposal) -> Status[WorkflowOut]:
     """Propose a plan. 201 with the new workflow; 200 with the live one when the same plan was
     proposed before; 409 naming the live workflow when the case has one with a different plan;
     422 naming each invalid field."""
-    refuse_unknown_query(request)
-    try:
-        result = agent_workflow_propose(
-            agent=agent_of(request), template=payload.template, parameters=payload.parameters
-        )
-    except AgentRefusal as refusal:
-        raise refused("workflow", refusal) from None
+    result = served(request, "workflow", agent_workflow_propose, payload)
     workflow = result.workflow
     bind(workflow_id=workflow.workflow_id)
     log_event("workflow.proposed" if result.created else "workflow.replayed", state=workflow.state)

@@ -7,11 +7,7 @@ from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adj
 from actions.kinds.invoice_adjustment.requests import AdjustmentRequestResult, adjustment_request_open
 from actions.models import Agent
 from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
-from actions.services import (
-    Actor,
-    ProposalConflict,
-    ProposalResult,
-)
+from actions.services import ProposalConflict, ProposalResult
 
 _DOING = "propose invoice adjustments"
 
@@ -19,49 +15,27 @@ _DOING = "propose invoice adjustments"
 PAYLOAD_FIELDS = {"bill": "bill_number", "adjustment": "adjustment_number"}
 
 
-def agent_adjustment_request_open(
-    *, agent: Agent, bill_number: str, external_reference: str, note: str = ""
-) -> AdjustmentRequestResult:
-    """Open the next adjustment request on a bill for ``agent``, or return the one its reference
-    opened; another agent's reference is ``reference_taken``, one on another bill
-    ``reference_conflict``."""
+def agent_adjustment_request_open(*, agent: Agent, **fields: object) -> AdjustmentRequestResult:
+    """Open the next adjustment request on a bill for ``agent`` (``fields`` as
+    ``adjustment_request_open`` takes them), or return the one its reference opened; another
+    agent's reference is ``reference_taken``, one on another bill ``reference_conflict``."""
     scope_require(agent, INVOICE_ADJUSTMENT_SCOPE, doing=_DOING)
-    return request_open_for_agent(
-        lambda: adjustment_request_open(
-            bill_number=bill_number, external_reference=external_reference, note=note, opened_by_agent=agent
-        ),
-        noun="adjustment request",
-    )
+    return request_open_for_agent(agent, adjustment_request_open, fields, noun="adjustment request")
 
 
 def _conflict_detail(conflict: ProposalConflict) -> str:
     return str(conflict).replace("refund request", "adjustment request")
 
 
-def agent_invoice_adjustment_propose(
-    *,
-    agent: Agent,
-    bill_number: str,
-    adjustment_number: int,
-    amount: str,
-    currency: str,
-    reason_code: str,
-    evidence: str = "",
-) -> ProposalResult:
-    """Propose a credit note for one of the bill's adjustment requests. Another agent's request
-    reads as no request: the same ``not_found`` as a number that does not exist."""
+def agent_invoice_adjustment_propose(*, agent: Agent, **fields: object) -> ProposalResult:
+    """Propose a credit note for one of the bill's adjustment requests (``fields`` as
+    ``action_propose_invoice_adjustment`` takes them). Another agent's request reads as no
+    request: the same ``not_found`` as a number that does not exist."""
     scope_require(agent, INVOICE_ADJUSTMENT_SCOPE, doing=_DOING)
     return proposal_for_agent(
         agent,
-        lambda: action_propose_invoice_adjustment(
-            bill_number=bill_number,
-            adjustment_number=adjustment_number,
-            amount=amount,
-            currency=currency,
-            reason_code=reason_code,
-            evidence=evidence,
-            proposer=Actor.for_agent(agent),
-        ),
+        action_propose_invoice_adjustment,
+        fields,
         noun="adjustment request",
         payload_fields=PAYLOAD_FIELDS,
         conflict_detail=_conflict_detail,

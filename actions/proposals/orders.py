@@ -6,8 +6,6 @@ so there is no ownership to hide here, only the scope.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from actions.agents.services import ORDERS_SCOPE
 from actions.kinds.fields import FieldProblem, ProposalInvalid
 from actions.models import Agent
@@ -16,30 +14,12 @@ from actions.proposals.outcomes import Conflict, invalid
 from actions.proposals.rules import scope_require
 
 
-def agent_order_upsert(
-    *,
-    agent: Agent,
-    order_number: str,
-    customer_name: str,
-    customer_email: str,
-    currency: str,
-    captured_amount: str,
-    charge_reference: str,
-    paid_at: datetime,
-) -> OrderResult:
-    """Create or update an order by its number; a change that cannot apply is a conflict naming
-    its field."""
+def agent_order_upsert(*, agent: Agent, order_number: str, **fields: object) -> OrderResult:
+    """Create or update an order by its number (the other ``fields`` as ``order_data_check``
+    takes them); a change that cannot apply is a conflict naming its field."""
     scope_require(agent, ORDERS_SCOPE, doing="send orders")
     try:
-        data = order_data_check(
-            number=order_number,
-            customer_name=customer_name,
-            customer_email=customer_email,
-            currency=currency,
-            captured_amount=captured_amount,
-            charge_reference=charge_reference,
-            paid_at=paid_at,
-        )
+        data = order_data_check(number=order_number, **fields)
         return order_upsert(data=data, source=f"agent:{agent.name}")
     except ProposalInvalid as problems:
         raise invalid(problems.problems) from None

@@ -9,7 +9,7 @@ from actions.models import ActionKind, Agent, RequestSource
 from actions.proposals.outcomes import invalid
 from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
 from actions.selectors import refund_request_by_reference
-from actions.services import Actor, ProposalResult
+from actions.services import ProposalResult
 
 _DOING = "propose refund actions"
 
@@ -17,23 +17,14 @@ _DOING = "propose refund actions"
 PAYLOAD_FIELDS = {"order": "order_number", "request": "request_number"}
 
 
-def agent_refund_request_open(
-    *, agent: Agent, order_number: str, external_reference: str, reason_code: str, note: str = ""
-) -> RefundRequestResult:
-    """Open the next refund request on an order for ``agent``, or return the one its reference
-    opened. A reference that another agent opened is ``reference_taken``: nothing about that
-    request is told. A reference on another order is ``reference_conflict``."""
+def agent_refund_request_open(*, agent: Agent, **fields: object) -> RefundRequestResult:
+    """Open the next refund request on an order for ``agent`` (``fields`` as
+    ``refund_request_open`` takes them), or return the one its reference opened. A reference
+    that another agent opened is ``reference_taken``: nothing about that request is told. A
+    reference on another order is ``reference_conflict``."""
     scope_require(agent, ActionKind.REFUND, doing=_DOING)
     return request_open_for_agent(
-        lambda: refund_request_open(
-            order_number=order_number,
-            external_reference=external_reference,
-            note=note,
-            source=RequestSource.AGENT,
-            reason_code=reason_code,
-            opened_by_agent=agent,
-        ),
-        noun="refund request",
+        agent, refund_request_open, {**fields, "source": RequestSource.AGENT}, noun="refund request"
     )
 
 
@@ -43,13 +34,11 @@ def agent_refund_propose(
     order_number: str,
     request_number: int | None,
     external_reference: str | None,
-    amount: str,
-    currency: str,
-    reason_code: str,
-    evidence: str = "",
+    **fields: object,
 ) -> ProposalResult:
     """Propose a refund for one of the order's refund requests, named by its number or by the
-    external reference it was opened with.
+    external reference it was opened with (the other ``fields`` as ``action_propose_refund``
+    takes them).
 
     Another agent's request, by either name, reads as no request: the same ``not_found``
     answer as a request that does not exist (``RefundRequest.objects.visible_to``).
@@ -79,18 +68,10 @@ def agent_refund_propose(
                 ]
             )
         request_number = request.number
-    number = request_number
     return proposal_for_agent(
         agent,
-        lambda: action_propose_refund(
-            order_number=order_number,
-            request_number=number,
-            amount=amount,
-            currency=currency,
-            reason_code=reason_code,
-            evidence=evidence,
-            proposer=Actor.for_agent(agent),
-        ),
+        action_propose_refund,
+        {"order_number": order_number, "request_number": request_number, **fields},
         noun="refund request",
         payload_fields=PAYLOAD_FIELDS,
     )

@@ -9,6 +9,7 @@ from actions.kinds.fields import ProposalInvalid
 from actions.models import Agent
 from actions.proposals.outcomes import Conflict, Forbidden, invalid
 from actions.services import (
+    Actor,
     ProposalConflict,
     ProposalResult,
     RequestConflict,
@@ -53,13 +54,15 @@ def reference_taken(noun: str) -> Conflict:
 
 def proposal_for_agent(
     agent: Agent,
-    propose: Callable[[], ProposalResult],
+    propose: Callable[..., ProposalResult],
+    fields: Mapping[str, object],
     *,
     noun: str,
     payload_fields: Mapping[str, str],
     conflict_detail: Callable[[ProposalConflict], str] = str,
 ) -> ProposalResult:
-    """Run a proposal service for ``agent`` and answer only with the agent's own action.
+    """Run a kind's proposal service on the agent's ``fields``, proposed by ``agent``, and answer
+    only with the agent's own action.
 
     - bad fields: ``Invalid``;
     - the action exists with the same payload but someone else proposed it, or exists with
@@ -69,7 +72,7 @@ def proposal_for_agent(
       keys, such as ``order`` to ``order_number``).
     """
     try:
-        result = propose()
+        result = propose(**fields, proposer=Actor.for_agent(agent))
     except ProposalInvalid as problems:
         raise invalid(problems.problems) from None
     except ProposalConflict as conflict:
@@ -88,13 +91,15 @@ def proposal_for_agent(
     return result
 
 
-def request_open_for_agent(open_request: Callable[[], _Opened], *, noun: str) -> _Opened:
-    """Open a request (a refund request, an adjustment request) for an agent by its external
-    reference: bad fields are ``Invalid``; a reference another proposer opened is
+def request_open_for_agent(
+    agent: Agent, open_request: Callable[..., _Opened], fields: Mapping[str, object], *, noun: str
+) -> _Opened:
+    """Open a request (a refund request, an adjustment request) with the agent's ``fields``, by
+    its external reference, as opened by ``agent``: bad fields are ``Invalid``; a reference another proposer opened is
     ``reference_taken``, which says nothing of that request; a reference already naming a
     request with other details is ``reference_conflict``, with the fields that differ."""
     try:
-        return open_request()
+        return open_request(**fields, opened_by_agent=agent)
     except ProposalInvalid as problems:
         raise invalid(problems.problems) from None
     except RequestTaken:

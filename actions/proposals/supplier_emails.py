@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from actions.kinds.supplier_email.proposal import supplier_email_propose
 from actions.models import ActionKind, Agent
 from actions.proposals.rules import proposal_for_agent, scope_require
-from actions.services import Actor, ProposalConflict, ProposalResult
+from actions.services import ProposalConflict, ProposalResult
 
 
 def _conflict_detail(conflict: ProposalConflict) -> str:
@@ -17,30 +15,14 @@ def _conflict_detail(conflict: ProposalConflict) -> str:
     )
 
 
-def agent_supplier_email_propose(
-    *,
-    agent: Agent,
-    supplier: str,
-    reference: str,
-    template: str,
-    parameters: dict[str, Any],
-    to: str,
-    evidence: str = "",
-) -> ProposalResult:
-    """Propose an email to a supplier; the same (supplier, reference) proposed by someone else
-    is ``proposed_elsewhere``."""
+def agent_supplier_email_propose(*, agent: Agent, **fields: object) -> ProposalResult:
+    """Propose an email to a supplier (``fields`` as ``supplier_email_propose`` takes them); the
+    same (supplier, reference) proposed by someone else is ``proposed_elsewhere``."""
     scope_require(agent, ActionKind.SUPPLIER_EMAIL, doing="propose supplier_email actions")
     return proposal_for_agent(
         agent,
-        lambda: supplier_email_propose(
-            supplier=supplier,
-            reference=reference,
-            template=template,
-            parameters=parameters,
-            to=to,
-            evidence=evidence,
-            proposer=Actor.for_agent(agent),
-        ),
+        supplier_email_propose,
+        fields,
         noun="supplier email",
         payload_fields={},
         conflict_detail=_conflict_detail,
