@@ -13,7 +13,7 @@ import uuid
 
 from actions.engine.claim import ClaimOutcome, submission_begin
 from actions.engine.faults import fault_point
-from actions.engine.record import submission_record
+from actions.engine.record import sent_record
 from actions.engine.send import submission_send
 from actions.kinds.base import Receiver
 from actions.models import Action, Attempt
@@ -35,13 +35,6 @@ def submission_send_and_record(
     sent = submission_send(action=action, attempt=attempt, lease_token=lease_token, receiver=receiver)
     if sent is None:
         return "lease_too_short"
-    status = submission_record(
-        action_pk=action.pk,
-        attempt_pk=sent.attempt_pk,
-        lease_token=lease_token,
-        answer=sent.answer,
-        contract=sent.contract,
-        action=action,
-    )
+    status = sent_record(sent, action=action)
     fault_point("after_record")
     return status

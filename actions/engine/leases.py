@@ -54,15 +54,25 @@ def lease_take(
         lease_expires_at=expires_at,
         started_at=now,
     )
-    attempt = attempt_write(
-        Attempt(
-            action=action,
-            kind=AttemptKind.SUBMIT,
-            lease_token=token,
-            idempotency_key=action.idempotency_key,
-            request=kind_for(action.kind).request_body(action),
-            started_at=now,
-        ),
-        writes=writes,
-    )
+    attempt = attempt_start(action, AttemptKind.SUBMIT, token=token, now=now, writes=writes)
     return Lease(action=action, attempt=attempt, token=token)
+
+
+def attempt_start(
+    action: Action, kind: AttemptKind, *, token: uuid.UUID, now: datetime, writes: Writes | None = None
+) -> Attempt:
+    """Insert the attempt about to be made under the lease ``token`` (or with ``writes``): a
+    submission carries the request sent, a lookup the question asked, both under the action's key."""
+    kind_of_action = kind_for(action.kind)
+    request = (
+        kind_of_action.request_body(action) if kind == AttemptKind.SUBMIT else kind_of_action.lookup_request(action)
+    )
+    attempt = Attempt(
+        action=action,
+        kind=kind,
+        lease_token=token,
+        idempotency_key=action.idempotency_key,
+        request=request,
+        started_at=now,
+    )
+    return attempt_write(attempt, writes=writes)

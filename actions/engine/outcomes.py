@@ -9,6 +9,7 @@ all apply answers through ``outcome_transition`` and ``outcome_book``.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -125,30 +126,41 @@ def outcome_transition(
         )
         return action.status
 
+    applying = _Applying(action=action, answer=answer, actor=actor, now=now, evidence=evidence, writes=writes)
     if outcome == Outcome.NOT_SENT:
         if status != S.SUBMITTING:
             raise ValueError("only a send can prove that nothing was sent")
-        return _not_sent(action=action, answer=answer, actor=actor, now=now, evidence=evidence, writes=writes)
+        return _not_sent(applying)
 
     if status == S.SUBMITTING:
-        _from_submitting(action=action, answer=answer, actor=actor, now=now, evidence=evidence, writes=writes)
+        _from_submitting(applying)
     elif status == S.UNKNOWN:
-        _from_unknown(action=action, answer=answer, actor=actor, now=now, evidence=evidence)
+        _from_unknown(applying)
     elif status == S.SETTLING:
         if outcome == Outcome.PENDING:
             return status  # still pending: the settlement poller keeps asking
-        action_transition(
-            action=action,
-            transition="settle",
-            actor=actor,
+        _transition(
+            applying,
+            "settle",
             reason=f"The receiver settled it: {answer.summary()}.",
-            evidence=evidence,
-            now=now,
             succeeded=outcome == Outcome.SUCCEEDED,
         )
     else:
         raise ValueError(f"cannot apply a receiver's answer to an action in {status}")
     return action.status
+
+
+@dataclass(frozen=True)
+class _Applying:
+    """An answer being applied to an action: by whom, when, on what evidence, and (for the record
+    of a send) the record's ``writes``."""
+
+    action: Action
+    answer: Answer
+    actor: Actor
+    now: datetime
+    evidence: dict[str, Any]
+    writes: Writes | None
 
 
 # A send's answer that says what happened: its transition and the kind's words for it
@@ -160,73 +172,54 @@ _RECORDED = {
 }
 
 
-def _from_submitting(
-    *, action: Action, answer: Answer, actor: Actor, now: datetime, evidence: dict[str, Any], writes: Writes | None
-) -> None:
+def _from_submitting(applying: _Applying) -> None:
     """A send's answer (succeeded, pending, failed or unknown), recorded by the lease holder.
 
     Without ``writes``, a pending answer's next poll is saved here; with it, the record writes
     it with the transition.
     """
+    action, answer, now, writes = applying.action, applying.answer, applying.now, applying.writes
     words = kind_for(action.kind).explanations
-    reference = answer.reference
     outcome = answer.outcome
     if outcome in _RECORDED:
         transition, said = _RECORDED[outcome]
         reason: str = getattr(words, said)
         if outcome == Outcome.FAILED_FINAL:
             reason = f"{reason}: {answer.summary()}."
-        action_transition(
-            action=action,
-            transition=transition,
-            actor=actor,
-            reason=reason,
-            evidence=evidence,
-            now=now,
-            writes=writes,
-            provider_reference=reference,
-        )
+        _transition(applying, transition, reason=reason, provider_reference=answer.reference)
         if outcome == Outcome.PENDING:
             action.next_reconcile_at = settle_poll_time(now)
             if writes is None:  # otherwise written with the transition, by the record
                 action.save(update_fields=["next_reconcile_at"])
     else:
-        action_transition(
-            action=action,
-            transition="mark_unknown",
-            actor=actor,
+        _transition(
+            applying,
+            "mark_unknown",
             reason=f"The outcome is unknown ({answer.summary()}); reconciliation will ask the receiver.",
-            evidence=evidence,
-            now=now,
-            writes=writes,
             next_reconcile_at=not_before_retry_after(
                 action=action, error=answer.error, due=next_reconcile_time(action=action, now=now), now=now
             ),
         )
 
 
-def _from_unknown(*, action: Action, answer: Answer, actor: Actor, now: datetime, evidence: dict[str, Any]) -> None:
+def _from_unknown(applying: _Applying) -> None:
     """Reconciliation found the receiver's record of an UNKNOWN action: it moves to what the
     record proves, and a pending one is polled until it settles."""
+    action, answer = applying.action, applying.answer
     target = {Outcome.SUCCEEDED: S.SUCCEEDED, Outcome.PENDING: S.SETTLING, Outcome.FAILED_FINAL: S.FAILED_FINAL}
-    action_transition(
-        action=action,
-        transition="reconcile_found",
-        actor=actor,
+    _transition(
+        applying,
+        "reconcile_found",
         reason=f"Reconciliation found the receiver's record: {answer.summary()}.",
-        evidence=evidence,
-        now=now,
         outcome=target[answer.outcome],
         provider_reference=answer.reference,
     )
     if action.status == S.SETTLING:
-        action.next_reconcile_at = settle_poll_time(now)
+        action.next_reconcile_at = settle_poll_time(applying.now)
         action.save(update_fields=["next_reconcile_at"])
 
 
-def _not_sent(
-    *, action: Action, answer: Answer, actor: Actor, now: datetime, evidence: dict[str, Any], writes: Writes | None
-) -> str:
+def _not_sent(applying: _Applying) -> str:
     """The receiver proved it was never handed the request: back to AUTHORIZED for another send.
 
     Not a retry from UNKNOWN and not a re-send (invariants 7 and 16): the receiver has nothing,
@@ -236,25 +229,37 @@ def _not_sent(
     spaces the sends out. A receiver that keeps refusing goes to a named person instead of
     being asked for ever (invariant 8). The release is ``outcome_book``'s.
     """
+    action, answer = applying.action, applying.answer
     if action.attempt_count >= settings.NOT_SENT_MAX_ATTEMPTS:
         action_escalate(
             action=action,
-            actor=actor,
-            now=now,
+            actor=applying.actor,
+            now=applying.now,
             reason=f"The {kind_for(action.kind).contract().receiver} refused it {action.attempt_count} times without "
             f"taking it ({answer.summary()}); nothing was sent. A person decides whether to send it again.",
-            evidence=evidence,
-            writes=writes,
+            evidence=applying.evidence,
+            writes=applying.writes,
         )
         return action.status
-    action_transition(
-        action=action,
-        transition="record_not_sent",
-        actor=actor,
+    _transition(
+        applying,
+        "record_not_sent",
         reason=f"Nothing was sent ({answer.summary()}): the receiver refused before taking it. "
         "It will be sent again under the same approval.",
-        evidence=evidence,
-        now=now,
-        writes=writes,
     )
     return action.status
+
+
+def _transition(applying: _Applying, transition: str, *, reason: str, **kwargs: Any) -> None:
+    """The answer's transition of the action, by the applying actor on its evidence (with the
+    record's ``writes``, if any); ``kwargs`` go to the transition."""
+    action_transition(
+        action=applying.action,
+        transition=transition,
+        actor=applying.actor,
+        reason=reason,
+        evidence=applying.evidence,
+        now=applying.now,
+        writes=applying.writes,
+        **kwargs,
+    )

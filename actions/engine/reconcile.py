@@ -33,14 +33,13 @@ from django.utils import timezone
 from actions.engine.dispatch import submission_send_and_record
 from actions.engine.escalation import action_escalate
 from actions.engine.faults import fault_point
-from actions.engine.leases import Lease, lease_take
+from actions.engine.leases import Lease, attempt_start, lease_take
 from actions.engine.ledger import duplicate_key
 from actions.engine.outcomes import apply_outcome, next_reconcile_time, not_before_retry_after
 from actions.engine.send import receiver_for
 from actions.foundation.clock import database_clock_now
 from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor
-from actions.kinds import kind_for
 from actions.kinds.base import Lookup, LookupVerdict, Receiver, ReceiverContract
 from actions.models import Action, ActionStatus, Attempt, AttemptKind, Discrepancy, DiscrepancyKind
 
@@ -79,14 +78,7 @@ def reconcile_claim(
         action.next_reconcile_at = action.lease_expires_at
         action.reconcile_attempts += 1
         action.save(update_fields=["lease_token", "lease_expires_at", "next_reconcile_at", "reconcile_attempts"])
-        attempt = Attempt.objects.create(
-            action=action,
-            kind=AttemptKind.LOOKUP,
-            lease_token=token,
-            idempotency_key=action.idempotency_key,
-            request=kind_for(action.kind).lookup_request(action),
-            started_at=now,
-        )
+        attempt = attempt_start(action, AttemptKind.LOOKUP, token=token, now=now)
     return action, attempt, token
 
 

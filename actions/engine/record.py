@@ -21,7 +21,7 @@ from django_fsm import ConcurrentTransition
 from actions.engine.claim import target_lock_order
 from actions.engine.escalation import action_escalate
 from actions.engine.outcomes import outcome_book, outcome_transition
-from actions.engine.send import Sent
+from actions.engine.send import Answered, Sent
 from actions.foundation import sql
 from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor, Writes, attempt_answer_write
@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 S = ActionStatus
 
 
-@traced("action.record", outcome=str)
 def submission_record(
     *,
     action_pk: int,
@@ -42,6 +41,18 @@ def submission_record(
     contract: ReceiverContract | None = None,
     action: Action | None = None,
 ) -> str:
+    """Record the receiver's answer: ``sent_record`` for a caller that holds no ``Sent``."""
+    answered = Answered(attempt_pk=attempt_pk, lease_token=lease_token, answer=answer, contract=contract)
+    return _record_alone(answered, action_pk=action_pk, action=action)
+
+
+def sent_record(sent: Sent, *, action: Action | None) -> str:
+    """Record what the receiver said to a ``Sent`` call, in a transaction of its own."""
+    return _record_alone(sent, action_pk=sent.action.pk, action=action)
+
+
+@traced("action.record", outcome=str)
+def _record_alone(answered: Answered, *, action_pk: int, action: Action | None) -> str:
     """Record the receiver's answer: on the attempt always, on the action only for the lease holder.
 
     A late worker whose lease expired (and was swept to UNKNOWN) still stores what the receiver
@@ -57,24 +68,16 @@ def submission_record(
     try:
         with transaction.atomic(durable=True):
             writes = Writes()
-            if action is None or _escalates(answer, contract):
+            if action is None or _escalates(answered):
                 action = Action.objects.select_for_update().get(pk=action_pk)
-                if not (action.status == S.SUBMITTING and action.lease_token == lease_token):
+                if not (action.status == S.SUBMITTING and action.lease_token == answered.lease_token):
                     raise _LeaseLost(action)
-            record = _record_in_memory(
-                action=action,
-                attempt_pk=attempt_pk,
-                lease_token=lease_token,
-                answer=answer,
-                contract=contract,
-                now=now,
-                writes=writes,
-            )
+            record = _record_in_memory(answered, action=action, now=now, writes=writes)
             _records_write([record], writes)
             return record.status
     except ConcurrentTransition as lost:
         action = lost.action if isinstance(lost, _LeaseLost) else action
-        return _lease_lost(action_pk=action_pk, attempt_pk=attempt_pk, answer=answer, action=action, now=now)
+        return _lease_lost(answered, action_pk=action_pk, action=action, now=now)
 
 
 class _LeaseLost(ConcurrentTransition):
@@ -85,11 +88,15 @@ class _LeaseLost(ConcurrentTransition):
         self.action = action
 
 
-def _escalates(answer: Answer, contract: ReceiverContract | None) -> bool:
+def _escalates(answered: Answered) -> bool:
     """Whether the answer hands the action to a person: the owner is picked from its current row."""
-    return answer.outcome == Outcome.NEEDS_REVIEW or (
-        answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked
-    )
+    return answered.answer.outcome == Outcome.NEEDS_REVIEW or _unknown_for_good(answered)
+
+
+def _unknown_for_good(answered: Answered) -> bool:
+    """Whether the outcome is unknown and no lookup or idempotency key could ever tell it."""
+    contract = answered.contract
+    return answered.answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked
 
 
 @dataclass(frozen=True)
@@ -101,23 +108,12 @@ class _Record:
     status: str
 
 
-def _record_in_memory(
-    *,
-    action: Action,
-    attempt_pk: int,
-    lease_token: uuid.UUID,
-    answer: Answer,
-    contract: ReceiverContract | None,
-    now: datetime,
-    writes: Writes,
-) -> _Record:
+def _record_in_memory(answered: Answered, *, action: Action, now: datetime, writes: Writes) -> _Record:
     """The lease holder's transition for the answer, in memory (its event and the answer on the
     attempt go to ``writes``): ``_records_write`` writes it."""
-    status = _submission_apply(
-        action=action, attempt_pk=attempt_pk, answer=answer, contract=contract, now=now, writes=writes
-    )
-    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=True, now=now, writes=writes)
-    return _Record(action=action, lease_token=lease_token, status=status)
+    status = _submission_apply(answered, action=action, now=now, writes=writes)
+    _attempt_answered(answered, held_lease=True, now=now, writes=writes)
+    return _Record(action=action, lease_token=answered.lease_token, status=status)
 
 
 def _records_write(records: Sequence[_Record], writes: Writes) -> None:
@@ -141,14 +137,13 @@ def _records_write(records: Sequence[_Record], writes: Writes) -> None:
     writes.write()
 
 
-def _attempt_answered(
-    *, attempt_pk: int, answer: Answer, held_lease: bool, now: datetime, writes: Writes | None = None
-) -> None:
+def _attempt_answered(answered: Answered, *, held_lease: bool, now: datetime, writes: Writes | None = None) -> None:
     """What the receiver said, on the attempt: always, whether or not the lease was still held
     (with ``writes``, written with the record's other rows)."""
+    answer = answered.answer
     attempt_answer_write(
         Attempt(
-            pk=attempt_pk,
+            pk=answered.attempt_pk,
             response=answer.response_json(),
             error=answer.error_json(),
             outcome=answer.outcome.value,
@@ -160,22 +155,16 @@ def _attempt_answered(
 
 
 def _lease_lost(
-    *,
-    action_pk: int,
-    attempt_pk: int,
-    answer: Answer,
-    action: Action | None,
-    now: datetime,
-    writes: Writes | None = None,
+    answered: Answered, *, action_pk: int, action: Action | None, now: datetime, writes: Writes | None = None
 ) -> str:
     """The action moved on without this worker (its lease expired and was swept, or another
     holder took over): the answer is kept on the attempt as evidence, and nothing else."""
-    _attempt_answered(attempt_pk=attempt_pk, answer=answer, held_lease=False, now=now, writes=writes)
+    _attempt_answered(answered, held_lease=False, now=now, writes=writes)
     log.warning(
         "action_id=%s lease lost before recording (%s); the answer is kept on attempt %s",
         action.action_id if action is not None else action_pk,
-        answer.summary(),
-        attempt_pk,
+        answered.answer.summary(),
+        answered.attempt_pk,
     )
     return "lease_lost"
 
@@ -214,26 +203,13 @@ def submission_record_group(*, sent: Sequence[Sent]) -> list[str | Exception]:
                 row = locked.get(one.action.pk)
                 if row is None or (row.status, row.lease_token) != (S.SUBMITTING, one.lease_token):
                     results[index] = _lease_lost(
-                        action_pk=one.action.pk,
-                        attempt_pk=one.attempt_pk,
-                        answer=one.answer,
-                        action=one.action,
-                        now=now,
-                        writes=writes,
+                        one, action_pk=one.action.pk, action=one.action, now=now, writes=writes
                     )
                     continue
                 action = one.action
-                if _escalates(one.answer, one.contract):
+                if _escalates(one):
                     action = Action.objects.select_for_update().get(pk=one.action.pk)
-                record = _record_in_memory(
-                    action=action,
-                    attempt_pk=one.attempt_pk,
-                    lease_token=one.lease_token,
-                    answer=one.answer,
-                    contract=one.contract,
-                    now=now,
-                    writes=writes,
-                )
+                record = _record_in_memory(one, action=action, now=now, writes=writes)
                 records.append(record)
                 results[index] = record.status
             _records_write(records, writes)
@@ -248,30 +224,16 @@ def submission_record_group(*, sent: Sequence[Sent]) -> list[str | Exception]:
 
 def _record_one(sent: Sent, *, action: Action | None) -> str | Exception:
     try:
-        return submission_record(
-            action_pk=sent.action.pk,
-            attempt_pk=sent.attempt_pk,
-            lease_token=sent.lease_token,
-            answer=sent.answer,
-            contract=sent.contract,
-            action=action,
-        )
+        return sent_record(sent, action=action)
     except Exception as error:
         log.exception("action_id=%s: its record failed; its lease expires to reconciliation", sent.action.action_id)
         return error
 
 
-def _submission_apply(
-    *,
-    action: Action,
-    attempt_pk: int,
-    answer: Answer,
-    contract: ReceiverContract | None,
-    now: datetime,
-    writes: Writes,
-) -> str:
-    """The lease holder's transition for the answer (in memory, inside submission_record's transaction)."""
-    if answer.outcome == Outcome.UNKNOWN and contract is not None and not contract.can_be_asked:
+def _submission_apply(answered: Answered, *, action: Action, now: datetime, writes: Writes) -> str:
+    """The lease holder's transition for the answer (in memory, inside the record's transaction)."""
+    answer, attempt_pk = answered.answer, answered.attempt_pk
+    if _unknown_for_good(answered):
         # No reconciliation could ever tell what happened (docs/architecture.md section 4, SUBMITTING ->
         # NEEDS_REVIEW): hand it to a person now rather than after a pass that can only give up.
         action_escalate(

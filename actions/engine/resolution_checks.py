@@ -33,7 +33,6 @@ class ReviewRefused(Refused):
     """A review change the rules do not allow (finance's lookups and resolutions)."""
 
 
-
 # --- input --------------------------------------------------------------------------------------
 
 
@@ -159,6 +158,13 @@ def review_owner_rule(user: Any, owner: Any) -> None:
     refusal = owner_rule_refusal(user=user, owner=owner)
     if refusal is not None:
         raise ReviewRefused(refusal, code="not_owner", status=403)
+
+
+def review_may_work(user: Any, *, kind: str | None, owner: Any, permission: str = perms.RESOLVE) -> None:
+    """Refuse unless ``user`` may work on an item of ``kind`` owned by ``owner``: the resolver
+    rule, then the owner rule: the checks every change to a review item starts with."""
+    review_resolver_rule(user, kind=kind, owner=owner, permission=permission)
+    review_owner_rule(user, owner)
 
 
 def review_action(action_pk: int, *, lock: bool = False) -> Action:

@@ -37,7 +37,7 @@ from actions.engine.resolution_checks import (
     failed_timing_refusal,
     retry_timing_refusal,
     review_action,
-    review_owner_rule,
+    review_may_work,
     review_require,
     review_resolver_rule,
     review_stamp,
@@ -111,8 +111,7 @@ def action_lookup(*, action_pk: int, user: Any, receiver: Receiver | None = None
     """
     review_require(user, perms.RESOLVE, "Only finance may look actions up at the receiver.")
     action = review_action(action_pk)
-    review_resolver_rule(user, kind=action.kind, owner=action.owner)
-    review_owner_rule(user, action.owner)
+    review_may_work(user, kind=action.kind, owner=action.owner)
     if action.attempt_count == 0:
         raise ReviewRefused(
             f"{action.action_id} has never been sent: there is nothing to look up.",
@@ -144,8 +143,7 @@ def _check_resolvable(action: Action, user: Any, transition: str) -> None:
         )
     if not has_transition_perm(getattr(action, transition), user):
         raise ReviewRefused("Only finance may resolve an action that needs review.", code="not_allowed", status=403)
-    review_resolver_rule(user, kind=action.kind, owner=action.owner)
-    review_owner_rule(user, action.owner)
+    review_may_work(user, kind=action.kind, owner=action.owner)
 
 
 @dataclass(frozen=True)
@@ -479,8 +477,7 @@ def action_escalate_to_user(*, action_pk: int, user: Any, reason: object = "") -
                 "can be taken over before the escalation policy hands it on.",
                 code="not_unknown",
             )
-        review_resolver_rule(user, kind=action.kind, owner=action.owner)
-        review_owner_rule(user, action.owner)
+        review_may_work(user, kind=action.kind, owner=action.owner)
         due_at = now + timedelta(hours=settings.REVIEW_DUE_HOURS)
         action_transition(
             action=action,

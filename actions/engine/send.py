@@ -34,14 +34,21 @@ def receiver_send(*, action: Action, receiver: Receiver | None = None) -> Answer
 
 
 @dataclass(frozen=True)
-class Sent:
-    """A lease holder's call that the receiver answered, not yet recorded."""
+class Answered:
+    """An answer to record: the attempt it came on, the lease it was sent under, and the
+    receiver's contract (None when the caller knows none: the answer is then recorded as is)."""
 
-    action: Action  # the caller's copy, as its claim committed it
     attempt_pk: int
     lease_token: uuid.UUID
     answer: Answer
-    contract: ReceiverContract
+    contract: ReceiverContract | None
+
+
+@dataclass(frozen=True)
+class Sent(Answered):
+    """A lease holder's call that the receiver answered, not yet recorded."""
+
+    action: Action  # the caller's copy, as its claim committed it
 
 
 def submission_send(

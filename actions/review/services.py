@@ -23,9 +23,8 @@ from actions.engine.resolution_checks import (
     ReviewRefused,
     resolver_refusal,
     review_action,
-    review_owner_rule,
+    review_may_work,
     review_require,
-    review_resolver_rule,
     review_stamp,
     review_text,
 )
@@ -105,11 +104,8 @@ def action_assign(*, action_pk: int, user: Any, owner_pk: object = None, note: s
                 code="not_open",
             )
         # Whoever may work the item may take it or pass it on, and only to someone who may too.
-        review_resolver_rule(user, kind=action.kind, owner=action.owner)
-        review_owner_rule(user, action.owner)
-        owner = (
-            user if owner_pk is None else _new_owner(owner_pk, kind=action.kind, permission=RESOLVE_PERMISSION)
-        )
+        review_may_work(user, kind=action.kind, owner=action.owner)
+        owner = user if owner_pk is None else _new_owner(owner_pk, kind=action.kind, permission=RESOLVE_PERMISSION)
         if action.owner is not None and action.owner.pk == owner.pk:
             raise ReviewRefused(f"{action.action_id} already belongs to {owner.get_username()}.", code="unchanged")
         reason = note or f"Assigned to {owner.get_username()} by {user.get_username()}."
@@ -154,8 +150,7 @@ def _follow_up_assign(model: FollowUpModel, pk: int, *, user: Any, owner_pk: obj
         if item.status not in (FollowUpStatus.OPEN, FollowUpStatus.IN_PROGRESS):
             raise ReviewRefused(f"This {name} is closed: there is nothing left to own.", code="not_open")
         kind = follow_up_kind(item)
-        review_resolver_rule(user, kind=kind, owner=item.owner, permission=permission)
-        review_owner_rule(user, item.owner)
+        review_may_work(user, kind=kind, owner=item.owner, permission=permission)
         owner = user if owner_pk is None else _new_owner(owner_pk, kind=kind, permission=permission)
         previous = item.owner
         if previous is not None and previous.pk == owner.pk:
@@ -248,8 +243,7 @@ def _advance(
     now = timezone.now()
     with transaction.atomic(durable=True):
         item = _follow_up_locked(model, pk)
-        review_resolver_rule(user, kind=follow_up_kind(item), owner=item.owner, permission=permission)
-        review_owner_rule(user, item.owner)
+        review_may_work(user, kind=follow_up_kind(item), owner=item.owner, permission=permission)
         if target not in {status.value for status in rules.flow.get(item.status, set())}:
             raise ReviewRefused(
                 f"This {name} is {item.get_status_display().lower()}: it cannot move to "
