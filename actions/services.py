@@ -26,7 +26,7 @@ from django_fsm import has_transition_perm
 from actions.foundation.refusals import Refused
 from actions.foundation.tracing import traced
 from actions.foundation.trail import Actor, Writes, action_transition, event_record
-from actions.kinds.fields import FieldProblem, ProposalInvalid
+from actions.kinds.fields import FieldProblem, ProposalInvalid, RequestFieldNames
 from actions.kinds.registry import kind_for
 from actions.models import Action, ActionStatus, ActorKind, AdjustmentRequest, Agent, Bill, Order, RefundRequest
 from actions.providers.base import validate_idempotency_key
@@ -68,14 +68,27 @@ class RequestTaken(Exception):
 
 
 @dataclass(frozen=True)
+class RequestOpened(Generic[Request]):
+    """A request just opened (``created``), or the one its external reference opened before."""
+
+    request: Request
+    created: bool
+    # Its target's number and its own, by the names the agent gives them (the interfaces' log
+    # lines name it so): {"order_number": "4821", "request_number": 2}.
+    numbers: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class RequestBook(Generic[Request]):
     """A kind's requests on its targets (refund requests on orders), and what refuses a reference:
-    ``taken`` when another agent opened it, ``conflict`` when it names a request on another target."""
+    ``taken`` when another agent opened it, ``conflict`` when it names a request on another target.
+    ``names`` are what the agent calls a request's target's number and its own."""
 
     model: type[Request]
     target_model: type[Bill | Order]
     taken: type[RequestTaken]
     conflict: type[RequestConflict]
+    names: RequestFieldNames
 
     def open(
         self,
@@ -85,9 +98,9 @@ class RequestBook(Generic[Request]):
         opened_by_agent: Agent | None,
         before_create: Callable[[Any], None] = lambda target: None,
         **fields: Any,
-    ) -> tuple[Request, bool]:
+    ) -> RequestOpened[Request]:
         """Open the next request on the target numbered ``target_number``, or return the one
-        ``reference`` opened, as (request, created), in a transaction of its own.
+        ``reference`` opened, in a transaction of its own.
 
         The target's row is locked while the next number is chosen, so two requests on one
         target are numbered one after the other. A request another agent opened raises
@@ -142,7 +155,9 @@ class RequestBook(Generic[Request]):
                 raise self.conflict(
                     request, {f"{target_field}_number": {"existing": opened_on, "proposed": target.number}}
                 )
-        return request, created
+        return RequestOpened(
+            request, created, numbers={self.names.target: target.number, self.names.request: request.number}
+        )
 
 
 # --- proposals ----------------------------------------------------------------------------

@@ -112,15 +112,7 @@ def open_adjustment_request(request: HttpRequest, payload: AdjustmentRequestOpen
     """Open the next adjustment request on a bill. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another bill."""
-    return opened(
-        request,
-        "adjustment_request",
-        agent_adjustment_request_open,
-        payload,
-        adjustment_request_out,
-        target="bill",
-        number="adjustment",
-    )
+    return opened(request, "adjustment_request", agent_adjustment_request_open, payload, adjustment_request_out)
 
 
 @idempotent_post(

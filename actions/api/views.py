@@ -57,7 +57,7 @@ from actions.proposals.supplier_emails import agent_supplier_email_propose
 from actions.selectors import MAX_PAGE_SIZE, action_explain_status
 
 if TYPE_CHECKING:
-    from actions.services import ProposalResult
+    from actions.services import ProposalResult, RequestOpened
 
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -414,23 +414,19 @@ def proposed(
 def opened(
     request: HttpRequest,
     subject: str,
-    service: Callable[..., Any],
+    service: Callable[..., RequestOpened[Any]],
     payload: Schema,
     out: Callable[[Any], D],
-    *,
-    target: str,
-    number: str,
 ) -> Status[D]:
     """A request-opening operation's answer: 201 with the new request, 200 with the one its
-    external reference opened before. The log line names the request's ``target`` (its order,
-    its bill) and the request's own number: ``order_number`` and ``request_number``, say."""
+    external reference opened before. The log line names the request by its numbers
+    (``order_number`` and ``request_number``, say)."""
     result = served(request, subject, service, payload)
-    opened_request = result.request
     log_event(
         f"{subject}.opened" if result.created else f"{subject}.replayed",
-        **{f"{target}_number": getattr(opened_request, target).number, f"{number}_number": opened_request.number},
+        **result.numbers,
     )
-    return Status(201 if result.created else 200, out(opened_request))
+    return Status(201 if result.created else 200, out(result.request))
 
 
 def action_out(action: Action) -> ActionOut:
@@ -528,15 +524,7 @@ def open_refund_request(request: HttpRequest, payload: RefundRequestOpen) -> Sta
     """Open the next refund request on an order. Idempotent by external reference: 201 with the
     new request, 200 with the one this reference opened before, 409 when the reference already
     belongs to a request on another order."""
-    return opened(
-        request,
-        "refund_request",
-        agent_refund_request_open,
-        payload,
-        refund_request_out,
-        target="order",
-        number="request",
-    )
+    return opened(request, "refund_request", agent_refund_request_open, payload, refund_request_out)
 
 
 @api.get(

@@ -54,7 +54,7 @@ from actions.proposals.refunds import agent_refund_propose, agent_refund_request
 from actions.selectors import MAX_PAGE_SIZE
 
 if TYPE_CHECKING:
-    from actions.services import ProposalResult
+    from actions.services import ProposalResult, RequestOpened
 
 logger = logging.getLogger("actions.mcp")
 
@@ -245,32 +245,26 @@ def _proposed(
     return _json(action_out(action))
 
 
-# What a request-opening tool's log line names: the request's target and its number's name.
-_OPENED_LOG: dict[type[Schema], tuple[str, str, str]] = {
-    RefundRequestOpen: ("refund_request", "order", "request"),
-    AdjustmentRequestOpen: ("adjustment_request", "bill", "adjustment"),
-}
-
-
 def _opened(
     token: AgentToken,
+    subject: str,
     schema: type[Schema],
-    service: Callable[..., Any],
+    service: Callable[..., RequestOpened[Any]],
     arguments: Mapping[str, Any],
     tool_out: Callable[..., Schema],
     out: Callable[[Any], Schema],
 ) -> dict[str, Any]:
     """A request-opening tool's answer: the API's document of the request, and whether this
-    call opened it."""
+    call opened it. The log line names the request by its numbers, without their "_number"
+    (``order=4821 request=2``)."""
     result = _served(token, schema, service, arguments)
-    subject, target, number = _OPENED_LOG[schema]
+    numbers = result.numbers
     logger.info(
-        f"mcp.%s.%s agent=%s {target}=%s {number}=%s",
+        "mcp.%s.%s agent=%s " + " ".join(f"{name.removesuffix('_number')}=%s" for name in numbers),
         subject,
         "opened" if result.created else "replayed",
         token.agent.name,
-        getattr(result.request, target).number,
-        result.request.number,
+        *numbers.values(),
     )
     return _json(tool_out(created=result.created, **out(result.request).model_dump()))
 
@@ -288,7 +282,13 @@ def open_refund_request(*, token: AgentToken, arguments: Mapping[str, Any]) -> d
     with propose_refund.
     """
     return _opened(
-        token, RefundRequestOpen, agent_refund_request_open, arguments, RefundRequestToolOut, refund_request_out
+        token,
+        "refund_request",
+        RefundRequestOpen,
+        agent_refund_request_open,
+        arguments,
+        RefundRequestToolOut,
+        refund_request_out,
     )
 
 
@@ -318,6 +318,7 @@ def open_adjustment_request(*, token: AgentToken, arguments: Mapping[str, Any]) 
     """
     return _opened(
         token,
+        "adjustment_request",
         AdjustmentRequestOpen,
         agent_adjustment_request_open,
         arguments,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from actions.agents.services import INVOICE_ADJUSTMENT_SCOPE
 from actions.kinds.invoice_adjustment.proposal import action_propose_invoice_adjustment
-from actions.kinds.invoice_adjustment.requests import AdjustmentRequestResult, adjustment_request_open
-from actions.models import Agent
+from actions.kinds.invoice_adjustment.requests import adjustment_request_open
+from actions.models import AdjustmentRequest, Agent
 from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
-from actions.services import ProposalConflict, ProposalResult
+from actions.services import ProposalConflict, ProposalResult, RequestOpened
 
 _DOING = "propose invoice adjustments"
 
@@ -15,7 +15,7 @@ _DOING = "propose invoice adjustments"
 PAYLOAD_FIELDS = {"bill": "bill_number", "adjustment": "adjustment_number"}
 
 
-def agent_adjustment_request_open(*, agent: Agent, **fields: object) -> AdjustmentRequestResult:
+def agent_adjustment_request_open(*, agent: Agent, **fields: object) -> RequestOpened[AdjustmentRequest]:
     """Open the next adjustment request on a bill for ``agent`` (``fields`` as
     ``adjustment_request_open`` takes them), or return the one its reference opened; another
     agent's reference is ``reference_taken``, one on another bill ``reference_conflict``."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from actions.kinds.fields import FieldProblem
 from actions.kinds.refund.proposal import action_propose_refund
-from actions.kinds.refund.requests import RefundRequestResult, refund_request_open
-from actions.models import ActionKind, Agent, RequestSource
+from actions.kinds.refund.requests import refund_request_open
+from actions.models import ActionKind, Agent, RefundRequest, RequestSource
 from actions.proposals.outcomes import invalid
 from actions.proposals.rules import proposal_for_agent, request_open_for_agent, scope_require
 from actions.selectors import refund_request_by_reference
-from actions.services import ProposalResult
+from actions.services import ProposalResult, RequestOpened
 
 _DOING = "propose refund actions"
 
@@ -17,7 +17,7 @@ _DOING = "propose refund actions"
 PAYLOAD_FIELDS = {"order": "order_number", "request": "request_number"}
 
 
-def agent_refund_request_open(*, agent: Agent, **fields: object) -> RefundRequestResult:
+def agent_refund_request_open(*, agent: Agent, **fields: object) -> RequestOpened[RefundRequest]:
     """Open the next refund request on an order for ``agent`` (``fields`` as
     ``refund_request_open`` takes them), or return the one its reference opened. A reference
     that another agent opened is ``reference_taken``: nothing about that request is told. A

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 import pytest
@@ -101,3 +103,20 @@ def test_an_agent_without_the_scope_is_refused(client: Client, agent: Agent) -> 
 def test_the_openapi_document_has_both_operations(client: Client) -> None:
     paths = client.get("/api/v1/openapi.json").json()["paths"]
     assert {"/api/v1/adjustment-requests", "/api/v1/invoice-adjustments"} <= set(paths)
+
+
+def test_opening_and_reopening_a_request_are_logged_with_the_bill_and_adjustment_numbers(
+    client: Client, token: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_bill(number="INV-2291")
+    opening = {"bill_number": "INV-2291", "external_reference": "M-1"}
+    with caplog.at_level(logging.INFO, logger="actions.api"):
+        post(client, token, "adjustment-requests", opening)
+        post(client, token, "adjustment-requests", opening)
+
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "actions.api"]
+    logged = [(line["event"], line.get("bill_number"), line.get("adjustment_number")) for line in lines]
+    assert [entry for entry in logged if entry[0].startswith("adjustment_request.")] == [
+        ("adjustment_request.opened", "INV-2291", 1),
+        ("adjustment_request.replayed", "INV-2291", 1),
+    ]

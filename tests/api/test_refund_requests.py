@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -131,3 +133,20 @@ def test_the_same_reference_opened_at_once_opens_one_request() -> None:
 
     assert sorted(result.created for result in results) == [False, False, False, True]
     assert {result.request.pk for result in results} == {RefundRequest.objects.get(external_reference="ZD-SAME").pk}
+
+
+@pytest.mark.django_db
+def test_opening_and_reopening_a_request_are_logged_with_the_order_and_request_numbers(
+    api: ApiClient, order: Order, caplog: pytest.LogCaptureFixture
+) -> None:
+    opening = {"order_number": order.number, "external_reference": "ZD-2", "reason_code": "damaged"}
+    with caplog.at_level(logging.INFO, logger="actions.api"):
+        api.post(REQUESTS, opening)
+        api.post(REQUESTS, opening)
+
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "actions.api"]
+    logged = [(line["event"], line.get("order_number"), line.get("request_number")) for line in lines]
+    assert [entry for entry in logged if entry[0].startswith("refund_request.")] == [
+        ("refund_request.opened", "4821", 2),
+        ("refund_request.replayed", "4821", 2),
+    ]

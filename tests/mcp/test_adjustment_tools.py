@@ -3,6 +3,7 @@ real ASGI app: open an adjustment request, propose the credit note, read what be
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -130,3 +131,19 @@ def test_an_agent_without_the_adjustment_scope_needs_a_person(mcp_url: str, toke
         )
     assert not Action.objects.exists()
     assert AdjustmentRequest.objects.filter(bill=bill).count() == 1
+
+
+def test_opening_an_adjustment_request_is_logged_with_the_bill_and_adjustment_numbers(
+    mcp_url: str, payable_token: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    bill = make_bill(amount="200.00")
+    opening = {"bill_number": bill.number, "external_reference": "MATCH-7731"}
+    with caplog.at_level(logging.INFO):
+        mcp_call(mcp_url, payable_token, "open_adjustment_request", opening)
+        mcp_call(mcp_url, payable_token, "open_adjustment_request", opening)
+
+    opened = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mcp.adjustment_request.")]
+    assert opened == [
+        f"mcp.adjustment_request.opened agent=matcher-bot bill={bill.number} adjustment=1",
+        f"mcp.adjustment_request.replayed agent=matcher-bot bill={bill.number} adjustment=1",
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -269,3 +270,17 @@ def test_a_crash_or_a_lost_database_is_retryable_and_tells_nothing_of_the_intern
     assert result.structured_content is not None
     assert (result.structured_content["error"], result.structured_content["code"]) == ("retryable", code)
     assert str(failure) not in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_opening_a_refund_request_is_logged_with_the_order_and_request_numbers(
+    mcp_url: str, token: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    order = make_order()
+    arguments = {"order_number": order.number, "external_reference": "ZD-48213", "reason_code": "damaged"}
+    with caplog.at_level(logging.INFO):
+        mcp_call(mcp_url, token, "open_refund_request", arguments)
+        mcp_call(mcp_url, token, "open_refund_request", arguments)
+
+    opened = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mcp.refund_request.")]
+    assert [line.split(" agent=")[0] for line in opened] == ["mcp.refund_request.opened", "mcp.refund_request.replayed"]
+    assert all(line.endswith(f" order={order.number} request=1") for line in opened), opened

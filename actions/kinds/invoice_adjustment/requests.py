@@ -7,11 +7,10 @@ reference (the matcher's exception id): a retry returns the request that exists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from actions.kinds.fields import FieldProblem, ProposalInvalid, check_external_reference, check_note, check_reference
+from actions.kinds.invoice_adjustment.checks import ADJUSTMENT_REQUEST_FIELDS
 from actions.models import AdjustmentRequest, Agent, Bill
-from actions.services import RequestBook, RequestConflict, RequestTaken
+from actions.services import RequestBook, RequestConflict, RequestOpened, RequestTaken
 
 
 class AdjustmentRequestConflict(RequestConflict):
@@ -25,19 +24,17 @@ class AdjustmentRequestTaken(RequestTaken):
 
 
 ADJUSTMENT_REQUESTS = RequestBook(
-    AdjustmentRequest, Bill, taken=AdjustmentRequestTaken, conflict=AdjustmentRequestConflict
+    AdjustmentRequest,
+    Bill,
+    taken=AdjustmentRequestTaken,
+    conflict=AdjustmentRequestConflict,
+    names=ADJUSTMENT_REQUEST_FIELDS,
 )
-
-
-@dataclass(frozen=True)
-class AdjustmentRequestResult:
-    request: AdjustmentRequest
-    created: bool
 
 
 def adjustment_request_open(
     *, bill_number: object, external_reference: object, note: object = "", opened_by_agent: Agent | None = None
-) -> AdjustmentRequestResult:
+) -> RequestOpened[AdjustmentRequest]:
     """Open the next adjustment request on a bill, or return the one this reference opened.
 
     Idempotent by external reference (the matcher's exception id); numbered per bill under the
@@ -53,5 +50,4 @@ def adjustment_request_open(
         raise ProposalInvalid(problems)
     assert bill_ref is not None and reference is not None
 
-    request, created = ADJUSTMENT_REQUESTS.open(bill_ref, reference, opened_by_agent=opened_by_agent, note=note_text)
-    return AdjustmentRequestResult(request=request, created=created)
+    return ADJUSTMENT_REQUESTS.open(bill_ref, reference, opened_by_agent=opened_by_agent, note=note_text)

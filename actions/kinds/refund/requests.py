@@ -7,15 +7,15 @@ reference (the support ticket's id): a retry returns the request that exists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from actions.kinds.fields import FieldProblem, ProposalInvalid, check_external_reference, check_note, check_reference
+from actions.kinds.refund.checks import REFUND_REQUEST_FIELDS
 from actions.models import Agent, Order, ReasonCode, RefundRequest, RequestSource
-from actions.services import RequestBook, RequestConflict, RequestTaken
+from actions.services import RequestBook, RequestConflict, RequestOpened, RequestTaken
 
 
 class RefundRequestConflict(RequestConflict):
@@ -28,13 +28,9 @@ class RefundRequestTaken(RequestTaken):
     pass
 
 
-REFUND_REQUESTS = RequestBook(RefundRequest, Order, taken=RefundRequestTaken, conflict=RefundRequestConflict)
-
-
-@dataclass(frozen=True)
-class RefundRequestResult:
-    request: RefundRequest
-    created: bool
+REFUND_REQUESTS = RequestBook(
+    RefundRequest, Order, taken=RefundRequestTaken, conflict=RefundRequestConflict, names=REFUND_REQUEST_FIELDS
+)
 
 
 def _check_reason_code(raw: object, problems: list[FieldProblem], *, required: bool) -> str:
@@ -57,7 +53,7 @@ def refund_request_open(
     reason_code: object = "",
     opened_by_agent: Agent | None = None,
     now: datetime | None = None,
-) -> RefundRequestResult:
+) -> RequestOpened[RefundRequest]:
     """Open the next refund request on an order, or return the one this reference opened.
 
     - Bad input raises ProposalInvalid and writes nothing (invariant 11).
@@ -82,7 +78,7 @@ def refund_request_open(
         raise ProposalInvalid(problems)
     assert order_ref is not None and reference is not None
 
-    request, created = REFUND_REQUESTS.open(
+    return REFUND_REQUESTS.open(
         order_ref,
         reference,
         opened_by_agent=opened_by_agent,
@@ -91,7 +87,6 @@ def refund_request_open(
         note=note_text,
         reason_code=reason,
     )
-    return RefundRequestResult(request=request, created=created)
 
 
 def _within_agent_limit(order: Order, agent: Agent | None, *, now: datetime) -> None:
